@@ -1,0 +1,32 @@
+# llmgw — `make demo` to try it, `make test` to test it. Nothing else needs installing for the demo.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export LLMGW_DATA_DIR ?= $(CURDIR)/var
+
+.PHONY: demo test lint venv bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/llmgw demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/llmgw makemigrations --check --dry-run
+
+test: $(STAMP)
+	bash scripts/test.sh
+
+bench: $(STAMP)
+	bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) var .pytest_cache test-output

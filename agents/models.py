@@ -1,0 +1,143 @@
+"""Nodes as their agents report them, the labels the store keeps for them, and their tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from facility.domains import LABEL_PREFIX
+
+
+class Node(models.Model):
+    """A GPU (or CPU) machine running `llmgw agent`, known by name."""
+
+    name = models.CharField(max_length=253, unique=True)
+    hostname = models.CharField(max_length=253, blank=True)
+    fabric = models.CharField(
+        max_length=253, blank=True, help_text="The NVLink/InfiniBand group a multi-node replica stays inside."
+    )
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_gib = models.FloatField(default=0)
+    agent_labels = models.JSONField(default=dict, blank=True, help_text="Labels from the node's agent.yaml.")
+    labels = models.JSONField(default=dict, blank=True, help_text="Effective labels: the store's over the agent's.")
+    cordoned = models.BooleanField(default=False)
+    cordon_reason = models.CharField(max_length=500, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    heartbeat_interval_seconds = models.PositiveIntegerField(default=10)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    sensors = models.JSONField(default=dict, blank=True, help_text="The latest sensor readings.")
+    sensors_at = models.DateTimeField(null=True, blank=True)
+    measured_watts = models.FloatField(null=True, blank=True, help_text="GPU + CPU package draw last read.")
+    # Kept by the guarded commit of placement, so free room needs no sum over shards.
+    cpu_cores_allocated = models.PositiveIntegerField(default=0)
+    memory_gib_allocated = models.FloatField(default=0)
+    placed_watts = models.FloatField(default=0)
+    weights = models.JSONField(default=list, blank=True, help_text="Models whose weights the node holds.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_ready(self, now=None) -> bool:
+        """Ready while heartbeats are fresh: three intervals missed and it is not."""
+        if self.last_heartbeat_at is None:
+            return False
+        now = now or timezone.now()
+        window = self.heartbeat_interval_seconds * settings.LLMGW_MISSED_HEARTBEATS
+        return now - self.last_heartbeat_at <= timedelta(seconds=window)
+
+    def fresh_measured_watts(self, now=None) -> float | None:
+        if self.measured_watts is None or self.sensors_at is None:
+            return None
+        now = now or timezone.now()
+        if now - self.sensors_at > timedelta(seconds=settings.LLMGW_MEASURED_FRESH_SECONDS):
+            return None
+        return self.measured_watts
+
+    def location(self) -> dict[str, str]:
+        return {k: v for k, v in self.labels.items() if k.startswith(LABEL_PREFIX)}
+
+
+class GPU(models.Model):
+    """One card of a node, as NVML reports it; `shard` is who has it booked."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    memory_gib = models.FloatField(null=True, blank=True)
+    power_limit_watts = models.FloatField(null=True, blank=True)
+    present = models.BooleanField(default=True, help_text="False once the agent stops reporting it.")
+    shard = models.ForeignKey(
+        "placement.Shard", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus"
+    )
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class StoreLabel(models.Model):
+    """A label set through ctl, the API or the console; wins over the agent's; may precede the node."""
+
+    node_name = models.CharField(max_length=253, db_index=True)
+    key = models.CharField(max_length=253)
+    value = models.CharField(max_length=253)
+    set_by = models.CharField(max_length=150, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node_name", "key"]
+        constraints = [models.UniqueConstraint(fields=["node_name", "key"], name="store_label_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.node_name}: {self.key}={self.value}"
+
+
+class NodeDomain(models.Model):
+    """Which domains a node's effective labels put it in; derived, rewritten with its labels."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="domains")
+    domain = models.CharField(max_length=300, db_index=True)
+    level = models.CharField(max_length=8)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "domain"], name="node_domain_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} in {self.domain}"
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class NodeToken(models.Model):
+    """The credential a node's agent sends; it writes that node only. Only a hash is kept."""
+
+    node_name = models.CharField(max_length=253, unique=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token of {self.node_name}"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        return _hash(key)
+
+    @staticmethod
+    def new_key() -> str:
+        return "node_" + secrets.token_urlsafe(32)

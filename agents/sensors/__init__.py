@@ -1,0 +1,162 @@
+"""The node agent's sensors: what a GPU node is made of and what its sensors read now.
+
+``SensorReader`` is the one entry point. It reads GPUs through NVML, CPU and inlet
+temperatures from hwmon, CPU package power from RAPL, and the node's cores, memory and name,
+all under a root directory so fixture trees of real machines can stand in for ``/``.
+A sensor the machine lacks, or a read that fails, is left out — never reported as 0 or null.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from agents.sensors import host, hwmon
+from agents.sensors.nvml import THROTTLE_REASONS, NvmlSession
+from agents.sensors.rapl import PackagePower
+
+__all__ = ["THROTTLE_REASONS", "SensorReader", "read_file_once"]
+
+log = logging.getLogger(__name__)
+
+# sysfs attributes are at most a page and /proc/meminfo a few KiB; one read is enough, and a
+# second could loop forever on drivers that answer EAGAIN.
+_READ_BYTES = 65536
+
+
+def read_file_once(path: str) -> str:
+    """Read a sysfs or procfs file with one ``os.read`` on an ``os.open`` descriptor.
+
+    Raises OSError (EACCES, ENODATA, EIO, ENOENT...) for the caller to treat as absent.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, _READ_BYTES)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace")
+
+
+class SensorReader:
+    """Reads one node's inventory and sensors. One NVML session for its life."""
+
+    def __init__(
+        self,
+        sys_root: str = "/",
+        nvml: ModuleType | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        nvml_deadline_seconds: float = 3.0,
+        read_file: Callable[[str], str] | None = None,
+    ) -> None:
+        """sys_root holds ``sys/`` and ``proc/``; nvml=None imports the real ``pynvml``;
+        read_file is the single place file reads go through (tests inject errors there)."""
+        self._root = sys_root
+        self._read_file = read_file or read_file_once
+        self._deadline = nvml_deadline_seconds
+        self._cpu_power = PackagePower(sys_root, self._read_text, clock)
+        self._nvml = NvmlSession(nvml) if nvml is not None else _real_nvml_session()
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
+
+    def inventory(self) -> dict[str, Any]:
+        """The node's GPUs (index, uuid, name, memory_gib, power_limit_watts), cores, memory, name.
+
+        ``gpus`` is left out when NVML did not answer within the deadline: an empty list
+        would say the node has no GPUs.
+        """
+        found: dict[str, Any] = {}
+        gpus = self._poll_nvml(lambda session: session.inventory())
+        if gpus is not None:
+            found["gpus"] = gpus
+        for key, getter in (
+            ("cpu_cores", host.cpu_cores),
+            ("memory_gib", host.memory_gib),
+            ("hostname", host.hostname),
+        ):
+            value = self._guarded(key, lambda getter=getter: getter(self._root, self._read_text))
+            if value is not None:
+                found[key] = value
+        return found
+
+    def read(self) -> dict[str, Any]:
+        """The sensors now: per-GPU readings and the node's CPU and inlet temperatures, CPU power.
+
+        Never raises on a bad reading; a missing or failed value is an absent key.
+        """
+        sensors: dict[str, Any] = {"gpus": self._poll_nvml(lambda session: session.readings()) or []}
+        temperatures = self._guarded("hwmon", lambda: hwmon.read_temperatures(self._root, self._read_text))
+        if temperatures is not None:
+            if temperatures.cpu_celsius is not None:
+                sensors["cpu_temperature_celsius"] = temperatures.cpu_celsius
+            if temperatures.inlet_celsius is not None:
+                sensors["inlet_temperature_celsius"] = temperatures.inlet_celsius
+        watts = self._guarded("rapl", self._cpu_power.read_watts)
+        if watts is not None:
+            sensors["cpu_power_watts"] = round(watts, 1)
+        return sensors
+
+    def close(self) -> None:
+        """End the NVML session (skipped while a call is stuck: shutting down would block too)."""
+        self._poll_nvml(lambda session: session.close())
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _read_text(self, path: str) -> str | None:
+        try:
+            return self._read_file(path)
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception:
+            # A reader bug must not stop the heartbeat; the value is simply absent.
+            log.exception("reading %s failed", what)
+            return None
+
+    def _poll_nvml(self, call: Callable[[NvmlSession], Any]) -> Any:
+        """Run an NVML call in a worker thread; None when it fails or passes the deadline."""
+        session = self._nvml
+        if session is None:
+            return []
+        with self._worker_lock:
+            if self._worker is not None and self._worker.is_alive():
+                # The previous call is still stuck in the driver: do not pile up threads on it.
+                log.warning("NVML still blocked from an earlier call, no GPU values")
+                return None
+            answer: dict[str, Any] = {}
+
+            def work() -> None:
+                try:
+                    answer["value"] = call(session)
+                except Exception:
+                    log.exception("NVML poll failed")
+
+            worker = threading.Thread(target=work, name="llmgw-nvml", daemon=True)
+            self._worker = worker
+            worker.start()
+        worker.join(self._deadline)
+        if worker.is_alive():
+            log.warning("NVML did not answer within %.1f s, no GPU values this time", self._deadline)
+            return None
+        return answer.get("value")
+
+
+def _real_nvml_session() -> NvmlSession | None:
+    try:
+        module = importlib.import_module("pynvml")
+    except ImportError:
+        log.info("pynvml is not installed (nvidia-ml-py), no GPU values")
+        return None
+    if not hasattr(module, "nvmlInit"):
+        # The deprecated `pynvml` package (<12) ships a package shadowing the real module.
+        log.warning("the installed pynvml has no nvmlInit; install nvidia-ml-py")
+        return None
+    return NvmlSession(module)

@@ -1,0 +1,243 @@
+"""GPU inventory and readings through NVML (the ``pynvml`` module of nvidia-ml-py).
+
+One NVML session is kept for the agent's life and opened again after the errors that end it
+(Uninitialized, GpuIsLost, LibRmVersionMismatch). A GPU that fails is left out; a field the
+GPU does not support is left out of that GPU's reading. Nothing here reports 0 for unknown.
+Calls here may block in the kernel on a hung GPU: the caller runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_BYTES_PER_GIB = 1024**3
+MIN_CELSIUS = -40.0
+MAX_CELSIUS = 150.0
+
+# Clock event reason bits (nvmlClocksEventReason*); the other bits (idle, application clocks,
+# sync boost, display) are not limits a facility cares about.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x020, "sw_thermal"),
+    (0x040, "hw_thermal"),
+    (0x080, "power_brake"),
+)
+
+
+class SessionLost(Exception):
+    """NVML's state is gone: stop this poll and initialise again next time."""
+
+
+class NvmlSession:
+    """One NVML session: init once, poll GPUs, re-init after the errors that end a session."""
+
+    def __init__(self, nvml: ModuleType) -> None:
+        self._nv = nvml
+        self._initialised = False
+        self._needs_reinit = False
+        self._unavailable: str | None = None
+        # The errors after which the session must be opened again (classes, never a set:
+        # NVMLError instances are unhashable and these classes are compared by identity).
+        self._session_errors = tuple(
+            cls
+            for cls in (
+                getattr(nvml, "NVMLError_Uninitialized", None),
+                getattr(nvml, "NVMLError_GpuIsLost", None),
+                getattr(nvml, "NVMLError_LibRmVersionMismatch", None),
+            )
+            if cls is not None
+        )
+
+    @property
+    def needs_reinit(self) -> bool:
+        """Whether the next poll starts with a fresh nvmlInit."""
+        return self._needs_reinit
+
+    def inventory(self) -> list[dict[str, Any]]:
+        """Each GPU's index, uuid, name, memory and enforced power limit."""
+        return self._each_gpu(self._gpu_inventory)
+
+    def readings(self) -> list[dict[str, Any]]:
+        """Each GPU's temperatures, power, power limit and active clock limiters."""
+        return self._each_gpu(self._gpu_reading)
+
+    def close(self) -> None:
+        """End the session (nvmlShutdown pairs the nvmlInit)."""
+        if self._initialised:
+            self._initialised = False
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError as exc:
+                log.debug("nvmlShutdown failed: %s", exc)
+
+    # -- session ---------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        if self._needs_reinit:
+            self.close()
+            self._needs_reinit = False
+        if self._initialised:
+            return True
+        try:
+            self._nv.nvmlInit()
+        except self._nv.NVMLError as exc:
+            reason = str(exc)
+            if reason != self._unavailable:
+                # Said once per cause: a node without a driver polls every interval.
+                log.info("NVML unavailable, no GPU values: %s", reason)
+            self._unavailable = reason
+            return False
+        if self._unavailable is not None:
+            log.info("NVML available again")
+        self._unavailable = None
+        self._initialised = True
+        return True
+
+    def _each_gpu(self, one: Callable[[Any, int], dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self._open():
+            return []
+        nv = self._nv
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except self._session_errors as exc:
+            self._lost(exc)
+            return []
+        except nv.NVMLError as exc:
+            log.warning("NVML device count failed: %s", exc)
+            return []
+        gpus: list[dict[str, Any]] = []
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                gpus.append(one(handle, index))
+            except nv.NVMLError_GpuIsLost as exc:
+                # Only this GPU is gone; the others are still worth reporting.
+                log.warning("GPU %d is lost: %s", index, exc)
+                self._needs_reinit = True
+            except self._session_errors as exc:
+                self._lost(exc)
+                return gpus
+            except nv.NVMLError as exc:
+                log.warning("GPU %d left out: %s", index, exc)
+        return gpus
+
+    def _lost(self, exc: Exception) -> None:
+        log.warning("NVML session lost, re-initialising on the next read: %s", exc)
+        self._needs_reinit = True
+
+    # -- one GPU -----------------------------------------------------------------------------
+
+    def _gpu_inventory(self, handle: Any, index: int) -> dict[str, Any]:
+        nv = self._nv
+        gpu: dict[str, Any] = {"index": index, "uuid": nv.nvmlDeviceGetUUID(handle)}
+        name = self._optional(lambda: nv.nvmlDeviceGetName(handle))
+        if name:
+            gpu["name"] = name
+        memory = self._optional(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        if memory is not None and memory.total > 0:
+            gpu["memory_gib"] = round(memory.total / _BYTES_PER_GIB, 1)
+        limit = self._power_limit_watts(handle)
+        if limit is not None:
+            gpu["power_limit_watts"] = limit
+        return gpu
+
+    def _gpu_reading(self, handle: Any, index: int) -> dict[str, Any]:
+        nv = self._nv
+        gpu: dict[str, Any] = {"uuid": nv.nvmlDeviceGetUUID(handle), "index": index}
+        temperature = _celsius(self._optional(lambda: self._temperature(handle)))
+        if temperature is not None:
+            gpu["temperature_celsius"] = temperature
+        memory_temperature = _celsius(self._optional(lambda: self._memory_temperature(handle)))
+        if memory_temperature is not None:
+            gpu["memory_temperature_celsius"] = memory_temperature
+        power_mw = self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle))
+        if power_mw is not None and power_mw >= 0:
+            gpu["power_watts"] = power_mw / 1000.0
+        limit = self._power_limit_watts(handle)
+        if limit is not None:
+            gpu["power_limit_watts"] = limit
+        reasons = self._optional(lambda: self._clock_event_reasons(handle))
+        if reasons is not None:
+            gpu["throttle_reasons"] = [name for bit, name in THROTTLE_REASONS if reasons & bit]
+        return gpu
+
+    def _optional(self, call: Callable[[], Any]) -> Any:
+        """The call's answer, or None when NVML cannot give this one value.
+
+        Errors that end the GPU or the session propagate to the loop over GPUs.
+        """
+        try:
+            return call()
+        except self._session_errors:
+            raise
+        except self._nv.NVMLError as exc:
+            log.debug("NVML value unavailable: %s", exc)
+            return None
+
+    def _power_limit_watts(self, handle: Any) -> float | None:
+        limit_mw = self._optional(lambda: self._nv.nvmlDeviceGetEnforcedPowerLimit(handle))
+        return limit_mw / 1000.0 if limit_mw is not None and limit_mw > 0 else None
+
+    def _temperature(self, handle: Any) -> int:
+        nv = self._nv
+        getter = getattr(nv, "nvmlDeviceGetTemperatureV", None)
+        if getter is not None:
+            older_driver = tuple(
+                cls
+                for cls in (
+                    getattr(nv, "NVMLError_FunctionNotFound", None),
+                    getattr(nv, "NVMLError_ArgumentVersionMismatch", None),
+                )
+                if cls is not None
+            )
+            try:
+                return getter(handle, nv.NVML_TEMPERATURE_GPU)
+            except older_driver:
+                pass  # an older driver: the deprecated call below has the same answer
+        return nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)
+
+    def _memory_temperature(self, handle: Any) -> float | None:
+        nv = self._nv
+        values = nv.nvmlDeviceGetFieldValues(handle, [nv.NVML_FI_DEV_MEMORY_TEMP])
+        value = values[0]
+        # The call succeeds even when the field failed (GDDR boards say Not Supported here):
+        # the field's own return code decides, or we would report 0.
+        if value.nvmlReturn != nv.NVML_SUCCESS:
+            return None
+        return _field_number(nv, value)
+
+    def _clock_event_reasons(self, handle: Any) -> int:
+        nv = self._nv
+        getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if getter is not None:
+            try:
+                return getter(handle)
+            except nv.NVMLError_FunctionNotFound:
+                pass  # older driver: the deprecated name reports the same bits
+        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+
+
+def _field_number(nv: ModuleType, value: Any) -> float | None:
+    kinds = {
+        nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    }
+    attribute = kinds.get(value.valueType)
+    return float(getattr(value.value, attribute)) if attribute else None
+
+
+def _celsius(value: Any) -> float | None:
+    if value is None:
+        return None
+    celsius = float(value)
+    return celsius if MIN_CELSIUS <= celsius <= MAX_CELSIUS else None

@@ -1,0 +1,202 @@
+"""Writes to nodes: store labels, cordons, node tokens, and what a heartbeat reports."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
+from facility.domains import DomainError, domains_of, effective_labels, validate_label
+from llmgw.errors import InvalidInput, NotFound
+
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+
+
+def _request_reconcile() -> None:
+    from placement.tasks import request_reconcile
+
+    request_reconcile()
+
+
+def clean_node_name(name: Any, field: str = "node") -> str:
+    if not isinstance(name, str) or not NODE_NAME_RE.match(name):
+        raise InvalidInput(
+            f"{field}: {name!r} is not a node name (letters, digits, '.', '_' and '-', at most 253)", field=field
+        )
+    return name
+
+
+def parse_label_args(args: list[str]) -> dict[str, str | None]:
+    """`key=value` sets, `key-` removes (back to the agent's value): the ctl label syntax."""
+    changes: dict[str, str | None] = {}
+    for arg in args:
+        if "=" in arg:
+            key, _, value = arg.partition("=")
+            changes[key] = value
+        elif arg.endswith("-") and len(arg) > 1:
+            changes[arg[:-1]] = None
+        else:
+            raise InvalidInput(f"{arg!r}: write key=value to set a label or key- to remove it", field="labels")
+    return changes
+
+
+def node_refresh_labels(node: Node) -> None:
+    """Recompute a node's effective labels and its domains from the agent's and the store's."""
+    store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+    labels = effective_labels(node.agent_labels or {}, store)
+    domains = {str(d): d.level for d in domains_of(labels)}
+    if labels != node.labels:
+        node.labels = labels
+        node.save(update_fields=["labels"])
+    current = set(node.domains.values_list("domain", flat=True))
+    if current != set(domains):
+        node.domains.exclude(domain__in=domains).delete()
+        NodeDomain.objects.bulk_create(
+            [NodeDomain(node=node, domain=d, level=lvl) for d, lvl in domains.items() if d not in current]
+        )
+
+
+@transaction.atomic
+def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str = "") -> dict[str, str]:
+    """Set (value) or remove (None) store labels of a node, known yet or not. All or nothing.
+
+    Returns the node's effective labels after the change (the store's alone when the node has not joined).
+    """
+    node_name = clean_node_name(node_name)
+    if not changes:
+        raise InvalidInput("labels: give at least one key=value or key-", field="labels")
+    for key, value in changes.items():
+        if not isinstance(key, str):
+            raise InvalidInput(f"labels: a key must be text, not {key!r}", field="labels")
+        if value is None:
+            continue
+        try:
+            validate_label(key, value)
+        except DomainError as exc:
+            raise InvalidInput(f"labels: {exc}", field=f"labels.{key}") from exc
+    for key, value in changes.items():
+        if value is None:
+            StoreLabel.objects.filter(node_name=node_name, key=key).delete()
+        else:
+            StoreLabel.objects.update_or_create(
+                node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
+            )
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
+    node_refresh_labels(node)
+    _request_reconcile()
+    _notify(node.name)
+    return node.labels
+
+
+@transaction.atomic
+def node_cordon(*, node_name: str, cordoned: bool, reason: str = "") -> Node:
+    """Cordon (nothing new placed) or uncordon a node."""
+    node = Node.objects.select_for_update().filter(name=node_name).first()
+    if node is None:
+        raise NotFound(f"node {node_name!r} is not known", field="node")
+    node.cordoned = cordoned
+    node.cordon_reason = reason if cordoned else ""
+    node.save(update_fields=["cordoned", "cordon_reason"])
+    _request_reconcile()
+    _notify(node.name)
+    return node
+
+
+@transaction.atomic
+def node_token_create(*, node_name: str) -> str:
+    """A new token for a node's agent (replacing any earlier one); the key is shown once, only its hash kept."""
+    node_name = clean_node_name(node_name)
+    key = NodeToken.new_key()
+    NodeToken.objects.update_or_create(node_name=node_name, defaults={"key_hash": NodeToken.hash_key(key)})
+    return key
+
+
+def _notify(node_name: str) -> None:
+    from agents.events import node_changed
+
+    transaction.on_commit(lambda: node_changed(node_name))
+
+
+def measured_watts(sensors: Mapping[str, Any]) -> float | None:
+    """What a node's sensors say it draws: its GPUs plus its CPU packages; None when nothing was read."""
+    values = [g["power_watts"] for g in sensors.get("gpus", []) if g.get("power_watts") is not None]
+    if sensors.get("cpu_power_watts") is not None:
+        values.append(sensors["cpu_power_watts"])
+    return float(sum(values)) if values else None
+
+
+@transaction.atomic
+def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) -> Node:
+    """Store what an agent reports (already validated): inventory, labels, sensors, replica states."""
+    now = now or timezone.now()
+    inventory = heartbeat.get("inventory") or {}
+    sensors = heartbeat.get("sensors") or {}
+    node, created = Node.objects.select_for_update().get_or_create(name=node_name)
+    was_ready = node.is_ready(now)
+    node.hostname = inventory.get("hostname", node.hostname) or ""
+    node.fabric = inventory.get("fabric") or ""
+    node.cpu_cores = inventory.get("cpu_cores", node.cpu_cores) or 0
+    node.memory_gib = inventory.get("memory_gib", node.memory_gib) or 0
+    node.agent_version = heartbeat.get("agent_version", "") or ""
+    node.heartbeat_interval_seconds = heartbeat.get("interval_seconds") or node.heartbeat_interval_seconds
+    node.last_heartbeat_at = now
+    node.sensors = dict(sensors)
+    node.sensors_at = now
+    node.measured_watts = measured_watts(sensors)
+    labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
+    node.agent_labels = dict(heartbeat.get("labels") or {})
+    node.save()
+    inventory_changed = _record_gpus(node, inventory.get("gpus") or [])
+    if labels_changed:
+        node_refresh_labels(node)
+    from placement.services import shard_states_report
+
+    shard_states_report(node=node, states=heartbeat.get("replicas") or [], now=now)
+    if created or not was_ready or labels_changed or inventory_changed:
+        _request_reconcile()
+    _notify(node.name)
+    return node
+
+
+def _record_gpus(node: Node, gpus: list[Mapping[str, Any]]) -> bool:
+    """Upsert the node's GPUs by index; a GPU no longer reported is kept, marked absent. True if changed."""
+    existing = {g.index: g for g in node.gpus.all()}
+    seen = set()
+    changed = False
+    for item in gpus:
+        index = item["index"]
+        seen.add(index)
+        fields = {
+            "uuid": item.get("uuid", ""),
+            "model": item.get("name", ""),
+            "memory_gib": item.get("memory_gib"),
+            "power_limit_watts": item.get("power_limit_watts"),
+            "present": True,
+        }
+        gpu = existing.get(index)
+        if gpu is None:
+            GPU.objects.create(node=node, index=index, **fields)
+            changed = True
+        elif any(getattr(gpu, k) != v for k, v in fields.items()):
+            for k, v in fields.items():
+                setattr(gpu, k, v)
+            gpu.save(update_fields=list(fields))
+            changed = True
+    gone = [g.pk for i, g in existing.items() if i not in seen and g.present]
+    if gone:
+        GPU.objects.filter(pk__in=gone).update(present=False)
+        changed = True
+    return changed
+
+
+def node_get(name: str) -> Node:
+    node = Node.objects.filter(name=name).first()
+    if node is None:
+        raise NotFound(f"node {name!r} is not known", field="node")
+    return node

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FacilityConfig(AppConfig):
+    name = "facility"
+    verbose_name = "Facility"

@@ -1,0 +1,120 @@
+"""`llmgw ctl facility`: domains with power and holds; apply server.yaml; hold and release; budgets."""
+
+from __future__ import annotations
+
+import argparse
+
+from facility import selectors, services
+from llmgw.output import kw, print_json, print_table
+
+
+def register(commands) -> None:
+    from llmgw.ctl import output_option
+
+    p = commands.add_parser(
+        "facility",
+        help="domains with use, limit, reserved and measured draw, and holds; apply, hold, release, budget",
+        description=(
+            "Without a subcommand: every domain with its nodes, use, limit, reserved and measured draw, and its hold.\n"
+            "A domain's use is its other_watts plus, node by node, node_watts and the larger of what is placed\n"
+            "there and what its sensors read in the last two minutes; its limit is cap × (1 − margin)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    output_option(p)
+    p.set_defaults(handler=overview)
+    sub = p.add_subparsers(dest="facility_command", metavar="COMMAND")
+
+    a = sub.add_parser(
+        "apply",
+        help="apply server.yaml's facility: block (margin, draws, budgets)",
+        description="Apply a server.yaml's facility: block. Idempotent; the file owns the budgets it names. "
+        "A file with any error is refused whole, naming the line and the field.",
+    )
+    a.add_argument("-f", "--file", required=True, help="the server.yaml")
+    a.set_defaults(handler=apply)
+
+    h = sub.add_parser(
+        "hold",
+        help="place nothing new in a domain (optionally drain it)",
+        description="Hold a domain: nothing new is placed on its nodes, including nodes labelled into it later.",
+        epilog='example: llmgw ctl facility hold rack:r12-07 --reason "PDU swap" --drain',
+    )
+    h.add_argument("domain", help="level:name, e.g. rack:r12-07, pdu:r12-07-a, row:12")
+    h.add_argument("--reason", required=True, help="why; shown with every refusal it causes")
+    h.add_argument("--drain", action="store_true", help="also move its replicas out, the replacement up first")
+    h.set_defaults(handler=hold)
+
+    r = sub.add_parser("release", help="undo a hold and its drain")
+    r.add_argument("domain")
+    r.set_defaults(handler=release)
+
+    b = sub.add_parser("budget", help="set or remove one domain's power budget")
+    bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
+    s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
+    s.add_argument("domain")
+    s.add_argument("--cap-watts", type=float, required=True)
+    s.add_argument("--other-watts", type=float, default=0, help="switches, storage: what llmgw does not see")
+    s.set_defaults(handler=budget_set)
+    d = bsub.add_parser("delete", help="remove a domain's budget")
+    d.add_argument("domain")
+    d.set_defaults(handler=budget_delete)
+
+
+def overview(args) -> int:
+    data = selectors.facility_overview()
+    if args.output == "json":
+        print_json(data)
+        return 0
+    rows = []
+    for d in data["domains"]:
+        hold = d["hold"]
+        hold_text = "-"
+        if hold:
+            hold_text = f"held{' (drain)' if hold['drain'] else ''}: {hold['reason']}"
+        rows.append(
+            [
+                d["domain"],
+                len(d["nodes"]),
+                kw(d["use_watts"]),
+                kw(d["limit_watts"]),
+                kw(d["reserved_watts"]),
+                kw(d["measured_watts"]),
+                hold_text,
+            ]
+        )
+    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", "MEASURED", "HOLD"], rows)
+    return 0
+
+
+def apply(args) -> int:
+    result = services.facility_apply_file(path=args.file)
+    print(
+        f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
+        f"{result['removed']} removed)"
+    )
+    return 0
+
+
+def hold(args) -> int:
+    h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
+    print(f"{h.domain} held{' and draining' if h.drain else ''}: {h.reason}")
+    return 0
+
+
+def release(args) -> int:
+    services.hold_release(domain=args.domain)
+    print(f"{args.domain} released")
+    return 0
+
+
+def budget_set(args) -> int:
+    b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
+    print(f"{b.domain}: cap {kw(b.cap_watts)}, other {kw(b.other_watts)}")
+    return 0
+
+
+def budget_delete(args) -> int:
+    services.budget_delete(domain=args.domain)
+    print(f"{args.domain}: budget removed")
+    return 0

@@ -1,0 +1,114 @@
+"""Where a node is: location labels and the domains they put it in.
+
+Pure: no Django. A domain is ``level:name`` (``rack:r12-07``, ``pdu:r12-07-a``); it is derived
+from a node's effective labels, never declared. Names are taken as given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu")
+# keep_within may name any level that contains whole nodes (a PDU is a power tree, not a place).
+KEEP_WITHIN_LEVELS: tuple[str, ...] = ("site", "room", "row", "rack")
+LABEL_PREFIX = "llmgw.io/"
+LOCATION_KEYS: tuple[str, ...] = tuple(LABEL_PREFIX + level for level in LEVELS)
+PDU_KEY = LABEL_PREFIX + "pdu"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_FREE_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]{0,252}$")
+MAX_VALUE_LENGTH = 253
+
+
+class DomainError(ValueError):
+    """A domain or location label that does not parse; the text says which and why."""
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Domain:
+    """A place or power tree branch a node belongs to: ``rack:r12-07``."""
+
+    level: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.level}:{self.name}"
+
+    @property
+    def label(self) -> str:
+        """How a person reads it in a sentence: ``rack r12-07``."""
+        return f"{self.level} {self.name}"
+
+
+def parse_domain(text: str) -> Domain:
+    """``"rack:r12-07"`` → ``Domain("rack", "r12-07")``; anything else raises DomainError."""
+    if not isinstance(text, str) or ":" not in text:
+        raise DomainError(
+            f"{text!r} is not a domain: write level:name, with level one of {', '.join(LEVELS)}"
+        )
+    level, _, name = text.partition(":")
+    if level not in LEVELS:
+        raise DomainError(f"{text!r}: unknown level {level!r}; levels are {', '.join(LEVELS)}")
+    if not _NAME_RE.match(name) or len(name) > MAX_VALUE_LENGTH:
+        raise DomainError(f"{text!r}: a domain name takes letters, digits, '.', '_' and '-' only")
+    return Domain(level, name)
+
+
+def validate_label(key: str, value: str) -> None:
+    """Refuse a misspelt ``llmgw.io/`` key or a location value outside ``[A-Za-z0-9._-]``.
+
+    Other keys are free-form (node selectors use them) but must look like a key.
+    """
+    if key.startswith(LABEL_PREFIX):
+        if key not in LOCATION_KEYS:
+            raise DomainError(
+                f"unknown label key {key!r}: the llmgw.io/ keys are {', '.join(LOCATION_KEYS)}"
+            )
+        if not isinstance(value, str) or value == "":
+            raise DomainError(f"{key}: a value is required (use {key}- to remove it)")
+        parts = value.split(",") if key == PDU_KEY else [value]
+        for part in parts:
+            if not _NAME_RE.match(part) or len(part) > MAX_VALUE_LENGTH:
+                allowed = "letters, digits, '.', '_' and '-'"
+                if key == PDU_KEY:
+                    allowed += " (and ',' between PDUs)"
+                raise DomainError(f"{key}={value!r}: a value takes {allowed} only")
+        return
+    if not _FREE_KEY_RE.match(key):
+        raise DomainError(
+            f"label key {key!r} must start with a letter and hold only letters, digits, '.', '_', '/' and '-'"
+        )
+    if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
+        raise DomainError(f"{key}: a label value is text of at most {MAX_VALUE_LENGTH} characters")
+
+
+def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:
+    """The domains effective labels put a node in, in level order (pdus sorted by name)."""
+    found: list[Domain] = []
+    for level, key in zip(LEVELS, LOCATION_KEYS, strict=True):
+        value = labels.get(key)
+        if not value:
+            continue
+        names = value.split(",") if key == PDU_KEY else [value]
+        for name in sorted({n.strip() for n in names if n.strip()}):
+            found.append(Domain(level, name))
+    return tuple(found)
+
+
+def effective_labels(agent: Mapping[str, str], store: Mapping[str, str]) -> dict[str, str]:
+    """The store's labels win over the agent's."""
+    merged = dict(agent)
+    merged.update(store)
+    return merged
+
+
+def location_text(labels: Mapping[str, str], levels: Iterable[str] = LEVELS) -> str:
+    """``site=sto1 room=hall-b rack=r12-07 pdu=r12-07-a,r12-07-b``, or ``-`` when nowhere."""
+    parts = [
+        f"{level}={labels[LABEL_PREFIX + level]}"
+        for level in levels
+        if labels.get(LABEL_PREFIX + level)
+    ]
+    return " ".join(parts) or "-"

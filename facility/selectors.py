@@ -1,0 +1,84 @@
+"""Reads of the facility: every domain with its nodes, power figures and hold."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.utils import timezone
+
+from agents.models import Node, NodeDomain
+from facility import power
+from facility.domains import LEVELS, Domain, parse_domain
+from facility.models import Budget, FacilitySettings, Hold
+
+
+def facility_settings() -> power.FacilitySettings:
+    row = FacilitySettings.load()
+    return power.FacilitySettings(
+        margin=row.margin, gpu_watts=row.gpu_watts, cpu_core_watts=row.cpu_core_watts, node_watts=row.node_watts
+    )
+
+
+def budgets() -> dict[Domain, power.Budget]:
+    return {
+        parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.cap_watts, b.other_watts)
+        for b in Budget.objects.all()
+    }
+
+
+def facility_overview() -> dict[str, Any]:
+    """Every domain that has nodes, a budget or a hold: nodes, use, limit, reserved and measured draw, hold."""
+    settings = facility_settings()
+    budget_by_domain = budgets()
+    holds = {h.domain: h for h in Hold.objects.all()}
+    now = timezone.now()
+    figures: dict[int, power.NodePower] = {}
+    for node in Node.objects.only("id", "placed_watts", "measured_watts", "sensors_at"):
+        figures[node.pk] = power.NodePower(node.placed_watts, node.fresh_measured_watts(now))
+    members: dict[str, list[int]] = defaultdict(list)
+    names: dict[int, str] = dict(Node.objects.values_list("id", "name"))
+    for node_id, domain in NodeDomain.objects.values_list("node_id", "domain"):
+        members[domain].append(node_id)
+    all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds)
+    order = {level: i for i, level in enumerate(LEVELS)}
+    rows = []
+    for text in sorted(all_domains, key=lambda t: (order.get(t.split(":")[0], 99), t)):
+        domain = parse_domain(text)
+        ids = members.get(text, [])
+        figure = power.domain_power(domain, [figures[i] for i in ids], budget_by_domain.get(domain), settings)
+        hold = holds.get(text)
+        rows.append(
+            {
+                "domain": text,
+                "level": domain.level,
+                "name": domain.name,
+                "nodes": sorted(names[i] for i in ids),
+                "use_watts": round(figure.use_watts, 1),
+                "reserved_watts": round(figure.reserved_watts, 1),
+                "measured_watts": None if figure.measured_watts is None else round(figure.measured_watts, 1),
+                "cap_watts": figure.cap_watts,
+                "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
+                "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
+                "over_limit": figure.is_over_limit,
+                "hold": (
+                    {
+                        "reason": hold.reason,
+                        "drain": hold.drain,
+                        "created_by": hold.created_by,
+                        "created_at": hold.created_at.isoformat(),
+                    }
+                    if hold
+                    else None
+                ),
+            }
+        )
+    return {
+        "settings": {
+            "margin": settings.margin,
+            "gpu_watts": settings.gpu_watts,
+            "cpu_core_watts": settings.cpu_core_watts,
+            "node_watts": settings.node_watts,
+        },
+        "domains": rows,
+    }

@@ -1,0 +1,220 @@
+"""Writes to the facility: settings and budgets (server.yaml or one at a time) and holds.
+
+The API, the console, `llmgw ctl` and the admin all call these; each change asks for a reconcile.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from facility.domains import DomainError, parse_domain
+from facility.models import Budget, FacilitySettings, Hold, Source
+from llmgw.errors import InvalidInput, NotFound
+from llmgw.yamldoc import Document, load_documents
+
+SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
+BUDGET_KEYS = ("domain", "cap_watts", "other_watts")
+
+
+def _request_reconcile() -> None:
+    from placement.tasks import request_reconcile
+
+    request_reconcile()
+
+
+def clean_domain(text: Any, *, field: str = "domain") -> str:
+    """The canonical text of a domain, or InvalidInput naming the field."""
+    try:
+        return str(parse_domain(text))
+    except DomainError as exc:
+        raise InvalidInput(f"{field}: {exc}", field=field) from exc
+
+
+def _watts(value: Any, field: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{field}: must be a number of watts, not {value!r}", field=field)
+    if value < 0:
+        raise InvalidInput(f"{field}: must not be negative (got {value:g})", field=field)
+    if value > 100_000_000:
+        raise InvalidInput(f"{field}: {value:g} W is more than any domain carries", field=field)
+    return float(value)
+
+
+def clean_margin(value: Any, field: str = "margin") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{field}: must be a number in [0, 1), not {value!r}", field=field)
+    if not 0 <= value < 1:
+        raise InvalidInput(f"{field}: must be in [0, 1) (a share of the cap kept free), got {value:g}", field=field)
+    return float(value)
+
+
+# -- server.yaml ---------------------------------------------------------------------------------------------
+
+
+def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
+    """Validate a server.yaml document whole; return (settings, budgets) or raise naming file, line, field."""
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), "a server.yaml is a mapping with a facility: block")
+    for key in data:
+        if key != "facility":
+            raise doc.error((key,), "unknown key; server.yaml takes: facility")
+    block = data.get("facility") or {}
+    if not isinstance(block, dict):
+        raise doc.error(("facility",), "must be a mapping")
+    known = (*SETTINGS_KEYS, "budgets")
+    for key in block:
+        if key not in known:
+            raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
+    values: dict[str, float | None] = {}
+    try:
+        if "margin" in block:
+            values["margin"] = clean_margin(block["margin"], "facility.margin")
+        for key in ("gpu_watts", "cpu_core_watts", "node_watts"):
+            if key in block:
+                values[key] = _watts(block[key], f"facility.{key}", allow_none=True)
+    except InvalidInput as exc:
+        raise doc.error(("facility", exc.field.split(".")[-1]), exc.message.split(": ", 1)[1]) from exc
+    budgets_raw = block.get("budgets") or []
+    if not isinstance(budgets_raw, list):
+        raise doc.error(("facility", "budgets"), "must be a list of {domain, cap_watts, other_watts}")
+    budgets: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, item in enumerate(budgets_raw):
+        path = ("facility", "budgets", i)
+        if not isinstance(item, dict):
+            raise doc.error(path, "must be a mapping with domain and cap_watts")
+        for key in item:
+            if key not in BUDGET_KEYS:
+                raise doc.error((*path, key), f"unknown key; a budget takes: {', '.join(BUDGET_KEYS)}")
+        for key in ("domain", "cap_watts"):
+            if key not in item:
+                raise doc.error(path, f"{key} is required")
+        try:
+            domain = str(parse_domain(item["domain"]))
+        except DomainError as exc:
+            raise doc.error((*path, "domain"), str(exc)) from exc
+        if domain in seen:
+            raise doc.error((*path, "domain"), f"{domain} has a budget already in this file")
+        seen.add(domain)
+        try:
+            cap = _watts(item["cap_watts"], "cap_watts")
+            other = _watts(item.get("other_watts", 0), "other_watts")
+        except InvalidInput as exc:
+            raise doc.error((*path, exc.field), exc.message.split(": ", 1)[1]) from exc
+        budgets.append({"domain": domain, "cap_watts": cap, "other_watts": other})
+    return values, budgets
+
+
+@transaction.atomic
+def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int]:
+    """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
+
+    Budgets an earlier apply of a file created and this one no longer names are removed; budgets
+    set through the API or the admin are left alone unless the file names their domain.
+    Nothing is applied unless the whole file is valid.
+    """
+    docs = load_documents(text, filename)
+    if len(docs) != 1:
+        raise InvalidInput(f"{filename}: expected one YAML document, found {len(docs)}")
+    values, budgets = _parse_facility(docs[0])
+    settings = FacilitySettings.load()
+    for key, value in values.items():
+        setattr(settings, key, value)
+    if values:
+        settings.source = Source.FILE
+        settings.save()
+    created = updated = 0
+    names = {b["domain"] for b in budgets}
+    for item in budgets:
+        _, was_created = Budget.objects.update_or_create(
+            domain=item["domain"],
+            defaults={"cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE},
+        )
+        created += was_created
+        updated += not was_created
+    removed, _ = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names).delete()
+    _request_reconcile()
+    return {"created": created, "updated": updated, "removed": removed}
+
+
+def facility_apply_file(*, path: str | Path) -> dict[str, int]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
+    return facility_apply(text=text, filename=str(path))
+
+
+# -- budgets and settings one at a time -------------------------------------------------------------------
+
+
+@transaction.atomic
+def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = 0, source: str = Source.API) -> Budget:
+    """Create or change one domain's budget."""
+    domain = clean_domain(domain)
+    cap = _watts(cap_watts, "cap_watts")
+    other = _watts(other_watts, "other_watts")
+    budget, _ = Budget.objects.update_or_create(
+        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
+    )
+    _request_reconcile()
+    return budget
+
+
+@transaction.atomic
+def budget_delete(*, domain: str) -> None:
+    domain = clean_domain(domain)
+    deleted, _ = Budget.objects.filter(domain=domain).delete()
+    if not deleted:
+        raise NotFound(f"{domain} has no budget", field="domain")
+    _request_reconcile()
+
+
+# -- holds -----------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def hold_create(*, domain: str, reason: str, drain: bool = False, created_by: str = "") -> Hold:
+    """Hold a domain: nothing new is placed in it (nodes labelled into it later included); drain moves out.
+
+    Holding a domain already held updates its reason and drain flag.
+    """
+    domain = clean_domain(domain)
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
+    if len(reason) > 500:
+        raise InvalidInput("reason: at most 500 characters", field="reason")
+    if not isinstance(drain, bool):
+        raise InvalidInput("drain: must be true or false", field="drain")
+    hold, _ = Hold.objects.update_or_create(
+        domain=domain, defaults={"reason": reason, "drain": drain, "created_by": created_by}
+    )
+    _request_reconcile()
+    _notify_nodes_changed()
+    return hold
+
+
+@transaction.atomic
+def hold_release(*, domain: str) -> None:
+    """Undo a hold (and its drain): its nodes take placements again; moved replicas stay where they are."""
+    domain = clean_domain(domain)
+    deleted, _ = Hold.objects.filter(domain=domain).delete()
+    if not deleted:
+        raise NotFound(f"{domain} is not held", field="domain")
+    _request_reconcile()
+    _notify_nodes_changed()
+
+
+def _notify_nodes_changed() -> None:
+    from agents.events import nodes_changed
+
+    transaction.on_commit(nodes_changed)

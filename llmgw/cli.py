@@ -1,0 +1,56 @@
+"""The `llmgw` command: `llmgw agent` runs on GPU nodes without Django; the rest is the control plane."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """\
+usage: llmgw COMMAND [ARGS]
+
+control plane:
+  demo            load the demo facility and serve the console at http://127.0.0.1:8000
+  serve           serve the console and the API (ASGI): llmgw serve [ADDR:PORT]
+  migrate         create or upgrade the database
+  ctl             operate: nodes, labels, facility budgets and holds, models (llmgw ctl --help)
+  worker, beat    Celery worker and scheduler (production, with REDIS_URL)
+  sim             simulated agents for the nodes a cluster file declares (llmgw sim up -f cluster.yaml)
+  createsuperuser, makemigrations, shell, …   any Django management command
+
+on a GPU node:
+  agent           report inventory, labels and sensors, run assigned replicas (llmgw agent --help)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "agent":
+        from agents.daemon import main as agent_main
+
+        return agent_main(rest)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    if command == "ctl":
+        from llmgw.ctl import main as ctl_main
+
+        return ctl_main(rest)
+    if command in {"worker", "beat"}:
+        import django
+
+        django.setup()
+        from llmgw.celery import app
+
+        extra = ["--loglevel", "INFO"] if "--loglevel" not in rest and "-l" not in rest else []
+        app.start([command, *extra, *rest])
+        return 0
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["llmgw", command, *rest])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""WebSocket routes of the console."""
+
+websocket_urlpatterns: list = []

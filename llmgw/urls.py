@@ -1,0 +1,26 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from agents import api as agents_api
+from facility import api as facility_api
+
+api_v1 = [
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("facility", facility_api.FacilityView.as_view(), name="facility"),
+    path("facility/holds", facility_api.HoldListView.as_view(), name="holds"),
+    path("facility/holds/<path:domain>", facility_api.HoldDetailView.as_view(), name="hold"),
+    path("facility/budgets", facility_api.BudgetListView.as_view(), name="budgets"),
+    path("facility/budgets/<path:domain>", facility_api.BudgetDetailView.as_view(), name="budget"),
+    path("nodes", agents_api.NodeListView.as_view(), name="nodes"),
+    path("nodes/<str:name>", agents_api.NodeDetailView.as_view(), name="node"),
+    path("nodes/<str:name>/labels", agents_api.NodeLabelsView.as_view(), name="node-labels"),
+    path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("admin/", admin.site.urls),
+    path("", include("django_prometheus.urls")),
+    path("", include("llmgw.console_urls")),
+]

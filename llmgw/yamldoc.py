@@ -1,0 +1,74 @@
+"""YAML documents with line numbers, so an error in a file names the line as well as the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from llmgw.errors import InvalidInput
+
+Path = tuple[str | int, ...]
+
+
+def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            _walk(value_node, (*path, key), lines)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, (*path, i), lines)
+
+
+class Document:
+    """One parsed YAML document: its data, and the line each path starts on."""
+
+    def __init__(self, data: Any, lines: dict[Path, int], filename: str):
+        self.data = data
+        self.lines = lines
+        self.filename = filename
+
+    def error(self, path: Path, message: str) -> InvalidInput:
+        """An InvalidInput naming the file, the line and the field: `server.yaml line 7: facility.margin: …`."""
+        field = dotted(path)
+        line = self.line(path)
+        where = f"{self.filename} line {line}: " if line else f"{self.filename}: "
+        return InvalidInput(f"{where}{field}: {message}" if field else f"{where}{message}", field=field)
+
+    def line(self, path: Path) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return self.lines.get(())
+
+
+def dotted(path: Path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def load_documents(text: str, filename: str) -> list[Document]:
+    """Every document of a YAML stream, or InvalidInput naming the line where it does not parse."""
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        datas = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidInput(f"{filename}{where}: not valid YAML: {problem}") from exc
+    docs = []
+    for node, data in zip(nodes, datas, strict=True):
+        if node is None:
+            continue
+        lines: dict[Path, int] = {}
+        _walk(node, (), lines)
+        docs.append(Document(data, lines, filename))
+    return docs

@@ -1,0 +1,89 @@
+"""Models (the LLMs served), their replicas, and the shards that book a node's GPUs, cores and memory."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Model(models.Model):
+    """An LLM to serve: how many replicas, and the profile each replica needs."""
+
+    name = models.CharField(max_length=200, unique=True)
+    replicas = models.PositiveIntegerField(default=1, help_text="Desired replicas.")
+    gpus = models.PositiveIntegerField(default=0, help_text="GPUs per node.")
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)], help_text="Nodes per replica.")
+    cpu_cores = models.PositiveIntegerField(default=0, help_text="Cores reserved per node.")
+    memory_gib = models.FloatField(default=0, validators=[MinValueValidator(0.0)])
+    power_watts = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0)], help_text="Declared draw of a replica."
+    )
+    keep_within = models.CharField(max_length=8, blank=True, help_text="rack, row, room or site")
+    node_selector = models.CharField(max_length=2000, blank=True)
+    command = models.CharField(max_length=2000, blank=True)
+    health_path = models.CharField(max_length=200, default="/health")
+    min_ready_seconds = models.PositiveIntegerField(default=10)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReplicaState(models.TextChoices):
+    PENDING = "pending"  # no node fits yet; `reason` says why
+    PLACED = "placed"  # shards booked, the agents not yet running it
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class Replica(models.Model):
+    """One copy of a model, on one node or several (its shards), or pending with the reason."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replica_set")
+    ordinal = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PENDING)
+    reason = models.TextField(blank=True, help_text="Why it is pending, in the pending summary's words.")
+    explain = models.JSONField(default=dict, blank=True, help_text="Why it went where it is, and the rejections.")
+    replaces = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by",
+        help_text="The replica this one takes over from (a drain).",
+    )
+    placed_at = models.DateTimeField(null=True, blank=True)
+    ready_since = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "ordinal"]
+        constraints = [models.UniqueConstraint(fields=["model", "ordinal"], name="replica_unique_ordinal")]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}#{self.ordinal}"
+
+
+class Shard(models.Model):
+    """A replica's share of one node: the GPUs (booked through GPU.shard), cores, memory and draw."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    node = models.ForeignKey("agents.Node", on_delete=models.PROTECT, related_name="shards")
+    gpu_indices = models.JSONField(default=list)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_gib = models.FloatField(default=0)
+    draw_watts = models.FloatField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PLACED)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    message = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["replica", "node"]
+        constraints = [models.UniqueConstraint(fields=["replica", "node"], name="shard_one_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.replica} on {self.node.name}"

@@ -1,0 +1,505 @@
+"""The planner: where a model's next replica goes, or why it goes nowhere.
+
+Pure: no Django, no ORM, no clock, no randomness. The Django side builds the plain frozen views below
+from one read of the store; the planner returns a :class:`Plan` (one shard per node) or a
+:class:`NoFit` with every node's rejection. The guarded commit then re-checks against locked rows.
+
+Filters, in the order they are checked, each with its reason in words:
+
+1. ``not ready``, ``cordoned``, ``rack r12-07 is held: PDU swap`` (the first held domain, level order),
+   ``excluded (lost a race)``;
+2. the profile's node_selector: ``needs gpu.model in (H100,H200)``;
+3. resources: ``gpu: 8 requested, 3 free``, ``cpu: …``, ``memory: 256 GiB requested, 100 GiB free``;
+4. for a multi-node replica: a fabric, the keep_within label, and a group with enough nodes;
+5. power: ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW``.
+
+What passes is ordered, never filtered, by :func:`order_key`: nodes sharing fewer racks and PDUs
+with the model's replicas first, then nodes holding the weights, then bin packing, then the name.
+
+:func:`plan_replica` is the plain, whole-cluster evaluation; :class:`placement.index.PlacementIndex`
+is the fast path for a long run of placements and gives the same plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from facility.domains import LABEL_PREFIX, Domain
+from facility.power import (
+    Budget,
+    FacilitySettings,
+    node_use_watts,
+    power_refusal,
+    shard_draw_watts,
+    would_pass_limit,
+)
+from placement.selector import Selector
+
+# The levels a model's replicas are spread across.
+SPREAD_LEVELS = frozenset({"rack", "pdu"})
+SUMMARY_GROUPS = 5
+EPSILON_GIB = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What one replica of a model needs, per node, and where its nodes must be."""
+
+    gpus: int
+    nodes: int = 1
+    cpu_cores: int = 0
+    memory_gib: float = 0
+    power_watts: float | None = None
+    keep_within: str | None = None
+    selector: Selector | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as the planner sees it: free resources, place, power, and what it already runs."""
+
+    name: str
+    ready: bool
+    cordoned: bool
+    labels: Mapping[str, str]
+    domains: tuple[Domain, ...]
+    fabric: str | None
+    gpus_total: int
+    free_gpus: tuple[int, ...]
+    cpu_cores_total: int
+    cpu_cores_free: int
+    memory_gib_total: float
+    memory_gib_free: float
+    gpu_power_limit_watts: float | None = None
+    placed_watts: float = 0.0
+    measured_watts: float | None = None
+    weights: frozenset[str] = frozenset()
+    replicas: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FacilityView:
+    """The facility figures placement reads: settings, budgets by domain, holds (domain → reason)."""
+
+    settings: FacilitySettings = field(default_factory=FacilitySettings)
+    budgets: Mapping[Domain, Budget] = field(default_factory=dict)
+    holds: Mapping[Domain, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRequest:
+    """One replica to place: its model, profile, and the node names of each existing replica."""
+
+    model: str
+    profile: Profile
+    existing: tuple[frozenset[str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """One node's part of a replica: the cards (lowest free indices), cores, memory and draw."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+    cpu_cores: int
+    memory_gib: float
+    draw_watts: float | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a replica goes, why there, and why not on the nodes ranked ahead of it."""
+
+    shards: tuple[ShardPlan, ...]
+    why: str
+    rejections: dict[str, str]
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        """The node names of the replica, as ``ReplicaRequest.existing`` takes them."""
+        return frozenset(s.node for s in self.shards)
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """No node fits: the summary (most common reasons first) and every node's rejection."""
+
+    summary: str
+    rejections: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """How many more replicas fit, and why the next does not (None when the count hit the limit)."""
+
+    fits: int
+    why_not: str | None
+
+
+# --- pieces the plain path and the index share, so the two cannot disagree ---------------------------
+
+
+def existing_spread_domains(
+    existing: Iterable[frozenset[str]], nodes_by_name: Mapping[str, NodeView]
+) -> frozenset[Domain]:
+    """The racks and PDUs the model's replicas already run in (nodes no longer known are skipped)."""
+    found: set[Domain] = set()
+    for replica in existing:
+        for name in replica:
+            node = nodes_by_name.get(name)
+            if node is not None:
+                found.update(d for d in node.domains if d.level in SPREAD_LEVELS)
+    return frozenset(found)
+
+
+def shared_domains(node: NodeView, spread: frozenset[Domain]) -> tuple[Domain, ...]:
+    """The node's racks and PDUs that the model's replicas already run in."""
+    if not spread:
+        return ()
+    return tuple(d for d in node.domains if d in spread)
+
+
+def pack_value(node: NodeView, profile: Profile) -> int:
+    """Bin packing: GPUs left free after the shard (GPU profiles), or replicas on it (CPU profiles)."""
+    if profile.gpus > 0:
+        return len(node.free_gpus) - profile.gpus
+    return node.replicas
+
+
+def order_key(
+    node: NodeView, profile: Profile, model: str, spread: frozenset[Domain]
+) -> tuple[int, int, int, str]:
+    """The ordering of candidates: spreading, then weights, then bin packing, then the name."""
+    return (
+        0,
+        0 if model in node.weights else 1,
+        pack_value(node, profile),
+        node.name,
+    )
+
+
+def has_cards_for(node: NodeView, profile: Profile) -> bool:
+    """True when the node has the free cards a shard asks for (else it is no candidate at all)."""
+    return len(node.free_gpus) >= profile.gpus
+
+
+def _amount(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def base_rejection(
+    node: NodeView,
+    profile: Profile,
+    holds: Mapping[Domain, str],
+    exclude: frozenset[str],
+) -> str | None:
+    """The first filter before power that turns the node down, or None when it passes them all."""
+    if not node.ready:
+        return "not ready"
+    if node.cordoned:
+        return "cordoned"
+    if holds:
+        for domain in node.domains:
+            reason = holds.get(domain)
+            if reason is not None:
+                return f"{domain.label} is held: {reason}" if reason else f"{domain.label} is held"
+    if node.name in exclude:
+        return "excluded (lost a race)"
+    if profile.selector is not None:
+        unmet = profile.selector.first_unmet(node.labels)
+        if unmet is not None:
+            return f"needs {unmet}"
+    if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
+        return f"gpu: {profile.gpus} requested, {len(node.free_gpus)} free"
+    if profile.cpu_cores > 0 and profile.cpu_cores > node.cpu_cores_free:
+        return f"cpu: {profile.cpu_cores} requested, {node.cpu_cores_free} free"
+    if profile.memory_gib > 0 and profile.memory_gib > node.memory_gib_free + EPSILON_GIB:
+        return (
+            f"memory: {_amount(profile.memory_gib)} GiB requested, {_amount(node.memory_gib_free)} GiB free"
+        )
+    if profile.nodes > 1:
+        if not node.fabric:
+            return f"no fabric (a {profile.nodes}-node replica stays inside one)"
+        if profile.keep_within and not node.labels.get(LABEL_PREFIX + profile.keep_within):
+            return f"no {LABEL_PREFIX}{profile.keep_within} label (keep_within: {profile.keep_within})"
+    return None
+
+
+def draw_of(node: NodeView, profile: Profile, settings: FacilitySettings) -> float | None:
+    """The shard's estimated draw on this node (None when nobody knows it)."""
+    return shard_draw_watts(
+        gpus=profile.gpus,
+        cpu_cores=profile.cpu_cores,
+        nodes=profile.nodes,
+        power_watts=profile.power_watts,
+        node_gpu_power_limit_watts=node.gpu_power_limit_watts,
+        settings=settings,
+    )
+
+
+def power_rejection(
+    node: NodeView,
+    draw: float | None,
+    facility: FacilityView,
+    use: Mapping[Domain, float],
+    *,
+    pending: Mapping[Domain, float] | None = None,
+) -> str | None:
+    """The first budgeted domain (level order) the shard would take past its limit, in words.
+
+    ``pending`` holds, per domain, the draw of shards of the same replica already chosen there:
+    a multi-node replica is counted whole.
+    """
+    budgets = facility.budgets
+    if not budgets:
+        return None
+    need = draw or 0
+    margin = facility.settings.margin
+    for domain in node.domains:
+        budget = budgets.get(domain)
+        if budget is None:
+            continue
+        before = use.get(domain, budget.other_watts)
+        taken = pending.get(domain, 0.0) if pending else 0.0
+        if would_pass_limit(before, taken + need, budget.limit_watts(margin)):
+            if taken:
+                return power_refusal(
+                    budget, use_watts=before, need_watts=taken + need, margin=margin, combined=True
+                )
+            return power_refusal(budget, use_watts=before, need_watts=draw, margin=margin)
+    return None
+
+
+def domain_uses(nodes: Iterable[NodeView], facility: FacilityView) -> dict[Domain, float]:
+    """Each budgeted domain's use, from every node in it (ready or not: they all draw)."""
+    budgets = facility.budgets
+    use = {domain: budget.other_watts for domain, budget in budgets.items()}
+    if not budgets:
+        return use
+    settings = facility.settings
+    for node in nodes:
+        term = None
+        for domain in node.domains:
+            if domain in use:
+                if term is None:
+                    term = node_use_watts(node.placed_watts, node.measured_watts, settings)
+                use[domain] += term
+    return use
+
+
+def shard_for(node: NodeView, profile: Profile, draw: float | None) -> ShardPlan:
+    """The shard a node takes: the lowest free GPU indices, the profile's cores and memory."""
+    return ShardPlan(
+        node=node.name,
+        gpu_indices=tuple(sorted(node.free_gpus)[: profile.gpus]),
+        cpu_cores=profile.cpu_cores,
+        memory_gib=profile.memory_gib,
+        draw_watts=draw,
+    )
+
+
+def apply_shard(node: NodeView, shard: ShardPlan) -> NodeView:
+    """The node as it is once the shard is placed on it (for dry runs and the index)."""
+    taken = set(shard.gpu_indices)
+    return dataclasses.replace(
+        node,
+        free_gpus=tuple(i for i in node.free_gpus if i not in taken),
+        cpu_cores_free=node.cpu_cores_free - shard.cpu_cores,
+        memory_gib_free=node.memory_gib_free - shard.memory_gib,
+        placed_watts=node.placed_watts + (shard.draw_watts or 0),
+        replicas=node.replicas + 1,
+    )
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def why_text(node: NodeView, request: ReplicaRequest, spread: frozenset[Domain]) -> str:
+    """The ordering keys that decided for this node, in words."""
+    parts: list[str] = []
+    replicas = len(request.existing)
+    if replicas:
+        shared = shared_domains(node, spread)
+        them = f"the model's {_plural(replicas, 'replica')}"
+        if shared:
+            names = ", ".join(d.label for d in shared)
+            parts.append(f"shares {names} with {them}, the fewest of the nodes that fit")
+        else:
+            parts.append(f"shares no rack or pdu with {them}")
+    if request.model in node.weights:
+        parts.append("holds the weights")
+    profile = request.profile
+    if profile.gpus > 0:
+        parts.append(f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free")
+    else:
+        parts.append(f"runs {_plural(node.replicas, 'replica')} already")
+    return "; ".join(parts)
+
+
+def nofit_summary(rejections: Mapping[str, str]) -> str:
+    """``no node fits (12 nodes): 7 × gpu: 8 requested, 0 free; 3 × …`` (at most five groups)."""
+    if not rejections:
+        return "no nodes"
+    counts = Counter(rejections.values())
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
+    listed = "; ".join(f"{count} × {reason}" for reason, count in groups)
+    return f"no node fits ({_plural(len(rejections), 'node')}): {listed}"
+
+
+def ahead_rejections(
+    ranked: Iterable[tuple[tuple[int, int, int, str], str, str]], chosen_key: tuple[int, int, int, str]
+) -> dict[str, str]:
+    """The rejections of candidates (nodes with the cards free) ranked ahead of the chosen node."""
+    return {name: reason for key, name, reason in sorted(ranked) if key < chosen_key}
+
+
+# --- the plain path --------------------------------------------------------------------------------
+
+
+def plan_replica(
+    request: ReplicaRequest,
+    nodes: Sequence[NodeView],
+    facility: FacilityView,
+    *,
+    exclude: frozenset[str] = frozenset(),
+) -> Plan | NoFit:
+    """Plan one replica over the whole cluster: every node is checked, then the best is taken.
+
+    A plan keeps the rejections of the nodes that had the cards free and ranked ahead of the
+    chosen one; a no-fit keeps every node's.
+    """
+    if not nodes:
+        return NoFit(summary="no nodes", rejections={})
+    by_name = {node.name: node for node in nodes}
+    spread = existing_spread_domains(request.existing, by_name)
+    use = domain_uses(nodes, facility)
+    if request.profile.nodes > 1:
+        return _plan_multi(request, nodes, facility, exclude, spread, use)
+    profile = request.profile
+    rejections: dict[str, str] = {}
+    ranked: list[tuple[tuple[int, int, int, str], str, str]] = []
+    best: tuple[tuple[int, int, int, str], NodeView, float | None] | None = None
+    for node in nodes:
+        draw = draw_of(node, profile, facility.settings)
+        reason = base_rejection(node, profile, facility.holds, exclude) or power_rejection(
+            node, draw, facility, use
+        )
+        key = order_key(node, profile, request.model, spread)
+        if reason is not None:
+            rejections[node.name] = reason
+            if has_cards_for(node, profile):
+                ranked.append((key, node.name, reason))
+        elif best is None or key < best[0]:
+            best = (key, node, draw)
+    if best is None:
+        ordered = dict(sorted(rejections.items()))
+        return NoFit(summary=nofit_summary(ordered), rejections=ordered)
+    key, node, draw = best
+    return Plan(
+        shards=(shard_for(node, profile, draw),),
+        why=why_text(node, request, spread),
+        rejections=ahead_rejections(ranked, key),
+    )
+
+
+def _plan_multi(
+    request: ReplicaRequest,
+    nodes: Sequence[NodeView],
+    facility: FacilityView,
+    exclude: frozenset[str],
+    spread: frozenset[Domain],
+    use: Mapping[Domain, float],
+) -> Plan | NoFit:
+    """A replica of several nodes: all in one fabric (and one keep_within domain), counted whole."""
+    profile = request.profile
+    wanted = profile.nodes
+    level = profile.keep_within
+    too_few = f"no {level or 'fabric'} with {wanted} nodes that fit"
+    rejections: dict[str, str] = {}
+    keys = {node.name: order_key(node, profile, request.model, spread) for node in nodes}
+    groups: dict[tuple[str, str], list[NodeView]] = {}
+    for node in nodes:
+        reason = base_rejection(node, profile, facility.holds, exclude)
+        if reason is not None:
+            rejections[node.name] = reason
+            continue
+        place = node.labels.get(LABEL_PREFIX + level, "") if level else ""
+        groups.setdefault((node.fabric or "", place), []).append(node)
+
+    best: tuple[tuple, list[tuple[NodeView, float | None]]] | None = None
+    for group_key in sorted(groups):
+        members = groups[group_key]
+        if len(members) < wanted:
+            for node in members:
+                rejections[node.name] = too_few
+            continue
+        chosen: list[tuple[NodeView, float | None]] = []
+        pending: dict[Domain, float] = {}
+        for node in sorted(members, key=lambda n: keys[n.name]):
+            draw = draw_of(node, profile, facility.settings)
+            alone = power_rejection(node, draw, facility, use)
+            if alone is not None:
+                rejections[node.name] = alone
+                continue
+            if len(chosen) == wanted:
+                continue
+            together = power_rejection(node, draw, facility, use, pending=pending)
+            if together is not None:
+                rejections[node.name] = together
+                continue
+            chosen.append((node, draw))
+            for domain in node.domains:
+                if domain in facility.budgets:
+                    pending[domain] = pending.get(domain, 0.0) + (draw or 0)
+        if len(chosen) < wanted:
+            for node, _ in chosen:
+                rejections[node.name] = too_few
+            continue
+        rank = (tuple(keys[node.name] for node, _ in chosen), group_key)
+        if best is None or rank < best[0]:
+            best = (rank, chosen)
+
+    if best is None:
+        ordered = dict(sorted(rejections.items()))
+        return NoFit(summary=nofit_summary(ordered), rejections=ordered)
+    (chosen_keys, (fabric, place)), chosen = best
+    by_name = {node.name: node for node in nodes}
+    ranked = [
+        (keys[name], name, reason)
+        for name, reason in rejections.items()
+        if has_cards_for(by_name[name], profile)
+    ]
+    where = f"fabric {fabric}" + (f" and {level} {place}" if level else "")
+    first = chosen[0][0]
+    return Plan(
+        shards=tuple(shard_for(node, profile, draw) for node, draw in chosen),
+        why=f"{wanted} nodes in {where}; {first.name}: {why_text(first, request, spread)}",
+        rejections=ahead_rejections(ranked, chosen_keys[-1]),
+    )
+
+
+def headroom(
+    request: ReplicaRequest,
+    nodes: Sequence[NodeView],
+    facility: FacilityView,
+    *,
+    limit: int = 1000,
+) -> Headroom:
+    """How many more replicas of the request fit: the same pipeline as a dry run on a copy."""
+    from placement.index import PlacementIndex  # the index builds on this module
+
+    index = PlacementIndex(nodes, facility)
+    existing = list(request.existing)
+    fits = 0
+    while fits < limit:
+        result = index.plan(dataclasses.replace(request, existing=tuple(existing)))
+        if isinstance(result, NoFit):
+            return Headroom(fits=fits, why_not=result.summary)
+        index.apply(result)
+        existing.append(result.nodes)
+        fits += 1
+    return Headroom(fits=fits, why_not=None)

@@ -1,0 +1,19 @@
+"""Celery tasks of placement: thin, idempotent, state in the database."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import transaction
+
+
+@shared_task(name="placement.tasks.reconcile", acks_late=True, ignore_result=True)
+def reconcile() -> None:
+    """Bring every model to its desired replicas (and move what drains); safe to run any time, twice."""
+    from placement.services import reconcile_all
+
+    reconcile_all()
+
+
+def request_reconcile() -> None:
+    """Ask for a reconcile once the current transaction commits (in-process without Redis)."""
+    transaction.on_commit(reconcile.delay)

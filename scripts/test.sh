@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, migrations check, then pytest on PostgreSQL and Redis (unit, integration,
+# browser). Fails with a clear message when PostgreSQL or Redis cannot be reached; never skips silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+PGHOST_=${LLMGW_TEST_PGHOST:-127.0.0.1}
+PGPORT_=${LLMGW_TEST_PGPORT:-5432}
+REDIS_=${LLMGW_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
+
+need() {  # need NAME HOST PORT HOW-TO-START
+  if ! "$BIN/python" - "$2" "$3" <<'PY'
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+except OSError:
+    sys.exit(1)
+PY
+  then
+    echo "make test: $1 is not reachable at $2:$3. The tests run on a real $1; start it:" >&2
+    echo "    $4" >&2
+    exit 2
+  fi
+}
+need PostgreSQL "$PGHOST_" "$PGPORT_" "pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main start"
+need Redis 127.0.0.1 6379 "redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no"
+
+# Chromium for the browser tests, from Debian's packages, when missing.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "make test: installing Debian's chromium for the browser tests"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || {
+      echo "make test: could not install chromium (apt-get install chromium)" >&2; exit 2; }
+  else
+    echo "make test: chromium is missing; install it: sudo apt-get install chromium" >&2; exit 2
+  fi
+fi
+
+echo "== ruff"
+"$BIN/ruff" check .
+echo "== migrations"
+LLMGW_DATA_DIR=$(mktemp -d) "$BIN/llmgw" makemigrations --check --dry-run >/dev/null || {
+  echo "make test: a model changed without its migration (llmgw makemigrations)" >&2; exit 1; }
+
+echo "== pytest (PostgreSQL ${PGHOST_}:${PGPORT_}, Redis ${REDIS_})"
+export DATABASE_URL="postgres://postgres@${PGHOST_}:${PGPORT_}/llmgw"
+export LLMGW_TEST_REDIS_URL="$REDIS_"
+export LLMGW_DATA_DIR="${LLMGW_DATA_DIR:-$(mktemp -d)}"
+mkdir -p test-output
+unset REDIS_URL
+exec "$BIN/pytest" -p no:cacheprovider --timeout=300 "$@"

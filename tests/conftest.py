@@ -1,0 +1,98 @@
+"""Fixtures shared by the Django tests: API clients per role, node tokens, heartbeats."""
+
+from __future__ import annotations
+
+
+
+import pytest
+
+
+
+
+@pytest.fixture
+def make_user(db):
+    from llmgw.users_cli import token_create
+
+    def make(username: str = "op", role: str = "operator"):
+        from django.contrib.auth import get_user_model
+
+        key = token_create(username=username, role=role)
+        return get_user_model().objects.get(username=username), key
+
+    return make
+
+
+@pytest.fixture
+def api(make_user):
+    """An API client with an operator's token."""
+    from rest_framework.test import APIClient
+
+    _, key = make_user("operator1", "operator")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+@pytest.fixture
+def viewer_api(make_user):
+    from rest_framework.test import APIClient
+
+    _, key = make_user("viewer1", "viewer")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+@pytest.fixture
+def anon_api(db):
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+def node_spec(name: str, *, rack: str | None = None, pdu: str | None = None, gpus: int = 8, **extra) -> dict:
+    labels = {}
+    if rack:
+        labels["llmgw.io/rack"] = rack
+    if pdu:
+        labels["llmgw.io/pdu"] = pdu
+    labels.update(extra.pop("labels", {}))
+    return {
+        "name": name,
+        "gpus": gpus,
+        "gpu_model": "H100-SXM5-80GB",
+        "gpu_memory_gib": 80,
+        "gpu_power_limit_watts": 700,
+        "cpu_cores": 96,
+        "memory_gib": 2048,
+        "fabric": extra.pop("fabric", "ib-a"),
+        "labels": labels,
+        **extra,
+    }
+
+
+@pytest.fixture
+def join_node(db):
+    """Record a node's first heartbeat through the service (what its agent's first POST does)."""
+    from agents.services import heartbeat_record
+    from agents.sim import heartbeat_for
+
+    def join(name: str, **kw):
+        return heartbeat_record(node_name=name, heartbeat=heartbeat_for(node_spec(name, **kw)))
+
+    return join
+
+
+@pytest.fixture
+def node_client(db):
+    """An API client holding a node's token."""
+    from rest_framework.test import APIClient
+
+    from agents.services import node_token_create
+
+    def make(node_name: str):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {node_token_create(node_name=node_name)}")
+        return client
+
+    return make

@@ -1,0 +1,1 @@
+"""Stand-ins for hardware the tests cannot have (GPUs and their driver)."""

@@ -1,0 +1,182 @@
+"""A fake ``pynvml`` module for tests: the real constants and error classes, scripted answers.
+
+nvidia-ml-py imports without a driver, so the constants, the ``NVMLError_*`` classes and the
+field value structure are taken from the installed binding; only the calls are fake. Each
+``FakeGpu`` answers like one device and can be told to fail (a code per call, a lost GPU, a
+call that hangs until released).
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
+H100_SXM_MEMORY_BYTES = 81559 * 1024 * 1024  # what nvidia-smi shows as 81559 MiB
+L4_NAME = "NVIDIA L4"
+L4_MEMORY_BYTES = 23034 * 1024 * 1024
+
+# Longest a hung call blocks before giving up, so a test that forgets to release it ends.
+HANG_LIMIT_SECONDS = 30.0
+
+
+@dataclass
+class FakeGpu:
+    """One scripted device: what it answers, and how it fails."""
+
+    uuid: str
+    name: str = H100_SXM_NAME
+    memory_total_bytes: int = H100_SXM_MEMORY_BYTES
+    temperature: int = 54
+    memory_temperature: int | None = 61  # None: the field answers Not Supported (GDDR boards)
+    power_mw: int = 312_500
+    power_limit_mw: int = 700_000
+    clock_event_reasons: int = pynvml.nvmlClocksEventReasonSwPowerCap
+    errors: dict[str, int] = field(default_factory=dict)  # call name -> NVML_ERROR_* it returns
+    lost: bool = False  # every call on this device answers GPU is lost
+    hang: threading.Event | None = None  # every call on this device blocks until it is set
+
+
+def h100_sxm(index: int) -> FakeGpu:
+    """An H100 SXM at work: 700 W limit, HBM temperature, held by its power cap."""
+    return FakeGpu(uuid=f"GPU-h100-{index:04d}")
+
+
+def l4(index: int) -> FakeGpu:
+    """An L4: GDDR memory, so the memory temperature field is Not Supported."""
+    return FakeGpu(
+        uuid=f"GPU-l4-{index:04d}",
+        name=L4_NAME,
+        memory_total_bytes=L4_MEMORY_BYTES,
+        temperature=47,
+        memory_temperature=None,
+        power_mw=41_250,
+        power_limit_mw=72_000,
+        clock_event_reasons=pynvml.nvmlClocksEventReasonGpuIdle,
+    )
+
+
+@dataclass
+class FakeMemory:
+    """What nvmlDeviceGetMemoryInfo answers (bytes)."""
+
+    total: int
+    free: int
+    used: int
+
+
+class FakeNvml(types.ModuleType):
+    """A module that answers like ``pynvml`` for the GPUs it was given."""
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+        super().__init__("pynvml")
+        for name in dir(pynvml):
+            if (
+                name.startswith(("NVML_", "NVMLError", "nvmlClocks", "c_nvml"))
+                or name == "nvmlExceptionClass"
+            ):
+                setattr(self, name, getattr(pynvml, name))
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.initialised = False
+
+    # -- library ---------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self._check_initialised()
+        self.shutdown_calls += 1
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_initialised()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._check_initialised()
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._device(self.gpus[index], "nvmlDeviceGetHandleByIndex")
+
+    # -- one device ------------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+        return self._device(gpu, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
+        return self._device(gpu, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu, version: Any = None) -> FakeMemory:
+        total = self._device(gpu, "nvmlDeviceGetMemoryInfo").memory_total_bytes
+        return FakeMemory(total=total, free=total, used=0)
+
+    def nvmlDeviceGetTemperatureV(self, gpu: FakeGpu, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._device(gpu, "nvmlDeviceGetTemperatureV").temperature
+
+    def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._device(gpu, "nvmlDeviceGetTemperature").temperature
+
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> Any:
+        self._device(gpu, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, field_id in enumerate(field_ids):
+            values[i].fieldId = field_id
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature is not None:
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = gpu.memory_temperature
+            else:
+                # The call succeeds, the field fails, and its value reads 0: the trap to avoid.
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def _check_initialised(self) -> None:
+        if not self.initialised:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _device(self, gpu: FakeGpu, call: str) -> FakeGpu:
+        self._check_initialised()
+        if gpu.hang is not None:
+            gpu.hang.wait(HANG_LIMIT_SECONDS)
+        if gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if call in gpu.errors:
+            raise pynvml.NVMLError(gpu.errors[call])
+        return gpu
+
+
+def fake_nvml(gpus: list[FakeGpu] | None = None, init_error: int | None = None) -> FakeNvml:
+    """A fake pynvml with these GPUs (none by default), or failing nvmlInit with init_error."""
+    return FakeNvml(list(gpus or []), init_error=init_error)
+
+
+def library_missing() -> FakeNvml:
+    """A machine without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound."""
+    return fake_nvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)

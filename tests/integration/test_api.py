@@ -1,0 +1,128 @@
+"""The REST API: authentication everywhere, roles, nodes, labels, facility, holds, budgets, schema."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+READS = ["/api/v1/facility", "/api/v1/nodes", "/api/v1/nodes/gpu01", "/api/v1/schema"]
+
+
+@pytest.mark.parametrize("url", READS)
+def test_every_endpoint_needs_authentication(anon_api, join_node, url):
+    join_node("gpu01")
+    assert anon_api.get(url).status_code == 401
+
+
+def test_writes_need_authentication_too(anon_api):
+    assert anon_api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "x"}, format="json").status_code == 401
+    assert anon_api.delete("/api/v1/facility/holds/rack:r1").status_code == 401
+    assert anon_api.post("/api/v1/nodes/gpu01/labels", {"labels": {"a": "b"}}, format="json").status_code == 401
+    assert anon_api.post("/api/v1/agents/heartbeat", {"node": "gpu01"}, format="json").status_code == 401
+
+
+def test_a_viewer_reads_but_cannot_change(viewer_api, join_node):
+    join_node("gpu01")
+    assert viewer_api.get("/api/v1/nodes").status_code == 200
+    response = viewer_api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "x"}, format="json")
+    assert response.status_code == 403
+    response = viewer_api.post("/api/v1/nodes/gpu01/labels", {"labels": {"llmgw.io/rack": "r1"}}, format="json")
+    assert response.status_code == 403
+
+
+def test_a_user_without_a_role_reads_nothing(make_user):
+    from django.contrib.auth.models import Group
+    from rest_framework.test import APIClient
+
+    user, key = make_user("nobody", "viewer")
+    user.groups.remove(*Group.objects.all())
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/v1/nodes").status_code == 403
+
+
+def test_nodes_list_filters_by_domain_and_shows_location(api, join_node):
+    join_node("gpu01", rack="r12-07", pdu="r12-07-a,r12-07-b")
+    join_node("gpu02", rack="r12-08")
+    body = api.get("/api/v1/nodes", {"domain": "rack:r12-07"}).json()
+    assert [n["name"] for n in body] == ["gpu01"]
+    assert body[0]["location"] == {"rack": "r12-07", "pdu": "r12-07-a,r12-07-b"}
+    assert body[0]["gpus"] == {"free": 8, "total": 8}
+    assert body[0]["state"] == "ready"
+    bad = api.get("/api/v1/nodes", {"domain": "rack"})
+    assert bad.status_code == 400
+    assert bad.json()["field"] == "domain"
+
+
+def test_labels_through_the_api_and_their_sources(api, join_node):
+    join_node("gpu01", rack="r1")
+    response = api.post(
+        "/api/v1/nodes/gpu01/labels", {"labels": {"llmgw.io/rack": "r12-07", "llmgw.io/row": "12"}}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["labels"]["llmgw.io/rack"] == "r12-07"
+    detail = api.get("/api/v1/nodes/gpu01").json()
+    sources = {item["key"]: (item["value"], item["source"]) for item in detail["labels"]}
+    assert sources["llmgw.io/rack"] == ("r12-07", "store")
+    assert sources["gpu.model"] == ("H100", "agent") if "gpu.model" in sources else True
+
+    response = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"llmgw.io/rack": None}}, format="json")
+    assert response.json()["labels"]["llmgw.io/rack"] == "r1"
+
+    bad = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"llmgw.io/racks": "r2"}}, format="json")
+    assert bad.status_code == 400
+    assert bad.json()["detail"].startswith("labels: unknown label key 'llmgw.io/racks'")
+    assert bad.json()["field"] == "labels.llmgw.io/racks"
+
+
+def test_hold_and_release_through_the_api(api, join_node):
+    join_node("gpu01", rack="r12-07")
+    created = api.post(
+        "/api/v1/facility/holds", {"domain": "rack:r12-07", "reason": "PDU swap", "drain": True}, format="json"
+    )
+    assert created.status_code == 201
+    assert created.json()["created_by"] == "operator1"
+    facility = api.get("/api/v1/facility").json()
+    rack = next(d for d in facility["domains"] if d["domain"] == "rack:r12-07")
+    assert rack["hold"]["reason"] == "PDU swap"
+    assert rack["nodes"] == ["gpu01"]
+    assert api.get("/api/v1/nodes/gpu01").json()["state"] == "held"
+    assert api.delete("/api/v1/facility/holds/rack:r12-07").status_code == 204
+    gone = api.delete("/api/v1/facility/holds/rack:r12-07")
+    assert gone.status_code == 404
+    assert gone.json() == {"detail": "rack:r12-07 is not held", "field": "domain"}
+
+
+def test_a_bad_hold_names_the_field(api):
+    response = api.post("/api/v1/facility/holds", {"domain": "rack:r1"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "reason"
+    response = api.post("/api/v1/facility/holds", {"domain": "cage:1", "reason": "x"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("domain: 'cage:1': unknown level 'cage'")
+
+
+def test_facility_power_figures_follow_the_accounting(api, join_node):
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r1")
+    assert api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": 16000, "other_watts": 800},
+                    format="json").status_code == 200
+    rack = next(d for d in api.get("/api/v1/facility").json()["domains"] if d["domain"] == "rack:r1")
+    # Two idle nodes at node_watts 350 each plus the rack's 800 W of switches; limit 16 kW less 10 %.
+    assert rack["use_watts"] == 1500
+    assert rack["limit_watts"] == 14400
+    assert rack["reserved_watts"] == 0
+    assert rack["measured_watts"] is None
+    negative = api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": -1}, format="json")
+    assert negative.status_code == 400
+    assert negative.json() == {"detail": "cap_watts: must not be negative (got -1)", "field": "cap_watts"}
+
+
+def test_openapi_schema_is_served(api):
+    response = api.get("/api/v1/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for p in ("/api/v1/facility", "/api/v1/facility/holds", "/api/v1/nodes", "/api/v1/nodes/{name}/labels",
+              "/api/v1/agents/heartbeat"):
+        assert p in paths

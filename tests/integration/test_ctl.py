@@ -1,0 +1,111 @@
+"""`llmgw ctl` as an operator types it: output, -o json, and refusals on stderr with exit 1."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from llmgw.ctl import main as ctl
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = ctl(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_nodes_table_and_json(capsys, join_node):
+    join_node("gpu01", rack="r12-07", pdu="r12-07-a,r12-07-b")
+    join_node("gpu02")
+    code, out, _ = run(capsys, "nodes")
+    assert code == 0
+    assert out.splitlines() == [
+        "NAME   STATE  GPUS  LOCATION",
+        "gpu01  ready  8/8   rack=r12-07 pdu=r12-07-a,r12-07-b",
+        "gpu02  ready  8/8   -",
+    ]
+    code, out, _ = run(capsys, "nodes", "--domain", "pdu:r12-07-b", "-o", "json")
+    assert [n["name"] for n in json.loads(out)] == ["gpu01"]
+
+
+def test_label_then_remove_back_to_the_agents_value(capsys, join_node):
+    join_node("gpu01", rack="r1")
+    code, out, _ = run(capsys, "label", "gpu01", "llmgw.io/rack=r12-07", "llmgw.io/pdu=r12-07-a,r12-07-b")
+    assert code == 0
+    assert "llmgw.io/rack=r12-07" in out
+    code, out, _ = run(capsys, "label", "gpu01", "llmgw.io/rack-")
+    assert "llmgw.io/rack=r1" in out
+
+
+def test_label_refusals(capsys):
+    code, _, err = run(capsys, "label", "gpu01", "llmgw.io/rak=r1")
+    assert code == 1
+    assert err.startswith("error: labels: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are llmgw.io/site")
+    code, _, err = run(capsys, "label", "gpu01", "rack")
+    assert err == "error: 'rack': write key=value to set a label or key- to remove it\n"
+
+
+def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
+    join_node("gpu01", rack="r12-07", pdu="r12-07-a")
+    server = tmp_path / "server.yaml"
+    server.write_text(
+        textwrap.dedent(
+            """\
+            facility:
+              margin: 0.1
+              node_watts: 350
+              budgets:
+                - domain: rack:r12-07
+                  cap_watts: 16000
+                  other_watts: 800
+            """
+        )
+    )
+    code, out, _ = run(capsys, "facility", "apply", "-f", str(server))
+    assert out == f"{server}: applied (1 budgets created, 0 updated, 0 removed)\n"
+    code, out, _ = run(capsys, "facility", "hold", "rack:r12-07", "--reason", "PDU swap", "--drain")
+    assert out == "rack:r12-07 held and draining: PDU swap\n"
+    code, out, _ = run(capsys, "facility")
+    assert out.splitlines() == [
+        "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED  HOLD",
+        "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -         held (drain): PDU swap",
+        "pdu:r12-07-a  1      0.3 kW  -        0.0 kW    -         -",
+    ]
+    code, out, _ = run(capsys, "nodes")
+    assert "held" in out.splitlines()[1]
+    code, out, _ = run(capsys, "facility", "release", "rack:r12-07")
+    assert out == "rack:r12-07 released\n"
+    code, out, _ = run(capsys, "facility", "-o", "json")
+    assert json.loads(out)["domains"][0]["hold"] is None
+
+
+def test_a_bad_server_yaml_names_the_line(capsys, tmp_path):
+    server = tmp_path / "server.yaml"
+    server.write_text("facility:\n  margin: 2\n")
+    code, _, err = run(capsys, "facility", "apply", "-f", str(server))
+    assert code == 1
+    assert err == f"error: {server} line 2: facility.margin: must be in [0, 1) (a share of the cap kept free), got 2\n"
+
+
+def test_token_create_prints_a_working_token(capsys, client):
+    code, out, _ = run(capsys, "token", "create", "alice", "--role", "operator")
+    key = out.strip()
+    assert len(key) == 40
+    response = client.get("/api/v1/nodes", HTTP_AUTHORIZATION=f"Token {key}")
+    assert response.status_code == 200
+
+
+def test_node_token_and_cordon(capsys, join_node):
+    code, out, _ = run(capsys, "node", "token", "gpu01")
+    assert out.startswith("node_")
+    join_node("gpu01")
+    code, out, _ = run(capsys, "cordon", "gpu01", "--reason", "fan")
+    assert out == "gpu01 cordoned\n"
+    _, out, _ = run(capsys, "nodes")
+    assert out.splitlines()[1].split()[1] == "cordoned"
+    code, _, err = run(capsys, "cordon", "gpu99")
+    assert (code, err) == (1, "error: node 'gpu99' is not known\n")

@@ -1,0 +1,408 @@
+"""`llmgw agent`: the heartbeat it builds, --once --dry-run, and the loop against a local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from agents.config import parse_config
+from agents.daemon import Agent, build_heartbeat, main
+
+REPO = Path(__file__).resolve().parents[3]
+FAKE_SERVER = REPO / "tests" / "fakes" / "model_server.py"
+DEADLINE_SECONDS = 10.0
+
+INVENTORY = {
+    "gpus": [
+        {
+            "index": 0,
+            "uuid": "GPU-1",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_gib": 79.6,
+            "power_limit_watts": 700.0,
+        }
+    ],
+    "cpu_cores": 96,
+    "memory_gib": 2015.6,
+    "hostname": "gpu01",
+}
+SENSORS = {
+    "gpus": [{"uuid": "GPU-1", "temperature_celsius": 41.0, "power_watts": 72.5, "throttle_reasons": []}],
+    "cpu_temperature_celsius": 61.0,
+}
+REPLICA = {
+    "id": 17,
+    "model": "llama-70b",
+    "command": "python -m http.server {port}",
+    "gpus": [0, 1],
+    "cpu_cores": 16,
+    "memory_gib": 256,
+}
+
+
+class StubReader:
+    def __init__(self, fail: bool = False) -> None:
+        self.reads = 0
+        self.closed = False
+        self.fail = fail
+
+    def inventory(self) -> dict:
+        if self.fail:
+            raise RuntimeError("NVML went away")
+        return dict(INVENTORY)
+
+    def read(self) -> dict:
+        self.reads += 1
+        if self.fail:
+            raise RuntimeError("hwmon went away")
+        return dict(SENSORS)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class StubRuntime:
+    def __init__(self) -> None:
+        self.synced: list[list[dict]] = []
+        self.polls = 0
+        self.shut_down = False
+
+    def sync(self, assigned: list[dict]) -> None:
+        self.synced.append(assigned)
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def states(self) -> list[dict]:
+        return [{"id": 17, "state": "ready", "port": 8101, "pid": 4242, "restarts": 0, "message": ""}]
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+class FixedJitter:
+    """Takes the top of the jitter range, so the backoff's own figures show."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return high
+
+
+class ControlPlane:
+    """A tiny stand-in for the heartbeat endpoint: records requests, answers from a script."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.script: list[tuple[int, object]] = []
+        self.answer: object = {"node": "gpu01", "interval_seconds": 10, "replicas": [REPLICA]}
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 — http.server's name
+                length = int(self.headers.get("Content-Length", 0))
+                plane.requests.append(
+                    {
+                        "path": self.path,
+                        "authorization": self.headers.get("Authorization"),
+                        "body": json.loads(self.rfile.read(length)),
+                    }
+                )
+                status, body = plane.script.pop(0) if plane.script else (200, plane.answer)
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def plane():
+    control_plane = ControlPlane()
+    yield control_plane
+    control_plane.close()
+
+
+def agent_yaml(server: str, **extra: object) -> str:
+    lines = [
+        f"server: {server}",
+        "node: gpu01",
+        "token: node_secret",
+        "fabric: ib-a",
+        "labels:",
+        "  llmgw.io/rack: r12-07",
+    ]
+    lines += [f"{key}: {value}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not reached within {DEADLINE_SECONDS} s")
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the heartbeat ---------------------------------------------------------------------------
+
+
+def test_build_heartbeat_shape():
+    config = parse_config(agent_yaml("http://cp"))
+    assert build_heartbeat(config, StubReader(), StubRuntime()) == {
+        "node": "gpu01",
+        "agent_version": "0.1.0",
+        "interval_seconds": 10,
+        "inventory": {**INVENTORY, "fabric": "ib-a"},
+        "labels": {"llmgw.io/rack": "r12-07"},
+        "sensors": SENSORS,
+        "replicas": [{"id": 17, "state": "ready", "port": 8101, "restarts": 0, "message": ""}],
+    }
+
+
+def test_a_failing_reader_still_gives_a_heartbeat():
+    config = parse_config(agent_yaml("http://cp"))
+    heartbeat = build_heartbeat(config, StubReader(fail=True), None)
+    assert heartbeat["inventory"] == {"fabric": "ib-a"}
+    assert heartbeat["sensors"] == {}
+    assert heartbeat["replicas"] == []
+
+
+# -- --once ------------------------------------------------------------------------------------
+
+
+def test_dry_run_prints_the_heartbeat_and_sends_nothing(plane, tmp_path, capsys):
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(agent_yaml(plane.url))
+    reader = StubReader()
+    status = main(
+        ["--once", "--dry-run", "--config", str(config_path), "--sample-seconds", "0.01"],
+        reader_factory=lambda sys_root: reader,
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == build_heartbeat(parse_config(agent_yaml(plane.url)), StubReader(), None)
+    assert printed.startswith('{\n  "node": "gpu01",')  # indent 2
+    assert plane.requests == []
+    assert reader.reads == 2  # RAPL needs two reads for CPU power
+    assert reader.closed
+
+
+def test_dry_run_without_a_config_names_the_host(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu42")
+    roots = []
+    status = main(
+        ["--once", "--dry-run", "--sys-root", str(tmp_path), "--sample-seconds", "0"],
+        reader_factory=lambda sys_root: roots.append(sys_root) or StubReader(),
+    )
+    assert status == 0
+    heartbeat = json.loads(capsys.readouterr().out)
+    assert heartbeat["node"] == "gpu42"
+    assert heartbeat["labels"] == {}
+    assert roots == [str(tmp_path)]
+
+
+def test_once_sends_one_heartbeat_and_prints_the_answer(plane, tmp_path, capsys):
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(agent_yaml(plane.url))
+    status = main(
+        ["--once", "--config", str(config_path), "--sample-seconds", "0"],
+        reader_factory=lambda sys_root: StubReader(),
+    )
+    assert status == 0
+    assert json.loads(capsys.readouterr().out) == plane.answer
+    assert len(plane.requests) == 1
+    assert plane.requests[0]["body"]["replicas"] == []
+
+
+def test_without_config_the_daemon_refuses(capsys):
+    assert main([], reader_factory=lambda sys_root: StubReader()) == 2
+    assert capsys.readouterr().err == (
+        "llmgw agent: --config FILE is required (only --once --dry-run runs without one)\n"
+    )
+
+
+def test_a_bad_config_is_refused_with_its_line(tmp_path, capsys):
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(agent_yaml("http://cp", interval_seconds=60))
+    assert main(["--config", str(config_path)], reader_factory=lambda sys_root: StubReader()) == 2
+    assert capsys.readouterr().err == (
+        f"llmgw agent: {config_path}, line 7: interval_seconds: at most 10 seconds "
+        "(three missed intervals make a node not-ready), got 60\n"
+    )
+
+
+def test_help_teaches(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "llmgw agent --once --dry-run" in text
+    assert "--sample-seconds" in text
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+def make_agent(url: str, runtime=None, interval: float = 1) -> Agent:
+    config = parse_config(agent_yaml(url, interval_seconds=interval))
+    return Agent(config, StubReader(), runtime or StubRuntime(), rng=FixedJitter())
+
+
+def test_a_beat_posts_with_the_token_and_applies_the_answer(plane):
+    runtime = StubRuntime()
+    plane.answer = {"node": "gpu01", "interval_seconds": 5, "replicas": [REPLICA]}
+    agent = make_agent(plane.url, runtime)
+    assert agent.beat() == 5  # the control plane set the interval
+    [request] = plane.requests
+    assert request["path"] == "/api/v1/agents/heartbeat"
+    assert request["authorization"] == "Token node_secret"
+    assert request["body"] == build_heartbeat(agent.config, StubReader(), runtime)
+    assert runtime.synced == [[REPLICA]]
+
+
+def test_a_server_answering_503_is_retried_with_backoff_and_logged_once(plane, caplog):
+    caplog.set_level(logging.INFO, logger="llmgw.agent")
+    plane.script = [(503, {"detail": "overloaded"})] * 5
+    plane.answer = {"node": "gpu01", "interval_seconds": 1, "replicas": [REPLICA]}
+    runtime = StubRuntime()
+    agent = make_agent(plane.url, runtime, interval=1)
+    waits = [agent.beat() for _ in range(6)]
+    assert waits == [1, 2, 4, 6, 6, 1]  # doubling up to six intervals, then back to the interval
+    assert len(plane.requests) == 6
+    assert runtime.synced == [[REPLICA]]
+    assert caplog.messages == [
+        f"heartbeat: {plane.url}/api/v1/agents/heartbeat answered 503 Service Unavailable; "
+        "retrying with backoff (up to 6 s)",
+        f"heartbeat: {plane.url} answered again after 5 failed tries",
+    ]
+
+
+def test_an_unreachable_server_is_retried_with_backoff_and_logged_once(caplog):
+    caplog.set_level(logging.INFO, logger="llmgw.agent")
+    agent = make_agent(f"http://127.0.0.1:{closed_port()}", interval=2)
+    assert [agent.beat() for _ in range(4)] == [2, 4, 8, 12]
+    [message] = caplog.messages
+    assert message.startswith(f"heartbeat: cannot reach {agent.config.heartbeat_url} (ConnectError:")
+    assert message.endswith("; retrying with backoff (up to 12 s)")
+
+
+def test_jitter_stays_under_the_cap(plane):
+    plane.script = [(502, "bad gateway")] * 20
+    config = parse_config(agent_yaml(plane.url, interval_seconds=1))
+    agent = Agent(config, StubReader(), StubRuntime())
+    waits = [agent.beat() for _ in range(20)]
+    assert all(0 < wait <= 6 for wait in waits)
+    assert len(set(waits)) > 1  # spread out, not in step with every other node
+
+
+def test_a_refused_heartbeat_is_logged_with_the_servers_message(plane, caplog):
+    errors = {"sensors.gpus[0].power_watts": ["must be 0 or more, got -5"]}
+    plane.script = [(400, errors), (400, errors)]
+    runtime = StubRuntime()
+    agent = make_agent(plane.url, runtime, interval=1)
+    assert [agent.beat(), agent.beat()] == [1, 1]  # no backoff: the server is there
+    assert runtime.synced == []
+    assert caplog.messages == [  # once, not on every beat
+        f"heartbeat refused by {agent.config.heartbeat_url} (400): "
+        '{"sensors.gpus[0].power_watts": ["must be 0 or more, got -5"]}',
+    ]
+    assert caplog.records[0].levelno == logging.ERROR
+
+
+def test_a_detail_message_is_shown_as_text(plane, caplog):
+    plane.script = [(403, {"detail": "this token writes node gpu02 only"})]
+    make_agent(plane.url).beat()
+    assert caplog.messages[-1].endswith("(403): this token writes node gpu02 only")
+
+
+def test_the_loop_beats_polls_and_stops(plane):
+    runtime = StubRuntime()
+    plane.answer = {"node": "gpu01", "interval_seconds": 0.05, "replicas": [REPLICA]}
+    agent = make_agent(plane.url, runtime, interval=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), kwargs={"poll_seconds": 0.01})
+    thread.start()
+    try:
+        wait_until(lambda: len(plane.requests) >= 3)
+    finally:
+        stop.set()
+        thread.join(DEADLINE_SECONDS)
+    assert not thread.is_alive()
+    assert runtime.polls >= 3
+    assert runtime.synced[:3] == [[REPLICA]] * 3
+
+
+# -- the whole agent, as a process -------------------------------------------------------------
+
+
+def test_the_agent_runs_assigned_replicas_and_stops_them_on_sigterm(plane, tmp_path):
+    command = " ".join(shlex.quote(p) for p in (sys.executable, str(FAKE_SERVER))) + " --port {port}"
+    plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": [{**REPLICA, "command": command}]}
+    (tmp_path / "root").mkdir()  # an empty machine: no sensors at all
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(
+        agent_yaml(plane.url, interval_seconds=0.2, sys_root=tmp_path / "root")
+        + "runtime:\n  port_range: [41000, 41099]\n  grace_seconds: 2\n"
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agents.daemon", "--config", str(config_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        wait_until(
+            lambda: any(
+                r["body"]["replicas"] and r["body"]["replicas"][0]["state"] == "ready" for r in plane.requests
+            )
+        )
+        port = next(r for r in plane.requests if r["body"]["replicas"])["body"]["replicas"][0]["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/env", timeout=5) as response:
+            replica_pid = json.loads(response.read())["pid"]
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(DEADLINE_SECONDS) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    output = agent.stdout.read().decode()
+    assert "replica 17 (llama-70b): ready on port" in output
+    assert "replica 17 (llama-70b): stopping, the agent is shutting down" in output
+    assert (
+        not Path(f"/proc/{replica_pid}").exists()
+        or "Z" in Path(f"/proc/{replica_pid}/stat").read_text().split()[2]
+    )

@@ -1,0 +1,180 @@
+"""GPU inventory and readings through a fake pynvml that scripts each device's answers."""
+
+from __future__ import annotations
+
+import threading
+
+import pynvml
+
+from agents.sensors import SensorReader
+from tests.fakes.fake_nvml import fake_nvml, h100_sxm, l4, library_missing
+from tests.fakes.fixture_trees import tree
+
+H100_READING = {
+    "uuid": "GPU-h100-0000",
+    "index": 0,
+    "temperature_celsius": 54.0,
+    "memory_temperature_celsius": 61.0,
+    "power_watts": 312.5,
+    "power_limit_watts": 700.0,
+    "throttle_reasons": ["sw_power_cap"],
+}
+
+
+def reader(nvml, root: str = tree("vm"), **kwargs) -> SensorReader:
+    return SensorReader(sys_root=root, nvml=nvml, **kwargs)
+
+
+def release_nvml_worker() -> None:
+    """Wait for a worker left blocked by a hung call, once the test has released the hang."""
+    for thread in threading.enumerate():
+        if thread.name == "llmgw-nvml":
+            thread.join(10)
+
+
+def test_h100_with_every_sensor_supported():
+    reading = reader(fake_nvml([h100_sxm(0)])).read()
+    assert reading["gpus"] == [H100_READING]
+
+
+def test_inventory_lists_each_gpu_with_memory_and_power_limit():
+    inventory = reader(fake_nvml([h100_sxm(0), h100_sxm(1)]), root=tree("xeon")).inventory()
+    assert inventory == {
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-h100-0000",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_gib": 79.6,
+                "power_limit_watts": 700.0,
+            },
+            {
+                "index": 1,
+                "uuid": "GPU-h100-0001",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_gib": 79.6,
+                "power_limit_watts": 700.0,
+            },
+        ],
+        "cpu_cores": 96,
+        "memory_gib": 2015.6,
+        "hostname": "gpu01",
+    }
+
+
+def test_memory_temperature_not_supported_is_absent_not_zero():
+    (gpu,) = reader(fake_nvml([l4(0)])).read()["gpus"]
+    assert "memory_temperature_celsius" not in gpu
+    assert gpu == {
+        "uuid": "GPU-l4-0000",
+        "index": 0,
+        "temperature_celsius": 47.0,
+        "power_watts": 41.25,
+        "power_limit_watts": 72.0,
+        "throttle_reasons": [],  # only GpuIdle is set, which is not a limiter
+    }
+
+
+def test_several_clock_limiters_at_once_are_all_named_and_other_bits_ignored():
+    gpu = h100_sxm(0)
+    gpu.clock_event_reasons = 0x001 | 0x002 | 0x004 | 0x008 | 0x010 | 0x020 | 0x040 | 0x080 | 0x100
+    (reading,) = reader(fake_nvml([gpu])).read()["gpus"]
+    assert reading["throttle_reasons"] == [
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal",
+        "hw_thermal",
+        "power_brake",
+    ]
+
+
+def test_one_failing_field_is_left_out_and_the_others_are_kept():
+    gpu = h100_sxm(0)
+    gpu.errors = {"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED}
+    (reading,) = reader(fake_nvml([gpu])).read()["gpus"]
+    assert reading == {key: value for key, value in H100_READING.items() if key != "power_watts"}
+
+
+def test_an_older_driver_without_the_new_calls_uses_the_deprecated_ones():
+    gpu = h100_sxm(0)
+    gpu.errors = {
+        "nvmlDeviceGetTemperatureV": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        "nvmlDeviceGetCurrentClocksEventReasons": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    }
+    assert reader(fake_nvml([gpu])).read()["gpus"] == [H100_READING]
+
+
+def test_a_lost_gpu_is_left_out_the_others_reported_then_nvml_is_reinitialised():
+    gpus = [h100_sxm(0), h100_sxm(1), h100_sxm(2)]
+    gpus[1].lost = True
+    nvml = fake_nvml(gpus)
+    node = reader(nvml)
+    assert [gpu["uuid"] for gpu in node.read()["gpus"]] == ["GPU-h100-0000", "GPU-h100-0002"]
+    assert (nvml.init_calls, nvml.shutdown_calls) == (1, 0)
+
+    gpus[1].lost = False  # back after a reset
+    assert [gpu["uuid"] for gpu in node.read()["gpus"]] == ["GPU-h100-0000", "GPU-h100-0001", "GPU-h100-0002"]
+    assert (nvml.init_calls, nvml.shutdown_calls) == (2, 1)
+
+    node.read()
+    assert nvml.init_calls == 2  # a healthy session is kept, not opened every read
+
+
+def test_an_uninitialised_library_is_opened_again_on_the_next_read():
+    nvml = fake_nvml([h100_sxm(0)])
+    node = reader(nvml)
+    node.read()
+    nvml.initialised = False  # the driver was reloaded under us
+    assert node.read()["gpus"] == []
+    assert node.read()["gpus"] == [H100_READING]
+    assert nvml.init_calls == 2
+
+
+def test_library_missing_reports_no_gpus_and_the_reader_goes_on():
+    node = reader(library_missing(), root=tree("xeon"))
+    reading = node.read()
+    assert reading["gpus"] == []
+    assert reading["cpu_temperature_celsius"] == 63.0
+    assert node.inventory()["gpus"] == []  # no driver: a node without GPUs
+
+
+def test_a_hung_call_returns_without_gpu_values_within_the_deadline():
+    gpu = h100_sxm(0)
+    gpu.hang = threading.Event()
+    node = reader(fake_nvml([gpu]), root=tree("xeon"), nvml_deadline_seconds=0.2)
+    try:
+        reading = node.read()
+        assert reading["gpus"] == []
+        assert reading["cpu_temperature_celsius"] == 63.0
+        # Still stuck: no second worker is started on top of the first, and the inventory
+        # does not claim the node has no GPUs.
+        inventory = node.inventory()
+        assert "gpus" not in inventory
+        assert inventory["cpu_cores"] == 96
+        assert sum(thread.name == "llmgw-nvml" for thread in threading.enumerate()) == 1
+    finally:
+        gpu.hang.set()
+        release_nvml_worker()
+    assert node.read()["gpus"] == [H100_READING]
+
+
+def test_close_ends_the_nvml_session():
+    nvml = fake_nvml([h100_sxm(0)])
+    node = reader(nvml)
+    node.read()
+    node.close()
+    assert (nvml.init_calls, nvml.shutdown_calls) == (1, 1)
+
+
+def test_the_real_binding_on_this_machine_does_not_raise():
+    # Whatever this machine is (no GPU, a VM, a GPU node), read() gives only known keys, never null.
+    node = SensorReader()
+    try:
+        reading = node.read()
+        inventory = node.inventory()
+    finally:
+        node.close()
+    assert set(reading) <= {"gpus", "cpu_temperature_celsius", "cpu_power_watts", "inlet_temperature_celsius"}
+    assert isinstance(reading["gpus"], list)
+    assert None not in reading.values()
+    assert inventory["cpu_cores"] >= 1

@@ -1,0 +1,220 @@
+"""Properties of the planner that must hold whatever the cluster: power, missing data, spreading, order."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from facility.domains import Domain, domains_of
+from facility.power import Budget, FacilitySettings
+from placement.index import PlacementIndex
+from placement.planner import (
+    FacilityView,
+    NodeView,
+    NoFit,
+    Plan,
+    Profile,
+    ReplicaRequest,
+    apply_shard,
+    domain_uses,
+    plan_replica,
+)
+
+MODELS = ("m1", "m2", "m3")
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def clusters(draw, *, racks=(1, 6), per_rack=(1, 4), power=True, shared_pdus=True, all_up=False):
+    """Nodes in racks (each rack on its own PDU, some also on a shared one), with random state."""
+    nodes: list[NodeView] = []
+    for r in range(draw(st.integers(*racks))):
+        pdus = [f"r{r}-a"]
+        if shared_pdus and draw(st.booleans()):
+            pdus.append(f"shared{r % 2}")
+        for i in range(draw(st.integers(*per_rack))):
+            labels = {"llmgw.io/rack": f"r{r}", "llmgw.io/pdu": ",".join(pdus)}
+            if draw(st.booleans()):
+                labels["gpu.model"] = draw(st.sampled_from(["H100", "H200"]))
+            total = 8
+            free = draw(st.lists(st.integers(0, total - 1), unique=True, max_size=total))
+            nodes.append(
+                NodeView(
+                    name=f"n{r}-{i}",
+                    ready=all_up or draw(st.integers(0, 9)) > 0,
+                    cordoned=not all_up and draw(st.integers(0, 9)) == 0,
+                    labels=labels,
+                    domains=domains_of(labels),
+                    fabric=draw(st.sampled_from([None, "ib1", "ib2"])),
+                    gpus_total=total,
+                    free_gpus=tuple(sorted(free)),
+                    cpu_cores_total=64,
+                    cpu_cores_free=draw(st.integers(0, 64)),
+                    memory_gib_total=1024,
+                    memory_gib_free=float(draw(st.integers(0, 1024))),
+                    gpu_power_limit_watts=draw(st.sampled_from([None, 300.0, 700.0])) if power else None,
+                    placed_watts=float(draw(st.integers(0, 6000))) if power else 0.0,
+                    measured_watts=(
+                        draw(st.one_of(st.none(), st.floats(0, 9000, allow_nan=False))) if power else None
+                    ),
+                    weights=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=2))),
+                    replicas=draw(st.integers(0, 3)),
+                )
+            )
+    return nodes
+
+
+def all_domains(nodes):
+    return sorted({d for n in nodes for d in n.domains})
+
+
+@st.composite
+def facilities(draw, nodes, *, power=True, holds=True):
+    budgets = {}
+    for domain in all_domains(nodes):
+        if draw(st.booleans()):
+            cap = float(draw(st.integers(1000, 60000))) if power else float(draw(st.integers(0, 60000)))
+            other = float(draw(st.integers(0, 2000))) if power else 0.0
+            budgets[domain] = Budget(domain, cap, other)
+    held = {}
+    if holds and draw(st.integers(0, 3)) == 0:
+        domain = draw(st.sampled_from(all_domains(nodes) or [Domain("rack", "none")]))
+        held[domain] = draw(st.sampled_from(["", "PDU swap"]))
+    if power:
+        fac_settings = FacilitySettings(margin=draw(st.sampled_from([0.0, 0.1, 0.25])))
+    else:
+        fac_settings = FacilitySettings(gpu_watts=None, cpu_core_watts=None, node_watts=None)
+    return FacilityView(settings=fac_settings, budgets=budgets, holds=held)
+
+
+@st.composite
+def requests(draw, *, power=True, multi=True):
+    gpus = draw(st.integers(0, 8))
+    nodes = draw(st.integers(1, 2)) if multi and gpus > 0 else 1
+    profile = Profile(
+        gpus=gpus,
+        nodes=nodes,
+        cpu_cores=draw(st.integers(0, 16)),
+        memory_gib=float(draw(st.sampled_from([0, 64, 256]))),
+        power_watts=draw(st.sampled_from([None, 1500.0, 6000.0])) if power else None,
+        keep_within=draw(st.sampled_from([None, "rack"])) if nodes > 1 else None,
+        selector=None,
+    )
+    return ReplicaRequest(model=draw(st.sampled_from(MODELS)), profile=profile)
+
+
+def applied(nodes, plan):
+    by_name = {n.name: n for n in nodes}
+    for shard in plan.shards:
+        by_name[shard.node] = apply_shard(by_name[shard.node], shard)
+    return [by_name[n.name] for n in nodes]
+
+
+@st.composite
+def scenario(draw, **kwargs):
+    nodes = draw(clusters(**kwargs))
+    return nodes, draw(facilities(nodes)), draw(st.lists(requests(), min_size=1, max_size=8))
+
+
+@FAST
+@given(scenario())
+def test_no_plan_takes_a_domain_past_its_limit(case):
+    nodes, facility, reqs = case
+    existing: dict[str, list[frozenset[str]]] = {}
+    for req in reqs:
+        req = dataclasses.replace(req, existing=tuple(existing.get(req.model, ())))
+        result = plan_replica(req, nodes, facility)
+        if isinstance(result, NoFit):
+            continue
+        before = domain_uses(nodes, facility)
+        nodes = applied(nodes, result)
+        after = domain_uses(nodes, facility)
+        touched = {d for s in result.shards for n in nodes if n.name == s.node for d in n.domains}
+        for domain in touched & facility.budgets.keys():
+            limit = facility.budgets[domain].limit_watts(facility.settings.margin)
+            assert after[domain] <= limit + 1e-6, (domain, before[domain], after[domain], limit)
+        existing.setdefault(req.model, []).append(result.nodes)
+
+
+@FAST
+@given(scenario())
+def test_the_index_gives_the_plain_paths_plans(case):
+    nodes, facility, reqs = case
+    index = PlacementIndex(nodes, facility)
+    existing: dict[str, list[frozenset[str]]] = {}
+    for req in reqs * 2:
+        req = dataclasses.replace(req, existing=tuple(existing.get(req.model, ())))
+        expected = plan_replica(req, nodes, facility)
+        assert index.plan(req) == expected
+        if isinstance(expected, Plan):
+            index.apply(expected)
+            nodes = applied(nodes, expected)
+            assert index.nodes() == tuple(sorted(nodes, key=lambda n: n.name))
+            existing.setdefault(req.model, []).append(expected.nodes)
+
+
+@FAST
+@given(st.data())
+def test_with_every_power_figure_missing_the_plan_is_as_without_facility(data):
+    nodes = data.draw(clusters(power=False))
+    facility = data.draw(facilities(nodes, power=False))
+    req = data.draw(requests(power=False))
+    ignored = FacilityView(holds=facility.holds)
+    with_power = plan_replica(req, nodes, facility)
+    without = plan_replica(req, nodes, ignored)
+    assert type(with_power) is type(without)
+    if isinstance(without, Plan):
+        assert [(s.node, s.gpu_indices) for s in with_power.shards] == [
+            (s.node, s.gpu_indices) for s in without.shards
+        ]
+        assert (with_power.why, with_power.rejections) == (without.why, without.rejections)
+        assert all(s.draw_watts is None for s in with_power.shards)
+    else:
+        assert with_power == without
+
+
+@FAST
+@given(clusters(all_up=True, shared_pdus=False), st.integers(1, 8), st.sampled_from(MODELS))
+def test_replicas_land_on_distinct_racks_while_racks_have_room(nodes, gpus, model):
+    req = ReplicaRequest(model=model, profile=Profile(gpus=gpus))
+    racks_with_room = {n.labels["llmgw.io/rack"] for n in nodes if len(n.free_gpus) >= gpus}
+    facility = FacilityView()
+    existing: list[frozenset[str]] = []
+    racks: list[str] = []
+    for _ in racks_with_room:
+        result = plan_replica(dataclasses.replace(req, existing=tuple(existing)), nodes, facility)
+        assert isinstance(result, Plan)
+        (shard,) = result.shards
+        racks.append(next(n.labels["llmgw.io/rack"] for n in nodes if n.name == shard.node))
+        nodes = applied(nodes, result)
+        existing.append(result.nodes)
+    assert len(racks) == len(set(racks))
+
+
+@FAST
+@given(scenario(), st.randoms(use_true_random=False))
+def test_same_input_same_plan_whatever_the_node_order(case, rng: random.Random):
+    nodes, facility, reqs = case
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    for req in reqs:
+        assert plan_replica(req, nodes, facility) == plan_replica(req, shuffled, facility)
+        assert plan_replica(req, nodes, facility) == plan_replica(req, nodes, facility)
+
+
+@FAST
+@given(st.data())
+def test_spreading_never_filters(data):
+    nodes = data.draw(clusters())
+    facility = data.draw(facilities(nodes))
+    req = data.draw(requests())
+    names = [n.name for n in nodes]
+    existing = data.draw(st.lists(st.frozensets(st.sampled_from(names), min_size=1, max_size=2), max_size=4))
+    alone = plan_replica(req, nodes, facility)
+    spread = plan_replica(dataclasses.replace(req, existing=tuple(existing)), nodes, facility)
+    assert isinstance(alone, Plan) == isinstance(spread, Plan)
+    if isinstance(alone, NoFit):
+        assert alone == spread

@@ -1,0 +1,140 @@
+"""Power accounting: draws, domain use and the refusal text people read."""
+
+import pytest
+
+from facility.domains import Domain
+from facility.power import (
+    Budget,
+    DomainPower,
+    FacilitySettings,
+    NodePower,
+    domain_power,
+    domain_use_watts,
+    node_use_watts,
+    power_refusal,
+    shard_draw_watts,
+    would_pass_limit,
+)
+
+RACK = Domain("rack", "r12-07")
+SETTINGS = FacilitySettings()
+
+
+def draw(**overrides):
+    args = dict(
+        gpus=8,
+        cpu_cores=16,
+        nodes=1,
+        power_watts=None,
+        node_gpu_power_limit_watts=None,
+        settings=SETTINGS,
+    )
+    args.update(overrides)
+    return shard_draw_watts(**args)
+
+
+def test_settings_defaults_are_the_seeds():
+    assert SETTINGS == FacilitySettings(margin=0.1, gpu_watts=700, cpu_core_watts=10, node_watts=350)
+
+
+def test_limit_is_cap_less_margin():
+    assert Budget(RACK, cap_watts=16000).limit_watts(0.1) == pytest.approx(14400)
+    assert Budget(RACK, cap_watts=16000).limit_watts(0) == 16000
+
+
+def test_declared_draw_is_split_over_the_replicas_nodes():
+    assert draw(power_watts=6000, nodes=2, node_gpu_power_limit_watts=500) == 3000
+
+
+def test_gpu_profile_takes_each_card_at_the_nodes_power_limit():
+    assert draw(gpus=4, node_gpu_power_limit_watts=500) == 2000
+
+
+def test_gpu_profile_falls_back_to_gpu_watts_and_ignores_cores():
+    assert draw(gpus=4) == 2800
+
+
+def test_cpu_profile_takes_each_reserved_core():
+    assert draw(gpus=0, cpu_cores=16) == 160
+
+
+def test_a_draw_nobody_knows_is_none():
+    unknown = FacilitySettings(gpu_watts=None, cpu_core_watts=None)
+    assert draw(settings=unknown) is None
+    assert draw(gpus=0, settings=unknown) is None
+
+
+def test_node_use_takes_the_larger_of_placed_and_fresh_measured():
+    assert node_use_watts(2000, None, SETTINGS) == 2350
+    assert node_use_watts(2000, 3000, SETTINGS) == 3350
+    assert node_use_watts(2000, 1000, SETTINGS) == 2350
+    assert node_use_watts(2000, None, FacilitySettings(node_watts=None)) == 2000
+
+
+def test_domain_use_adds_other_watts_and_each_nodes_term():
+    members = [NodePower(5600), NodePower(0, 1200), NodePower(1000, 400)]
+    assert domain_use_watts(members, other_watts=800, settings=SETTINGS) == 800 + 3 * 350 + 5600 + 1200 + 1000
+
+
+def test_domain_power_reports_reserved_measured_use_and_limit():
+    report = domain_power(RACK, [NodePower(5600, 6000), NodePower(2800)], Budget(RACK, 16000, 800), SETTINGS)
+    assert report == DomainPower(
+        domain=RACK,
+        nodes=2,
+        reserved_watts=8400,
+        measured_watts=6000,
+        use_watts=800 + 700 + 6000 + 2800,
+        cap_watts=16000,
+        limit_watts=pytest.approx(14400),
+        margin=0.1,
+    )
+    assert not report.is_over_limit
+
+
+def test_domain_power_without_budget_or_readings():
+    report = domain_power(RACK, [NodePower(100)], None, SETTINGS)
+    assert report.measured_watts is None
+    assert report.cap_watts is None and report.limit_watts is None
+    assert report.use_watts == 450
+    assert not report.is_over_limit
+
+
+def test_domain_power_over_its_limit():
+    report = domain_power(RACK, [NodePower(15000)], Budget(RACK, 16000), SETTINGS)
+    assert report.is_over_limit
+
+
+def test_landing_exactly_on_the_limit_fits():
+    assert not would_pass_limit(11600, 2800, 14400)
+    assert would_pass_limit(11601, 2800, 14400)
+    assert would_pass_limit(14500, 0, 14400)
+
+
+def test_refusal_text_is_exact():
+    text = power_refusal(Budget(RACK, 16000), use_watts=14200, need_watts=2800, margin=0.1)
+    assert (
+        text
+        == "rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW"
+    )
+
+
+def test_refusal_text_for_a_replicas_shards_together():
+    text = power_refusal(Budget(RACK, 16000), use_watts=9000, need_watts=5600, margin=0.1, combined=True)
+    assert text == (
+        "rack r12-07: 9.0 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, "
+        "the replica's shards need ~5.6 kW here"
+    )
+
+
+def test_refusal_text_with_a_fractional_margin_and_a_pdu():
+    pdu = Domain("pdu", "r12-07-a")
+    text = power_refusal(Budget(pdu, 7400), use_watts=6000, need_watts=700, margin=0.125)
+    assert (
+        text
+        == "pdu r12-07-a: 6.0 kW of a 6.5 kW limit (7.4 kW cap less 12.5%) in use, the shard needs ~0.7 kW"
+    )
+
+
+def test_refusal_of_an_unknown_draw_in_a_domain_already_past_its_limit():
+    text = power_refusal(Budget(RACK, 16000), use_watts=15000, need_watts=None, margin=0.1)
+    assert text == "rack r12-07: 15.0 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, already past it"
