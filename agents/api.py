@@ -167,7 +167,7 @@ class ReplicaStateSerializer(serializers.Serializer):
 class HeartbeatSerializer(serializers.Serializer):
     node = serializers.CharField(max_length=253)
     agent_version = serializers.CharField(max_length=50, required=False, allow_blank=True)
-    interval_seconds = serializers.IntegerField(min_value=1, max_value=10, required=False)
+    interval_seconds = serializers.FloatField(min_value=0.1, max_value=10, required=False, validators=[finite])
     inventory = InventorySerializer(required=False)
     labels = serializers.DictField(child=serializers.CharField(max_length=253, allow_blank=True), required=False)
     sensors = SensorsSerializer(required=False)

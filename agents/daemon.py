@@ -9,6 +9,7 @@ with backoff and jitter, so ten thousand nodes do not all come back in the same 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -141,7 +142,10 @@ class Agent:
         Never raises: a heartbeat that fails is logged (once per change of what went wrong)
         and retried.
         """
-        body = build_heartbeat(self.config, self.reader, self.runtime)
+        # The interval in force, which the control plane may have changed, is the one it must
+        # count missed heartbeats against.
+        config = dataclasses.replace(self.config, interval_seconds=self.interval)
+        body = build_heartbeat(config, self.reader, self.runtime)
         url = self.config.heartbeat_url
         try:
             response = self.send(body)
@@ -169,7 +173,14 @@ class Agent:
             self._poll_runtime()
             if self._clock() >= next_beat:
                 started = self._clock()
-                next_beat = started + self.beat()
+                try:
+                    wait = self.beat()
+                except Exception:
+                    # A bug here must not end the agent: the node would look dead and its replicas
+                    # would run unwatched.
+                    logger.exception("heartbeat failed unexpectedly; trying again after the interval")
+                    wait = self.interval
+                next_beat = started + wait
             stop.wait(max(0.0, min(poll_seconds, next_beat - self._clock())))
 
     # -- the parts ---------------------------------------------------------------------------
@@ -177,7 +188,8 @@ class Agent:
     def backoff_seconds(self) -> float:
         """The wait after the `failures`-th failed heartbeat in a row: doubling, capped, jittered."""
         cap = self.interval * BACKOFF_CAP_INTERVALS
-        delay = min(self.interval * 2 ** (self.failures - 1), cap)
+        # The exponent is bounded: a float overflows after ~1000 doublings, a week-long outage.
+        delay = min(self.interval * 2 ** min(self.failures - 1, 30), cap)
         # Jitter downwards only, so the cap holds; spread keeps a fleet from retrying in step.
         return delay * self._rng.uniform(0.5, 1.0)
 
@@ -311,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sys-root",
         metavar="DIR",
-        help="read sys/ and proc/ under DIR instead of / (fixture trees); overrides sys_root in agent.yaml",
+        help="read DIR in place of /sys (or, when DIR holds sys/ and proc/, in place of /): fixture trees; "
+        "overrides sys_root in agent.yaml",
     )
     parser.add_argument(
         "--sample-seconds",
@@ -327,10 +340,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def machine_root(path: str) -> str:
+    """The root holding sys/ and proc/: DIR itself, or its parent when DIR is a sys tree (has class/)."""
+    if not os.path.isdir(os.path.join(path, "sys")) and os.path.isdir(os.path.join(path, "class")):
+        return os.path.dirname(os.path.abspath(path.rstrip("/"))) or "/"
+    return path
+
+
 def _default_reader(sys_root: str) -> Reader:
     from agents.sensors import SensorReader  # NVML is loaded only when sensors are read
 
-    return SensorReader(sys_root=sys_root)
+    return SensorReader(sys_root=machine_root(sys_root))
 
 
 def main(argv: Sequence[str], *, reader_factory: Callable[[str], Reader] | None = None) -> int:
@@ -371,6 +391,8 @@ def main(argv: Sequence[str], *, reader_factory: Callable[[str], Reader] | None 
 
     reader = (reader_factory or _default_reader)(sys_root)
     try:
+        if args.dry_run and not args.config:
+            config = dataclasses.replace(config, node=_hostname(reader) or config.node)
         if args.once:
             return _once(config, reader, dry_run=args.dry_run, sample_seconds=args.sample_seconds)
         return _forever(config, reader)
@@ -379,6 +401,15 @@ def main(argv: Sequence[str], *, reader_factory: Callable[[str], Reader] | None 
             reader.close()
         except Exception:
             logger.exception("closing the sensor reader failed")
+
+
+def _hostname(reader: Reader) -> str | None:
+    # The machine being read names the node: with --sys-root, that is the tree's host, not ours.
+    try:
+        hostname = reader.inventory().get("hostname")
+    except Exception:
+        return None
+    return hostname if isinstance(hostname, str) and hostname else None
 
 
 def _once(config: AgentConfig, reader: Reader, *, dry_run: bool, sample_seconds: float) -> int:

@@ -28,7 +28,7 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     cordon_reason = models.CharField(max_length=500, blank=True)
     agent_version = models.CharField(max_length=50, blank=True)
-    heartbeat_interval_seconds = models.PositiveIntegerField(default=10)
+    heartbeat_interval_seconds = models.FloatField(default=10)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     sensors = models.JSONField(default=dict, blank=True, help_text="The latest sensor readings.")
     sensors_at = models.DateTimeField(null=True, blank=True)

@@ -411,7 +411,7 @@ class Runtime:
         replica.failures_in_a_row += 1
         if retry:
             delay = min(
-                self.settings.restart_backoff_seconds * 2 ** (replica.failures_in_a_row - 1),
+                self.settings.restart_backoff_seconds * 2 ** min(replica.failures_in_a_row - 1, 30),
                 self.settings.restart_backoff_max_seconds,
             )
             replica.restart_at = now + delay

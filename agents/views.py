@@ -1,16 +1,393 @@
-"""Console pages of nodes."""
+"""Console pages of nodes: the Nodes list (filter, sort, page) and a node's page with its menu.
+
+Views only translate HTTP: every change goes through agents.services or facility.services, and the
+rows and panels are the same templates the live updates (agents.consumers) render.
+"""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from agents import selectors
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from agents import selectors, services
+from agents.filtersets import STATES, NodeFilterSet, node_state_lines
+from agents.models import Node, NodeDomain, StoreLabel
+from agents.selectors import NodeRow
+from facility import services as facility_services
+from facility.domains import LABEL_PREFIX, LEVELS
+from facility.models import Hold
+from llmgw.errors import LlmgwError
+from llmgw.permissions import can_operate, can_read
+
+PAGE_SIZE = 100
+
+THROTTLE_WORDS = {
+    "sw_power_cap": "power cap",
+    "hw_slowdown": "hardware slowdown",
+    "sw_thermal": "thermal (software)",
+    "hw_thermal": "thermal (hardware)",
+    "power_brake": "power brake",
+}
+
+# Column → how the list sorts by it; name breaks ties so a page is stable.
+SORTS = ("name", "state", "gpus", "where", "power", "temp")
+SORT_COLUMNS = [
+    ("name", "NAME"),
+    ("state", "STATE"),
+    ("gpus", "GPUS free/total"),
+    ("where", "WHERE"),
+    ("power", "GPU POWER"),
+    ("temp", "HOTTEST GPU"),
+    ("", "THROTTLING"),
+]
+
+
+def require_reader(request: HttpRequest) -> None:
+    """A signed-in user without the viewer role reads nothing (the API's rule)."""
+    if not can_read(request.user):
+        raise PermissionDenied("your role does not allow this: reading needs the viewer role")
+
+
+def require_operator(request: HttpRequest) -> None:
+    if not can_operate(request.user):
+        raise PermissionDenied("your role does not allow this: changes need the operator role")
+
+
+# -- what a row shows ----------------------------------------------------------------------------------------
+
+
+def throttle_text(reasons: Iterable[str]) -> str:
+    """``["sw_thermal", "sw_power_cap"]`` → ``power cap, thermal (software)``."""
+    return ", ".join(sorted(THROTTLE_WORDS.get(r, r) for r in reasons))
+
+
+def sensor_summary(sensors: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the list shows of a node's latest readings: GPU power against limits, the hottest card, throttling."""
+    gpus = list((sensors or {}).get("gpus") or [])
+    power = [g["power_watts"] for g in gpus if g.get("power_watts") is not None]
+    limits = [g["power_limit_watts"] for g in gpus if g.get("power_limit_watts") is not None]
+    temps = [g["temperature_celsius"] for g in gpus if g.get("temperature_celsius") is not None]
+    throttled = [g for g in gpus if g.get("throttle_reasons")]
+    reasons = {r for g in throttled for r in g["throttle_reasons"]}
+    return {
+        "gpu_power_watts": sum(power) if power else None,
+        "gpu_limit_watts": sum(limits) if limits and len(limits) == len(power) else None,
+        "hottest_celsius": max(temps) if temps else None,
+        "throttled_gpus": len(throttled),
+        "throttle_text": throttle_text(reasons),
+    }
+
+
+def decorate(rows: Sequence[NodeRow]) -> list[NodeRow]:
+    """Add the sensor summary and the location lines to each row (kept in row.extra)."""
+    for row in rows:
+        row.extra.update(sensor_summary(row.node.sensors))
+        location = row.location
+        row.extra["where_main"] = " · ".join(f"{lvl} {location[lvl]}" for lvl in ("rack", "pdu") if lvl in location)
+        row.extra["where_more"] = " · ".join(
+            f"{lvl} {location[lvl]}" for lvl in ("site", "room", "row") if lvl in location
+        )
+    return list(rows)
+
+
+def rows_for(names_or_ids: Sequence[Any], *, by: str = "pk") -> list[NodeRow]:
+    """Rows of the given nodes in the given order (a page of the list, or what a live update renders)."""
+    qs = selectors.node_queryset().filter(**{f"{by}__in": list(names_or_ids)})
+    rows = {getattr(row.node, by): row for row in selectors.node_rows(qs)}
+    return decorate([rows[key] for key in names_or_ids if key in rows])
+
+
+# -- the Nodes list ------------------------------------------------------------------------------------------
+
+
+def _sort_keys(queryset, lines, column: str) -> dict[int, Any]:
+    """The value each node sorts by in a column other than name and state."""
+    pks = [line.pk for line in lines]
+    if column == "gpus":
+        counts = (
+            Node.objects.filter(pk__in=pks)
+            .annotate(free=Count("gpus", filter=Q(gpus__present=True, gpus__shard__isnull=True)))
+            .values_list("pk", "free")
+        )
+        return dict(counts)
+    if column == "where":
+        from facility.domains import location_text
+
+        return {pk: location_text(labels) for pk, labels in Node.objects.filter(pk__in=pks).values_list("pk", "labels")}
+    field = "gpu_power_watts" if column == "power" else "hottest_celsius"
+    out = {}
+    for pk, sensors in Node.objects.filter(pk__in=pks).values_list("pk", "sensors"):
+        value = sensor_summary(sensors)[field]
+        out[pk] = -1.0 if value is None else value
+    return out
+
+
+def node_list_context(request: HttpRequest) -> dict[str, Any]:
+    """Filter, sort and page the nodes; only the page's rows are loaded whole."""
+    filterset = NodeFilterSet(request.GET or None, queryset=Node.objects.all())
+    queryset = filterset.qs if filterset.is_bound and filterset.is_valid() else Node.objects.all()
+    if filterset.is_bound and not filterset.is_valid():
+        queryset = Node.objects.none()
+    sort = request.GET.get("sort") or "name"
+    descending = sort.startswith("-")
+    column = sort.lstrip("-")
+    if column not in SORTS:
+        column, descending = "name", False
+    lines = node_state_lines(queryset)
+    counts = {state: 0 for state in STATES}
+    for line in lines:
+        counts[line.state] += 1
+    if column == "name":
+        lines.sort(key=lambda line: line.name, reverse=descending)
+    elif column == "state":
+        order = {s: i for i, s in enumerate(STATES)}
+        lines.sort(key=lambda line: line.name)
+        lines.sort(key=lambda line: order[line.state], reverse=descending)
+    else:
+        keys = _sort_keys(queryset, lines, column)
+        lines.sort(key=lambda line: line.name)
+        lines.sort(key=lambda line: keys.get(line.pk, -1), reverse=descending)
+    page = Paginator(lines, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = rows_for([line.pk for line in page.object_list])
+    params = request.GET.copy()
+    params.pop("page", None)
+    params.pop("sort", None)
+    return {
+        "filterset": filterset,
+        "rows": rows,
+        "page": page,
+        "total": len(lines),
+        "counts": counts,
+        "sort": column,
+        "descending": descending,
+        "sort_columns": SORT_COLUMNS,
+        "query": params.urlencode(),
+        "known_domains": NodeDomain.objects.order_by("domain").values_list("domain", flat=True).distinct(),
+        "states": STATES,
+    }
 
 
 @login_required
-def node_list(request):
-    domain = request.GET.get("domain") or None
-    rows = selectors.node_rows(domain=domain)
-    template = "agents/_node_table.html" if request.htmx else "agents/node_list.html"
-    return render(request, template, {"rows": rows, "domain": domain or ""})
+def node_list(request: HttpRequest) -> HttpResponse:
+    """Nodes: NAME, STATE, GPUS, WHERE, power and heat; htmx asks for the table alone."""
+    require_reader(request)
+    context = node_list_context(request)
+    template = "agents/_node_table.html" if request.htmx and not request.htmx.boosted else "agents/node_list.html"
+    return render(request, template, context)
+
+
+# -- a node's page -------------------------------------------------------------------------------------------
+
+
+def gpu_lines(node: Node) -> list[dict[str, Any]]:
+    """Each card with its live readings next to its inventory, and the replica that has it booked."""
+    readings = {g.get("index"): g for g in (node.sensors or {}).get("gpus") or []}
+    out = []
+    for gpu in node.gpus.select_related("shard__replica__model").all():
+        reading = readings.get(gpu.index, {})
+        limit = reading.get("power_limit_watts", gpu.power_limit_watts)
+        power = reading.get("power_watts")
+        out.append(
+            {
+                "index": gpu.index,
+                "model": gpu.model,
+                "memory_gib": gpu.memory_gib,
+                "present": gpu.present,
+                "temperature_celsius": reading.get("temperature_celsius"),
+                "memory_temperature_celsius": reading.get("memory_temperature_celsius"),
+                "power_watts": power,
+                "power_limit_watts": limit,
+                "power_pct": round(100 * power / limit) if power is not None and limit else None,
+                "throttle_text": throttle_text(reading.get("throttle_reasons") or []),
+                "replica": str(gpu.shard.replica) if gpu.shard_id else "",
+            }
+        )
+    return out
+
+
+def node_live_context(node: Node) -> dict[str, Any]:
+    """What the live panel of a node's page shows; agents.consumers renders it with the same template."""
+    row = rows_for([node.pk])[0]
+    sensors = node.sensors or {}
+    from placement.models import Shard
+
+    shards = Shard.objects.filter(node=node).select_related("replica__model").order_by("replica_id")
+    return {
+        "row": row,
+        "node": node,
+        "gpus": gpu_lines(node),
+        "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
+        "cpu_power_watts": sensors.get("cpu_power_watts"),
+        "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),
+        "shards": list(shards),
+        "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
+    }
+
+
+def node_page_context(
+    request: HttpRequest,
+    node: Node,
+    *,
+    open_form: str = "",
+    errors: Mapping[str, str] | None = None,
+    values: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    context = node_live_context(node)
+    store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+    agent = node.agent_labels or {}
+    location_fields = []
+    for level in LEVELS:
+        key = LABEL_PREFIX + level
+        location_fields.append(
+            {
+                "level": level,
+                "key": key,
+                "value": (values or {}).get(level, store.get(key, "")),
+                "agent_value": agent.get(key, ""),
+                "error": (errors or {}).get(f"labels.{key}", ""),
+            }
+        )
+    rack = context["row"].location.get("rack")
+    rack_domain = f"rack:{rack}" if rack else ""
+    context.update(
+        {
+            "can_operate": can_operate(request.user),
+            "open_form": open_form,
+            "errors": errors or {},
+            "values": values or {},
+            "location_fields": location_fields,
+            "rack": rack or "",
+            "rack_domain": rack_domain,
+            "rack_hold": Hold.objects.filter(domain=rack_domain).first() if rack_domain else None,
+        }
+    )
+    return context
+
+
+def _node(name: str) -> Node:
+    node = Node.objects.filter(name=name).first()
+    if node is None:
+        raise Http404(f"node {name!r} is not known")
+    return node
+
+
+@login_required
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """A node: location with label sources, hold, GPUs, CPU and inlet readings, replicas; its menu."""
+    require_reader(request)
+    node = _node(name)
+    return render(request, "agents/node_detail.html", node_page_context(request, node))
+
+
+def _after_change(request: HttpRequest, node: Node, **page) -> HttpResponse:
+    """The node page again: htmx swaps its body in; a plain form post follows a redirect (or sees the errors)."""
+    node.refresh_from_db()
+    failed = bool(page.get("errors"))
+    status = 422 if failed else 200
+    if request.htmx:
+        return render(request, "agents/_node_page.html", node_page_context(request, node, **page), status=status)
+    if failed:
+        return render(request, "agents/node_detail.html", node_page_context(request, node, **page), status=status)
+    return redirect(reverse("node-detail", args=[node.name]))
+
+
+def location_changes(
+    post: Mapping[str, str], store: Mapping[str, str]
+) -> dict[str, str | None]:
+    """What the Location… form asks for: a level changed sets it, emptied removes the store's value.
+
+    `more` takes the ctl syntax (`key=value`, `key-`), for other labels or a location key typed by hand.
+    """
+    changes: dict[str, str | None] = {}
+    for level in LEVELS:
+        key = LABEL_PREFIX + level
+        new = (post.get(level) or "").strip()
+        old = store.get(key, "")
+        if new == old:
+            continue
+        changes[key] = new or None
+    more = (post.get("more") or "").split()
+    if more:
+        changes.update(services.parse_label_args(more))
+    return changes
+
+
+@login_required
+@require_POST
+def node_location(request: HttpRequest, name: str) -> HttpResponse:
+    """Location…: set or remove store labels through agents.services.labels_set; all or nothing."""
+    require_operator(request)
+    node = _node(name)
+    store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+    values = {level: request.POST.get(level, "") for level in LEVELS}
+    values["more"] = request.POST.get("more", "")
+    try:
+        changes = location_changes(request.POST, store)
+        if not changes:
+            return _after_change(request, node, open_form="location", errors={"form": "Nothing changed."}, values=values)
+        services.labels_set(node_name=node.name, changes=changes, set_by=request.user.get_username())
+    except LlmgwError as exc:
+        field = exc.field or "form"
+        errors = {field: exc.message}
+        if field.startswith("labels.") and field.removeprefix(f"labels.{LABEL_PREFIX}") not in LEVELS:
+            errors["more"] = exc.message  # a key typed in `more`: show it there
+        if field == "labels":
+            errors["more"] = exc.message
+        return _after_change(request, node, open_form="location", errors=errors, values=values)
+    return _after_change(request, node)
+
+
+@login_required
+@require_POST
+def node_hold(request: HttpRequest, name: str) -> HttpResponse:
+    """Hold rack: hold the node's rack through facility.services.hold_create (reason, drain)."""
+    require_operator(request)
+    node = _node(name)
+    domain = request.POST.get("domain", "")
+    values = {"reason": request.POST.get("reason", ""), "drain": request.POST.get("drain", "")}
+    try:
+        facility_services.hold_create(
+            domain=domain,
+            reason=values["reason"],
+            drain=bool(values["drain"]),
+            created_by=request.user.get_username(),
+        )
+    except LlmgwError as exc:
+        return _after_change(request, node, open_form="hold", errors={exc.field or "form": exc.message}, values=values)
+    return _after_change(request, node)
+
+
+@login_required
+@require_POST
+def node_release(request: HttpRequest, name: str) -> HttpResponse:
+    """Release rack: undo the hold through facility.services.hold_release."""
+    require_operator(request)
+    node = _node(name)
+    try:
+        facility_services.hold_release(domain=request.POST.get("domain", ""))
+    except LlmgwError as exc:
+        return _after_change(request, node, open_form="hold", errors={"form": exc.message})
+    return _after_change(request, node)
+
+
+@login_required
+@require_POST
+def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    """Cordon (nothing new placed here) or Uncordon, through agents.services.node_cordon."""
+    require_operator(request)
+    node = _node(name)
+    cordoned = request.POST.get("action") == "cordon"
+    try:
+        services.node_cordon(node_name=node.name, cordoned=cordoned, reason=request.POST.get("reason", "").strip())
+    except LlmgwError as exc:
+        return _after_change(request, node, open_form="cordon", errors={"form": exc.message})
+    return _after_change(request, node)

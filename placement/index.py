@@ -21,7 +21,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 
 from facility.domains import Domain
-from facility.power import node_use_watts
+from facility.power import Budget, node_use_watts
 from placement.planner import (
     SPREAD_LEVELS,
     FacilityView,
@@ -32,28 +32,67 @@ from placement.planner import (
     ShardPlan,
     apply_shard,
     base_rejection,
-    domain_uses,
     draw_of,
-    existing_spread_domains,
     has_cards_for,
+    held_reason,
     pack_value,
     plan_replica,
-    power_rejection,
+    power_rejection_in,
     shard_for,
     why_text,
 )
 
 
-class _Group:
-    """Nodes with the same domains: one rack's (and PDUs') worth, typically."""
+class _Cell:
+    """A budgeted domain, its running use, and its refusals at that use (kept until the use changes)."""
 
-    __slots__ = ("domains", "spread", "by_free", "by_replicas")
+    __slots__ = ("budget", "margin", "_use", "_refusals")
+
+    def __init__(self, budget: Budget, margin: float) -> None:
+        self.budget = budget
+        self.margin = margin
+        self._use = budget.other_watts
+        self._refusals: dict[float | None, str | None] = {}
+
+    @property
+    def use(self) -> float:
+        return self._use
+
+    def add(self, watts: float) -> None:
+        if watts:
+            self._use += watts
+            self._refusals.clear()
+
+    def refusal(self, draw: float | None) -> str | None:
+        """Why a shard of this draw may not come into the domain, or None when it fits."""
+        if draw in self._refusals:
+            return self._refusals[draw]
+        reason = self._refusals[draw] = power_rejection_in([(self.budget, self._use, 0.0)], draw, self.margin)
+        return reason
+
+
+class _Group:
+    """Nodes with the same domains: one rack's (and PDU's) worth, typically."""
+
+    __slots__ = ("domains", "spread", "cells", "by_free", "by_replicas")
 
     def __init__(self, domains: tuple[Domain, ...]) -> None:
         self.domains = domains
         self.spread = tuple(d for d in domains if d.level in SPREAD_LEVELS)
+        self.cells: tuple[_Cell, ...] = ()
         self.by_free: dict[int, list[str]] = {}
         self.by_replicas: dict[int, list[str]] = {}
+
+
+class _Entry:
+    """One indexed node: its view, its group, and its hold reason under the current facility."""
+
+    __slots__ = ("node", "group", "held")
+
+    def __init__(self, node: NodeView, group: _Group, held: str | None) -> None:
+        self.node = node
+        self.group = group
+        self.held = held
 
 
 def _insert(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
@@ -77,18 +116,20 @@ class PlacementIndex:
 
     def __init__(self, nodes: Iterable[NodeView], facility: FacilityView) -> None:
         self._facility = facility
-        self._nodes: dict[str, NodeView] = {}
+        self._cells: dict[Domain, _Cell] = {}
+        self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
         self._groups_by_domain: dict[Domain, list[_Group]] = {}
         self._by_free: dict[int, list[str]] = {}
         self._by_replicas: dict[int, list[str]] = {}
         self._weights: dict[str, set[str]] = {}
-        self._use: dict[Domain, float] = {}
+        # model -> (existing replicas, their racks and PDUs, groups -> how many of those they share)
+        self._spread_cache: dict[str, tuple[tuple[frozenset[str], ...], set[Domain], dict[_Group, int]]] = {}
         for node in nodes:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name!r} is listed twice")
             self._add(node)
-        self._use = domain_uses(self._nodes.values(), facility)
+        self.set_facility(facility)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -99,21 +140,24 @@ class PlacementIndex:
 
     def node(self, name: str) -> NodeView:
         """The indexed view of one node (KeyError when unknown)."""
-        return self._nodes[name]
+        return self._nodes[name].node
 
     def nodes(self) -> tuple[NodeView, ...]:
         """Every indexed node, by name."""
-        return tuple(self._nodes[name] for name in sorted(self._nodes))
+        return tuple(self._nodes[name].node for name in sorted(self._nodes))
 
     def use_watts(self, domain: Domain) -> float | None:
         """A budgeted domain's use as the index counts it; None for a domain without a budget."""
-        return self._use.get(domain)
+        cell = self._cells.get(domain)
+        return None if cell is None else cell.use
 
     # --- keeping it current ---------------------------------------------------------------------
 
     def update_node(self, node: NodeView) -> None:
         """Add a node, or replace its view (a heartbeat, a label change, a refresh after a lost race)."""
         old = self._nodes.get(node.name)
+        if old is None or old.node.domains != node.domains:
+            self._spread_cache.clear()
         if old is not None:
             self._drop(old)
         self._add(node)
@@ -122,12 +166,22 @@ class PlacementIndex:
         """Forget a node (deleted); unknown names are ignored."""
         old = self._nodes.get(name)
         if old is not None:
+            self._spread_cache.clear()
             self._drop(old)
 
     def set_facility(self, facility: FacilityView) -> None:
-        """New settings, budgets or holds: domain use is recounted from the nodes."""
+        """New settings, budgets or holds: holds and domain use are worked out again from the nodes."""
         self._facility = facility
-        self._use = domain_uses(self._nodes.values(), facility)
+        margin = facility.settings.margin
+        self._cells = {domain: _Cell(budget, margin) for domain, budget in facility.budgets.items()}
+        for group in self._groups.values():
+            group.cells = tuple(self._cells[d] for d in group.domains if d in self._cells)
+        for entry in self._nodes.values():
+            entry.held = held_reason(entry.node, facility.holds)
+            if entry.group.cells:
+                term = self._term(entry.node)
+                for cell in entry.group.cells:
+                    cell.add(term)
 
     def apply(self, plan: Plan) -> None:
         """Record a committed (or dry-run) plan: free cards, cores, memory, placed watts, replicas."""
@@ -136,33 +190,33 @@ class PlacementIndex:
 
     def apply_shard(self, shard: ShardPlan) -> None:
         """Record one committed shard."""
-        self.update_node(apply_shard(self._nodes[shard.node], shard))
+        self.update_node(apply_shard(self._nodes[shard.node].node, shard))
 
     def _term(self, node: NodeView) -> float:
         return node_use_watts(node.placed_watts, node.measured_watts, self._facility.settings)
 
     def _add(self, node: NodeView) -> None:
-        self._nodes[node.name] = node
         group = self._groups.get(node.domains)
         if group is None:
             group = self._groups[node.domains] = _Group(node.domains)
+            group.cells = tuple(self._cells[d] for d in node.domains if d in self._cells)
             for domain in group.spread:
                 self._groups_by_domain.setdefault(domain, []).append(group)
+        self._nodes[node.name] = _Entry(node, group, held_reason(node, self._facility.holds))
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
         _insert(self._by_free, len(node.free_gpus), node.name)
         _insert(self._by_replicas, node.replicas, node.name)
         for model in node.weights:
             self._weights.setdefault(model, set()).add(node.name)
-        if self._use:
+        if group.cells:
             term = self._term(node)
-            for domain in node.domains:
-                if domain in self._use:
-                    self._use[domain] += term
+            for cell in group.cells:
+                cell.add(term)
 
-    def _drop(self, node: NodeView) -> None:
+    def _drop(self, entry: _Entry) -> None:
+        node, group = entry.node, entry.group
         del self._nodes[node.name]
-        group = self._groups[node.domains]
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
         _remove(self._by_free, len(node.free_gpus), node.name)
@@ -172,93 +226,113 @@ class PlacementIndex:
             holders.discard(node.name)
             if not holders:
                 del self._weights[model]
-        if self._use:
+        if group.cells:
             term = self._term(node)
-            for domain in node.domains:
-                if domain in self._use:
-                    self._use[domain] -= term
+            for cell in group.cells:
+                cell.add(-term)
 
     # --- planning -------------------------------------------------------------------------------
+
+    def _spread(self, request: ReplicaRequest) -> tuple[set[Domain], dict[_Group, int]]:
+        """The model's racks and PDUs, and how many each group shares; extended, not redone, per replica."""
+        existing = request.existing
+        cached = self._spread_cache.get(request.model)
+        if cached is not None and existing[: len(cached[0])] == cached[0]:
+            known, spread, shared = cached
+            added = existing[len(known) :]
+        else:
+            spread, shared, added = set(), {}, existing
+        for replica in added:
+            for name in replica:
+                entry = self._nodes.get(name)
+                if entry is None:
+                    continue
+                for domain in entry.group.spread:
+                    if domain not in spread:
+                        spread.add(domain)
+                        for group in self._groups_by_domain.get(domain, ()):
+                            shared[group] = shared.get(group, 0) + 1
+        self._spread_cache[request.model] = (existing, spread, shared)
+        return spread, shared
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
         if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
-        facility = self._facility
-        spread = existing_spread_domains(request.existing, self._nodes)
-        shared_count: dict[int, int] = {}  # id(group) -> racks and PDUs it shares with the replicas
-        for domain in spread:
-            for group in self._groups_by_domain.get(domain, ()):
-                shared_count[id(group)] = shared_count.get(id(group), 0) + 1
-        levels = sorted(set(shared_count.values()))
-        if len(shared_count) < len(self._groups):
+        settings = self._facility.settings
+        spread, shared = self._spread(request)
+        levels = sorted(set(shared.values()))
+        if len(shared) < len(self._groups):
             levels.insert(0, 0)
         holders = self._weights.get(request.model, set())
-        use_gpus = profile.gpus > 0
-        lowest = profile.gpus if use_gpus else 0
         weighted = sorted(
-            (shared_count.get(id(self._groups[node.domains]), 0), pack_value(node, profile), node.name)
-            for node in (self._nodes[name] for name in holders)
-            if has_cards_for(node, profile)
+            (shared.get(entry.group, 0), pack_value(entry.node, profile), name)
+            for name, entry in ((name, self._nodes[name]) for name in holders)
+            if has_cards_for(entry.node, profile)
         )
         rejections: dict[str, str] = {}
         for level in levels:
             # Holders of the weights first, within the level; then everyone else by bin packing.
-            candidates: list[Iterator[str]] = [iter([name for s, _, name in weighted if s == level])]
-            candidates.append(self._others(level, shared_count, use_gpus, lowest, holders))
-            for names in candidates:
-                for name in names:
-                    node = self._nodes[name]
-                    draw = draw_of(node, profile, facility.settings)
-                    reason = base_rejection(node, profile, facility.holds, exclude) or power_rejection(
-                        node, draw, facility, self._use
-                    )
+            first = [self._nodes[name] for s, _, name in weighted if s == level]
+            for entries in (first, self._others(level, shared, profile.gpus, holders)):
+                for entry in entries:
+                    node = entry.node
+                    draw = draw_of(node, profile, settings)
+                    reason = base_rejection(node, profile, entry.held, exclude)
+                    if reason is None:
+                        # The first budgeted domain in level order that refuses, as plan_replica says it.
+                        for cell in entry.group.cells:
+                            reason = cell.refusal(draw)
+                            if reason is not None:
+                                break
                     if reason is not None:
-                        rejections[name] = reason
+                        rejections[node.name] = reason
                         continue
                     return Plan(
                         shards=(shard_for(node, profile, draw),),
-                        why=why_text(node, request, spread),
+                        why=why_text(node, request, frozenset(spread)),
                         rejections=rejections,
                     )
         # Nothing fits: the plain path reports every node, as a no-fit must.
-        return plan_replica(request, self.nodes(), facility, exclude=exclude)
+        return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
 
     def _others(
-        self,
-        level: int,
-        shared_count: dict[int, int],
-        use_gpus: bool,
-        lowest: int,
-        holders: set[str],
-    ) -> Iterator[str]:
+        self, level: int, shared: dict[_Group, int], gpus: int, holders: set[str]
+    ) -> Iterator[_Entry]:
         """Non-holders sharing ``level`` racks/PDUs with the replicas, best bin packing first, by name."""
         total = len(self._groups)
         if level == 0:
-            size = total - len(shared_count)
+            size = total - len(shared)
         else:
-            size = sum(1 for count in shared_count.values() if count == level)
-        buckets = self._by_free if use_gpus else self._by_replicas
-        for bucket in sorted(b for b in buckets if b >= lowest):
-            if size * 4 >= total:
+            size = sum(1 for count in shared.values() if count == level)
+        nodes = self._nodes
+        buckets = self._by_free if gpus > 0 else self._by_replicas
+        walk_all = size * 4 >= total
+        if not walk_all:
+            if level == 0:
+                groups = [group for group in self._groups.values() if group not in shared]
+            else:
+                groups = [group for group, count in shared.items() if count == level]
+        for bucket in sorted(b for b in buckets if b >= gpus):
+            if walk_all:
                 # Most groups are at this level: walk the cluster-wide list, skipping the others.
-                groups = self._groups
                 for name in buckets[bucket]:
                     if name in holders:
                         continue
-                    node = self._nodes[name]
-                    if shared_count.get(id(groups[node.domains]), 0) == level:
-                        yield name
+                    entry = nodes[name]
+                    if shared.get(entry.group, 0) == level:
+                        yield entry
             else:
                 # Few groups at this level: merge their own sorted lists.
                 lists = [
                     names
-                    for group in self._groups.values()
-                    if shared_count.get(id(group), 0) == level
-                    and (names := (group.by_free if use_gpus else group.by_replicas).get(bucket))
+                    for group in groups
+                    if (names := (group.by_free if gpus > 0 else group.by_replicas).get(bucket))
                 ]
+                if not lists:
+                    continue
                 merged = lists[0] if len(lists) == 1 else heapq.merge(*lists)
                 for name in merged:
                     if name not in holders:
-                        yield name
+                        yield nodes[name]

@@ -174,7 +174,7 @@ def order_key(
 ) -> tuple[int, int, int, str]:
     """The ordering of candidates: spreading, then weights, then bin packing, then the name."""
     return (
-        0,
+        len(shared_domains(node, spread)),
         0 if model in node.weights else 1,
         pack_value(node, profile),
         node.name,
@@ -190,22 +190,32 @@ def _amount(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def base_rejection(
-    node: NodeView,
-    profile: Profile,
-    holds: Mapping[Domain, str],
-    exclude: frozenset[str],
-) -> str | None:
-    """The first filter before power that turns the node down, or None when it passes them all."""
-    if not node.ready:
-        return "not ready"
-    if node.cordoned:
-        return "cordoned"
+def held_reason(node: NodeView, holds: Mapping[Domain, str]) -> str | None:
+    """``rack r12-07 is held: PDU swap`` for the node's first held domain (level order), else None."""
     if holds:
         for domain in node.domains:
             reason = holds.get(domain)
             if reason is not None:
                 return f"{domain.label} is held: {reason}" if reason else f"{domain.label} is held"
+    return None
+
+
+def base_rejection(
+    node: NodeView,
+    profile: Profile,
+    held: str | None,
+    exclude: frozenset[str],
+) -> str | None:
+    """The first filter before power that turns the node down, or None when it passes them all.
+
+    ``held`` is the node's :func:`held_reason`, worked out by the caller (the index keeps it).
+    """
+    if not node.ready:
+        return "not ready"
+    if node.cordoned:
+        return "cordoned"
+    if held is not None:
+        return held
     if node.name in exclude:
         return "excluded (lost a race)"
     if profile.selector is not None:
@@ -256,14 +266,23 @@ def power_rejection(
     budgets = facility.budgets
     if not budgets:
         return None
+    return power_rejection_in(
+        [
+            (budgets[d], use.get(d, budgets[d].other_watts), pending.get(d, 0.0) if pending else 0.0)
+            for d in node.domains
+            if d in budgets
+        ],
+        draw,
+        facility.settings.margin,
+    )
+
+
+def power_rejection_in(
+    domains: Iterable[tuple[Budget, float, float]], draw: float | None, margin: float
+) -> str | None:
+    """The refusal for the first of (budget, use, draw of the replica's other shards there) passed."""
     need = draw or 0
-    margin = facility.settings.margin
-    for domain in node.domains:
-        budget = budgets.get(domain)
-        if budget is None:
-            continue
-        before = use.get(domain, budget.other_watts)
-        taken = pending.get(domain, 0.0) if pending else 0.0
+    for budget, before, taken in domains:
         if would_pass_limit(before, taken + need, budget.limit_watts(margin)):
             if taken:
                 return power_refusal(
@@ -385,9 +404,8 @@ def plan_replica(
     best: tuple[tuple[int, int, int, str], NodeView, float | None] | None = None
     for node in nodes:
         draw = draw_of(node, profile, facility.settings)
-        reason = base_rejection(node, profile, facility.holds, exclude) or power_rejection(
-            node, draw, facility, use
-        )
+        held = held_reason(node, facility.holds)
+        reason = base_rejection(node, profile, held, exclude) or power_rejection(node, draw, facility, use)
         key = order_key(node, profile, request.model, spread)
         if reason is not None:
             rejections[node.name] = reason
@@ -423,7 +441,7 @@ def _plan_multi(
     keys = {node.name: order_key(node, profile, request.model, spread) for node in nodes}
     groups: dict[tuple[str, str], list[NodeView]] = {}
     for node in nodes:
-        reason = base_rejection(node, profile, facility.holds, exclude)
+        reason = base_rejection(node, profile, held_reason(node, facility.holds), exclude)
         if reason is not None:
             rejections[node.name] = reason
             continue

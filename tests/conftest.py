@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-
-
 import pytest
-
-
 
 
 @pytest.fixture

@@ -218,3 +218,40 @@ def test_spreading_never_filters(data):
     assert isinstance(alone, Plan) == isinstance(spread, Plan)
     if isinstance(alone, NoFit):
         assert alone == spread
+
+
+@FAST
+@given(
+    st.integers(2, 5),
+    st.integers(1, 8),
+    st.integers(0, 30000),
+    st.sampled_from([None, 3000.0, 9000.0]),
+    st.integers(2, 3),
+)
+def test_a_multi_node_replica_is_counted_whole(count, gpus, cap, power_watts, wanted):
+    labels = {"llmgw.io/rack": "r1"}
+    nodes = [
+        NodeView(
+            name=f"n{i}",
+            ready=True,
+            cordoned=False,
+            labels=labels,
+            domains=domains_of(labels),
+            fabric="ib1",
+            gpus_total=8,
+            free_gpus=tuple(range(8)),
+            cpu_cores_total=64,
+            cpu_cores_free=64,
+            memory_gib_total=1024,
+            memory_gib_free=1024,
+        )
+        for i in range(count)
+    ]
+    rack = Domain("rack", "r1")
+    facility = FacilityView(budgets={rack: Budget(rack, float(cap))})
+    req = ReplicaRequest("m1", Profile(gpus=gpus, nodes=wanted, power_watts=power_watts))
+    result = plan_replica(req, nodes, facility)
+    if isinstance(result, Plan):
+        assert len(result.shards) == wanted
+        after = domain_uses(applied(nodes, result), facility)
+        assert after[rack] <= facility.budgets[rack].limit_watts(0.1) + 1e-6

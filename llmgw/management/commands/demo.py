@@ -1,26 +1,60 @@
-"""`llmgw demo`: migrate, load the demo facility, print an admin login, and serve the console."""
+"""`llmgw demo`: migrate, load the demo facility, print an admin login, serve the console, run the sim.
+
+The simulated agents of the demo's nodes run in a thread beside the server and post their heartbeats to it
+over HTTP, so the console shows live sensor values and the nodes stay ready.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import threading
+import time
 from pathlib import Path
 
-import yaml
+import httpx
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 
 
+
 def demo_nodes() -> list[dict]:
-    return yaml.safe_load((DEMO_DIR / "cluster.yaml").read_text())["nodes"]
+    from agents.sim import load_cluster_file
+
+    return load_cluster_file(DEMO_DIR / "cluster.yaml")
+
+
+def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> threading.Thread:
+    """Run the demo nodes' simulated agents in a daemon thread, once the server at `server` answers."""
+    from agents.sim import SimNode, run_nodes
+    from llmgw.management.commands.sim import sim_tokens
+
+    specs = demo_nodes()
+    tokens = sim_tokens(specs)
+    nodes = [SimNode(s, interval=interval, ready_delay=ready_delay) for s in specs]
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the server starts in this process's main thread, after us
+            try:
+                httpx.get(server, timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        asyncio.run(run_nodes(nodes, tokens, server, interval=interval))
+
+    thread = threading.Thread(target=run, name="llmgw-sim", daemon=True)
+    thread.start()
+    return thread
 
 
 def load_demo() -> None:
     """The demo's budgets, and each node as its first heartbeat would make it."""
-    from agents.sim import heartbeat_for
     from agents.services import heartbeat_record
+    from agents.sim import heartbeat_for
     from facility.services import facility_apply_file
 
     facility_apply_file(path=DEMO_DIR / "server.yaml")
@@ -34,8 +68,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
         parser.add_argument("--no-serve", action="store_true", help="load the demo and exit")
+        parser.add_argument("--no-sim", action="store_true", help="serve without the simulated agents")
+        parser.add_argument("--interval", type=int, default=5, help="the simulated agents' heartbeat seconds, 1–10")
 
-    def handle(self, *args, addrport: str, no_serve: bool, **options):
+    def handle(self, *args, addrport: str, no_serve: bool, no_sim: bool, interval: int, **options):
+        if not 1 <= interval <= 10:
+            raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
         call_command("migrate", verbosity=0, interactive=False)
         load_demo()
         password = secrets.token_urlsafe(9)
@@ -49,5 +87,10 @@ class Command(BaseCommand):
             f"  console:  http://{host or '127.0.0.1'}:{port}/   (log in as admin / {password})\n"
             f"  admin:    http://{host or '127.0.0.1'}:{port}/admin/\n"
         )
-        if not no_serve:
-            call_command("serve", addrport)
+        if no_serve:
+            return
+        if not no_sim:
+            sim_host = host if host and host not in {"0.0.0.0", "::", "[::]"} else "127.0.0.1"
+            start_sim(f"http://{sim_host}:{port}", interval=interval)
+            self.stdout.write(f"  simulated agents: {len(demo_nodes())} nodes, a heartbeat every {interval} s\n")
+        call_command("serve", addrport)

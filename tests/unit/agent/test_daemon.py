@@ -222,7 +222,7 @@ def test_dry_run_prints_the_heartbeat_and_sends_nothing(plane, tmp_path, capsys)
     assert reader.closed
 
 
-def test_dry_run_without_a_config_names_the_host(tmp_path, capsys, monkeypatch):
+def test_dry_run_without_a_config_names_the_node_after_the_host_read(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("socket.gethostname", lambda: "gpu42")
     roots = []
     status = main(
@@ -231,9 +231,21 @@ def test_dry_run_without_a_config_names_the_host(tmp_path, capsys, monkeypatch):
     )
     assert status == 0
     heartbeat = json.loads(capsys.readouterr().out)
-    assert heartbeat["node"] == "gpu42"
+    assert heartbeat["node"] == "gpu01"  # the host of the tree read, not the one running the agent
     assert heartbeat["labels"] == {}
     assert roots == [str(tmp_path)]
+
+
+def test_dry_run_without_a_config_or_a_hostname_names_this_host(capsys, monkeypatch):
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu42")
+    assert (
+        main(
+            ["--once", "--dry-run", "--sample-seconds", "0"],
+            reader_factory=lambda root: StubReader(fail=True),
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["node"] == "gpu42"
 
 
 def test_once_sends_one_heartbeat_and_prints_the_answer(plane, tmp_path, capsys):
@@ -406,3 +418,17 @@ def test_the_agent_runs_assigned_replicas_and_stops_them_on_sigterm(plane, tmp_p
         not Path(f"/proc/{replica_pid}").exists()
         or "Z" in Path(f"/proc/{replica_pid}/stat").read_text().split()[2]
     )
+
+
+def test_the_heartbeat_reports_the_interval_the_control_plane_set(plane):
+    plane.answer = {"node": "gpu01", "interval_seconds": 5, "replicas": []}
+    agent = make_agent(plane.url, interval=10)
+    agent.beat()
+    agent.beat()
+    assert [r["body"]["interval_seconds"] for r in plane.requests] == [10, 5]
+
+
+def test_a_week_long_outage_still_waits_six_intervals():
+    agent = make_agent("http://127.0.0.1:1", interval=10)
+    agent.failures = 10_000
+    assert agent.backoff_seconds() == 60

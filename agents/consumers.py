@@ -1,0 +1,107 @@
+"""Live updates of the console: a WebSocket per open Nodes list or node page.
+
+The consumer joins the channel groups agents.events sends to ("nodes", "node.<name>"), and on each
+event renders the same partial templates the HTTP views render, each with its element id and
+hx-swap-oob, so the htmx ws extension swaps the changed rows and values in place. Sync consumer:
+rendering reads the database, and Channels runs each handler in a thread for it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from asgiref.sync import async_to_sync
+from channels.generic.websocket import WebsocketConsumer
+from django.template.loader import render_to_string
+
+from agents.events import NODES_GROUP, node_group
+from agents.models import Node
+from llmgw.permissions import can_read
+
+# A page shows at most one page of rows; a client naming more is cut here.
+MAX_SHOWN = 500
+
+
+class NodesConsumer(WebsocketConsumer):
+    """The Nodes list's socket: re-renders the rows the page shows when their node changes.
+
+    The page tells which rows it shows (a `ws-send` of `shown`, sent again on every table swap and
+    reconnect), so a heartbeat of a node on another page costs nothing.
+    """
+
+    def connect(self) -> None:
+        if not can_read(self.scope.get("user")):
+            self.close(code=4403)
+            return
+        self.shown: set[str] = set()
+        self.joined = [NODES_GROUP]
+        for group in self.joined:
+            async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
+        self.accept()
+
+    def disconnect(self, code: int) -> None:
+        for group in getattr(self, "joined", []):
+            async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+
+    def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = json.loads(text_data or "{}")
+        except ValueError:
+            return
+        if isinstance(message, dict) and isinstance(message.get("shown"), str):
+            self.shown = set(message["shown"].split()[:MAX_SHOWN])
+
+    def node_changed(self, event: dict) -> None:
+        if event.get("node") in self.shown:
+            self.send_rows([event["node"]])
+
+    def nodes_changed(self, event: dict) -> None:
+        # A hold or a budget: any shown row may have changed state.
+        if self.shown:
+            self.send_rows(sorted(self.shown))
+
+    def send_rows(self, names: list[str]) -> None:
+        from agents.views import rows_for
+
+        html = "".join(
+            render_to_string("agents/_node_row.html", {"row": row, "oob": True}) for row in rows_for(names, by="name")
+        )
+        if html:
+            self.send(text_data=html)
+
+
+class NodeConsumer(WebsocketConsumer):
+    """A node page's socket: re-renders the page's live panel and location when the node (or a hold) changes."""
+
+    def connect(self) -> None:
+        if not can_read(self.scope.get("user")):
+            self.close(code=4403)
+            return
+        self.node_name = self.scope["url_route"]["kwargs"]["name"]
+        self.joined = [node_group(self.node_name), NODES_GROUP]
+        for group in self.joined:
+            async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
+        self.accept()
+
+    def disconnect(self, code: int) -> None:
+        for group in getattr(self, "joined", []):
+            async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+
+    def node_changed(self, event: dict) -> None:
+        if event.get("node") == self.node_name:
+            self.send_panels()
+
+    def nodes_changed(self, event: dict) -> None:
+        self.send_panels()
+
+    def send_panels(self) -> None:
+        from agents.views import node_live_context
+
+        node = Node.objects.filter(name=self.node_name).first()
+        if node is None:
+            return
+        context = {**node_live_context(node), "oob": True}
+        self.send(
+            text_data=render_to_string("agents/_node_live.html", context)
+            + render_to_string("agents/_node_location.html", context)
+        )

@@ -1,0 +1,96 @@
+"""`llmgw sim up -f cluster.yaml [--once]`: simulated agents for the nodes a cluster file declares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from agents.sim import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_READY_DELAY_SECONDS,
+    SimNode,
+    load_cluster_file,
+    run_nodes,
+    run_round,
+)
+from llmgw.errors import InvalidInput
+
+
+def sim_tokens(specs: list[Mapping[str, Any]], tokens_file: str | None = None) -> dict[str, str]:
+    """Each simulated node's token: from a JSON file of name → token, else made the way real ones are.
+
+    Making them replaces any earlier token of those node names, so this is for simulated nodes only.
+    """
+    if tokens_file:
+        try:
+            tokens = json.loads(Path(tokens_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"--tokens {tokens_file}: not a JSON mapping of node → token: {exc}") from exc
+        if not isinstance(tokens, dict):
+            raise InvalidInput(f"--tokens {tokens_file}: not a JSON mapping of node → token")
+        missing = [s["name"] for s in specs if s["name"] not in tokens]
+        if missing:
+            raise InvalidInput(f"--tokens {tokens_file}: no token for {', '.join(missing[:5])}")
+        return {s["name"]: str(tokens[s["name"]]) for s in specs}
+    from agents.services import node_token_create
+
+    return {s["name"]: node_token_create(node_name=s["name"]) for s in specs}
+
+
+def sim_nodes(
+    specs: list[Mapping[str, Any]], *, interval: int, ready_delay: float, seed: int = 0
+) -> list[SimNode]:
+    return [SimNode(s, interval=interval, ready_delay=ready_delay, seed=seed) for s in specs]
+
+
+class Command(BaseCommand):
+    help = "Simulated agents for the nodes of a cluster file, through the real heartbeat API (sim up -f FILE)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("action", choices=["up"], help="up: run the simulated agents")
+        parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …)")
+        parser.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
+        parser.add_argument("--server", default="http://127.0.0.1:8000", help="default http://127.0.0.1:8000")
+        parser.add_argument(
+            "--interval", type=int, default=DEFAULT_INTERVAL_SECONDS, help="seconds between heartbeats, 1–10"
+        )
+        parser.add_argument(
+            "--ready-delay",
+            type=float,
+            default=DEFAULT_READY_DELAY_SECONDS,
+            help="seconds a simulated replica is starting before it is ready (default 5)",
+        )
+        parser.add_argument("--tokens", help="JSON file of node → token; without it the sim makes the tokens")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
+
+    def handle(self, *args, file: str, once: bool, server: str, interval: int, ready_delay: float,
+               tokens: str | None, seed: int, **options):
+        if not 1 <= interval <= 10:
+            raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
+        if ready_delay < 0:
+            raise CommandError(f"--ready-delay: {ready_delay} is negative")
+        try:
+            specs = load_cluster_file(file)
+            node_tokens = sim_tokens(specs, tokens)
+        except InvalidInput as exc:
+            raise CommandError(exc.message) from exc
+        nodes = sim_nodes(specs, interval=interval, ready_delay=ready_delay, seed=seed)
+        if once:
+            results = run_round(nodes, node_tokens, server)
+            failed = [r for r in results if not r.ok]
+            self.stdout.write(f"sent {len(results)} heartbeats to {server}: {len(results) - len(failed)} ok")
+            for result in failed[:10]:
+                self.stderr.write(f"  {result.node}: {result.error}")
+            if failed:
+                raise CommandError(f"{len(failed)} of {len(results)} heartbeats failed")
+            return
+        self.stdout.write(f"simulating {len(nodes)} nodes against {server}, every {interval} s (Ctrl-C stops)")
+        try:
+            asyncio.run(run_nodes(nodes, node_tokens, server, interval=interval))
+        except KeyboardInterrupt:
+            pass

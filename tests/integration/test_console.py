@@ -1,0 +1,449 @@
+"""The console over HTTP (Django's test client) and its live socket (Channels' communicator).
+
+The browser tests (tests/browser) drive the same pages in Chromium; these pin the rules: who may
+read and change, what each page shows, filters, sort, paging, the forms' errors, and the queries a
+list costs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib.auth.models import Group
+
+from tests.conftest import node_spec
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def login(client, make_user):
+    """A test client logged in with a role (operator unless told)."""
+
+    def as_role(role: str = "operator", username: str | None = None):
+        user, _ = make_user(username or f"{role}1", role)
+        client.force_login(user)
+        return client
+
+    return as_role
+
+
+def heartbeat(name: str, *, rack: str | None = None, pdu: str | None = None, sensors: dict | None = None, **kw):
+    """Record a heartbeat through the service, as the agent's POST does, with sensor readings."""
+    from agents.services import heartbeat_record
+    from agents.sim import heartbeat_for
+
+    body = heartbeat_for(node_spec(name, rack=rack, pdu=pdu, **kw))
+    body["sensors"] = sensors or {}
+    return heartbeat_record(node_name=name, heartbeat=body)
+
+
+def gpu_readings(temps: list[float], *, power: float = 400, throttle: dict[int, list[str]] | None = None) -> dict:
+    return {
+        "gpus": [
+            {
+                "index": i,
+                "temperature_celsius": t,
+                "memory_temperature_celsius": t + 8,
+                "power_watts": power,
+                "power_limit_watts": 700,
+                "throttle_reasons": (throttle or {}).get(i, []),
+            }
+            for i, t in enumerate(temps)
+        ],
+        "cpu_temperature_celsius": 55,
+        "cpu_power_watts": 210,
+        "inlet_temperature_celsius": 24,
+    }
+
+
+def row_names(html: str) -> list[str]:
+    return re.findall(r'<tr id="node-([^"]+)"', html)
+
+
+# -- who may read and change ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["/nodes/", "/nodes/gpu01/", "/facility/", "/models/"])
+def test_pages_need_a_login(client, url):
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+def test_login_form_carries_a_csrf_token_and_logout_is_a_post(client, make_user):
+    user, _ = make_user("alice", "viewer")
+    user.set_password("correct-horse-9")
+    user.save()
+    page = client.get("/login/").content.decode()
+    assert 'name="csrfmiddlewaretoken"' in page
+    response = client.post("/login/", {"username": "alice", "password": "correct-horse-9"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert client.get("/nodes/").status_code == 200
+    assert client.get("/logout/").status_code == 405
+    assert client.post("/logout/").status_code == 302
+    assert client.get("/nodes/").status_code == 302
+
+
+def test_a_viewer_reads_but_gets_no_menu_and_cannot_post(login):
+    heartbeat("gpu01", rack="r1")
+    client = login("viewer")
+    page = client.get("/nodes/gpu01/").content.decode()
+    assert "gpu01" in page
+    assert "Location…" not in page and "Hold rack" not in page and "Cordon" not in page
+    for url, data in [
+        ("/nodes/gpu01/location", {"rack": "r9"}),
+        ("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "x"}),
+        ("/nodes/gpu01/cordon", {"action": "cordon"}),
+        ("/facility/holds", {"domain": "rack:r1", "reason": "x"}),
+    ]:
+        assert client.post(url, data).status_code == 403, url
+    from agents.models import StoreLabel
+    from facility.models import Hold
+
+    assert not StoreLabel.objects.exists() and not Hold.objects.exists()
+
+
+def test_a_user_without_a_role_reads_nothing(login):
+    client = login("viewer", "nobody")
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.get(username="nobody").groups.remove(*Group.objects.all())
+    assert client.get("/nodes/").status_code == 403
+    assert client.get("/facility/").status_code == 403
+
+
+# -- the Nodes list ------------------------------------------------------------------------------------------
+
+
+def test_nodes_list_shows_where_power_heat_and_throttling(login):
+    heartbeat(
+        "gpu01",
+        rack="r12-07",
+        pdu="r12-07-a,r12-07-b",
+        labels={"llmgw.io/site": "sto1", "llmgw.io/room": "hall-b"},
+        gpus=2,
+        sensors=gpu_readings([61, 83], power=450, throttle={1: ["sw_thermal"]}),
+    )
+    page = login("viewer").get("/nodes/").content.decode()
+    row = page[page.index('<tr id="node-gpu01"') :]
+    row = row[: row.index("</tr>")]
+    assert "rack r12-07 · pdu r12-07-a,r12-07-b" in row
+    assert "site sto1 · room hall-b" in row
+    assert "900 W" in row and "/ 1400 W" in row
+    assert "83 °C" in row
+    assert "throttled" in row and "thermal (software)" in row and "(1 GPU)" in row
+    assert "ready" in row
+    assert '2/2' in row
+
+
+def test_nodes_list_filters_by_domain_state_and_name_and_htmx_gets_the_table_alone(login):
+    from facility.services import hold_create
+
+    heartbeat("gpu01", rack="r1", pdu="r1-a")
+    heartbeat("gpu02", rack="r1", pdu="r1-b")
+    heartbeat("gpu03", rack="r2", pdu="r2-a")
+    heartbeat("cpu01", rack="r2", gpus=0)
+    hold_create(domain="pdu:r1-b", reason="PDU swap")
+    client = login("viewer")
+
+    assert row_names(client.get("/nodes/", {"domain": "rack:r1"}).content.decode()) == ["gpu01", "gpu02"]
+    assert row_names(client.get("/nodes/", {"domain": "pdu:r2-a"}).content.decode()) == ["gpu03"]
+    assert row_names(client.get("/nodes/", {"state": "held"}).content.decode()) == ["gpu02"]
+    assert row_names(client.get("/nodes/", {"q": "CPU"}).content.decode()) == ["cpu01"]
+
+    partial = client.get("/nodes/", {"domain": "rack:r2"}, HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in partial
+    assert row_names(partial) == ["cpu01", "gpu03"]
+    assert 'id="node-table"' in partial
+
+    bad = client.get("/nodes/", {"domain": "rack"}, HTTP_HX_REQUEST="true").content.decode()
+    assert "domain: &#x27;rack&#x27; is not a domain: write level:name" in bad
+    assert row_names(bad) == []
+
+
+def test_nodes_list_sorts_by_column(login):
+    heartbeat("gpu01", rack="r3", sensors=gpu_readings([50]))
+    heartbeat("gpu02", rack="r1", sensors=gpu_readings([90]))
+    heartbeat("gpu03", rack="r2", sensors=gpu_readings([70]))
+    client = login("viewer")
+    assert row_names(client.get("/nodes/", {"sort": "-name"}).content.decode()) == ["gpu03", "gpu02", "gpu01"]
+    assert row_names(client.get("/nodes/", {"sort": "where"}).content.decode()) == ["gpu02", "gpu03", "gpu01"]
+    assert row_names(client.get("/nodes/", {"sort": "-temp"}).content.decode()) == ["gpu02", "gpu03", "gpu01"]
+    # An unknown column falls back to the name.
+    assert row_names(client.get("/nodes/", {"sort": "nonsense"}).content.decode()) == ["gpu01", "gpu02", "gpu03"]
+
+
+def make_nodes(count: int, *, racks: int = 10) -> None:
+    """Many nodes at once (the list's paging and query count), labelled through the service's own refresh."""
+    from agents.models import GPU, Node
+    from agents.services import node_refresh_labels
+
+    nodes = Node.objects.bulk_create(
+        [
+            Node(
+                name=f"n{i:04d}",
+                agent_labels={"llmgw.io/rack": f"r{i % racks:02d}", "llmgw.io/pdu": f"r{i % racks:02d}-a"},
+                sensors=gpu_readings([40 + i % 30] * 2),
+            )
+            for i in range(count)
+        ]
+    )
+    GPU.objects.bulk_create([GPU(node=n, index=j, power_limit_watts=700) for n in nodes for j in range(2)])
+    for node in nodes:
+        node_refresh_labels(node)
+
+
+def test_nodes_list_pages_by_a_hundred(login):
+    make_nodes(150)
+    client = login("viewer")
+    first = client.get("/nodes/").content.decode()
+    assert len(row_names(first)) == 100 and row_names(first)[0] == "n0000"
+    assert "page 1 of 2" in first
+    second = client.get("/nodes/", {"page": 2}).content.decode()
+    assert row_names(second)[0] == "n0100" and len(row_names(second)) == 50
+
+
+@pytest.mark.parametrize("count", [20, 150])
+def test_nodes_list_queries_do_not_grow_with_nodes(login, django_assert_max_num_queries, count):
+    from facility.services import hold_create
+
+    make_nodes(count)
+    hold_create(domain="rack:r01", reason="PDU swap")
+    client = login("viewer")
+    with django_assert_max_num_queries(14):
+        assert client.get("/nodes/", {"sort": "-power"}).status_code == 200
+    with django_assert_max_num_queries(14):
+        assert client.get("/nodes/", {"state": "held"}).status_code == 200
+
+
+@pytest.mark.parametrize("count", [10, 120])
+def test_facility_page_queries_do_not_grow_with_nodes(login, django_assert_max_num_queries, count):
+    from facility.services import budget_set
+
+    make_nodes(count)
+    for r in range(10):
+        budget_set(domain=f"rack:r{r:02d}", cap_watts=20000)
+    client = login("viewer")
+    with django_assert_max_num_queries(13):
+        assert client.get("/facility/").status_code == 200
+
+
+# -- a node's page -------------------------------------------------------------------------------------------
+
+
+def test_node_page_shows_location_sources_gpus_and_readings(login):
+    from agents.services import labels_set
+
+    heartbeat("gpu01", rack="r1", pdu="r1-a", gpus=2, sensors=gpu_readings([64, 71], throttle={0: ["sw_power_cap"]}))
+    labels_set(node_name="gpu01", changes={"llmgw.io/rack": "r12-07"})
+    page = login("viewer").get("/nodes/gpu01/").content.decode()
+    labels = page[page.index('id="node-location"') :]
+    assert re.search(r"llmgw.io/rack</code></td><td>r12-07</td>\s*<td><span class=\"badge src-store\">store</span>", labels)
+    assert "over the agent&#x27;s r1" in labels
+    assert re.search(r"llmgw.io/pdu</code></td><td>r1-a</td>\s*<td><span class=\"badge src-agent\">agent</span>", labels)
+    live = page[page.index('id="node-live"') :]
+    assert "71 °C" in live and "79 °C" in live  # GPU and its memory
+    assert "400 W / 700 W" in live
+    assert "power cap" in live
+    assert 'id="cpu-temp">55 °C' in live and 'id="cpu-power">210 W' in live and 'id="inlet-temp">24 °C' in live
+    assert "No replicas run here." in live
+
+
+def test_unknown_node_page_is_404(login):
+    assert login("viewer").get("/nodes/nope/").status_code == 404
+
+
+def test_location_form_sets_and_removes_store_labels(login):
+    from agents.models import Node, StoreLabel
+
+    heartbeat("gpu01", rack="r1")
+    client = login()
+    response = client.post("/nodes/gpu01/location", {"rack": "r12-07", "row": "12", "more": "team=infer"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert '<span class="lvl">rack</span> r12-07' in body and "<html" not in body
+    assert Node.objects.get(name="gpu01").labels["llmgw.io/rack"] == "r12-07"
+    assert dict(StoreLabel.objects.values_list("key", "value")) == {
+        "llmgw.io/rack": "r12-07",
+        "llmgw.io/row": "12",
+        "team": "infer",
+    }
+    assert set(StoreLabel.objects.values_list("set_by", flat=True)) == {"operator1"}
+
+    # Emptying the field removes the store's value: back to the agent's.
+    response = client.post("/nodes/gpu01/location", {"rack": "", "row": "12"})
+    assert response.status_code == 302 and response["Location"] == "/nodes/gpu01/"
+    assert Node.objects.get(name="gpu01").labels["llmgw.io/rack"] == "r1"
+
+
+def test_location_form_shows_a_misspelt_key_inline_and_saves_nothing(login):
+    from agents.models import Node, StoreLabel
+
+    heartbeat("gpu01", rack="r1")
+    client = login()
+    response = client.post(
+        "/nodes/gpu01/location", {"rack": "r2", "more": "llmgw.io/racks=r3"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 422
+    body = response.content.decode()
+    assert "labels: unknown label key &#x27;llmgw.io/racks&#x27;: the llmgw.io/ keys are" in body
+    assert 'value="llmgw.io/racks=r3"' in body  # what was typed stays
+    assert "<details class=\"action\" open>" in body
+    assert not StoreLabel.objects.exists()
+    assert Node.objects.get(name="gpu01").labels["llmgw.io/rack"] == "r1"
+
+    bad = client.post("/nodes/gpu01/location", {"rack": "r 2"}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 422
+    assert "labels: llmgw.io/rack=&#x27;r 2&#x27;: a value takes letters, digits" in bad.content.decode()
+    assert not StoreLabel.objects.exists()
+
+
+def test_hold_and_release_the_rack_from_the_node_page(login):
+    from facility.models import Hold
+
+    heartbeat("gpu01", rack="r1")
+    heartbeat("gpu02", rack="r1")
+    heartbeat("gpu03", rack="r2")
+    client = login()
+    page = client.get("/nodes/gpu01/").content.decode()
+    assert "Hold rack r1" in page
+
+    refused = client.post("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": " "}, HTTP_HX_REQUEST="true")
+    assert refused.status_code == 422
+    assert "reason: say why the domain is held" in refused.content.decode()
+    assert not Hold.objects.exists()
+
+    done = client.post("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "PDU swap", "drain": "1"}, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200
+    assert "Release rack r1" in done.content.decode()
+    hold = Hold.objects.get()
+    assert (hold.domain, hold.reason, hold.drain, hold.created_by) == ("rack:r1", "PDU swap", True, "operator1")
+    assert row_names(client.get("/nodes/", {"state": "held"}).content.decode()) == ["gpu01", "gpu02"]
+
+    client.post("/nodes/gpu01/release", {"domain": "rack:r1"})
+    assert not Hold.objects.exists()
+
+
+def test_cordon_and_uncordon(login):
+    from agents.models import Node
+
+    heartbeat("gpu01", rack="r1")
+    client = login()
+    client.post("/nodes/gpu01/cordon", {"action": "cordon", "reason": "bad fan"})
+    node = Node.objects.get(name="gpu01")
+    assert node.cordoned and node.cordon_reason == "bad fan"
+    assert "Uncordon" in client.get("/nodes/gpu01/").content.decode()
+    assert row_names(client.get("/nodes/", {"state": "cordoned"}).content.decode()) == ["gpu01"]
+    client.post("/nodes/gpu01/cordon", {"action": "uncordon"})
+    assert not Node.objects.get(name="gpu01").cordoned
+
+
+# -- the facility page ---------------------------------------------------------------------------------------
+
+
+def test_facility_page_shows_domains_bars_and_a_rack_map(login):
+    from facility.services import budget_set, hold_create
+
+    heartbeat("gpu01", rack="r1", pdu="r1-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"},
+              sensors=gpu_readings([60] * 8, power=600))
+    heartbeat("gpu02", rack="r2", pdu="r2-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"})
+    budget_set(domain="rack:r1", cap_watts=6000)  # 4800+350 of a 5400 W limit: under 10% left
+    budget_set(domain="rack:r2", cap_watts=16000)
+    hold_create(domain="rack:r2", reason="PDU swap")
+    page = login("viewer").get("/facility/").content.decode()
+    assert re.search(r'class="tile h-near" id="rack-r1"', page)
+    assert re.search(r'class="tile h-ok held" id="rack-r2"', page)
+    assert "5.1 kW of 5.4 kW limit (6.0 kW cap)" in page and "0.2 kW left" in page
+    assert "room hall-a" in page and "row 1" in page
+    assert "pdu:r1-a" in page
+    assert "PDU swap" in page
+    assert "0.4 kW in use, no budget" in page  # pdu r2-a: the node's own 350 W, rounded
+
+
+def test_facility_hold_form_refuses_a_bad_domain(login):
+    from facility.models import Hold
+
+    client = login()
+    response = client.post("/facility/holds", {"domain": "rak:r1", "reason": "x"})
+    assert response.status_code == 422
+    assert "domain: &#x27;rak:r1&#x27;: unknown level &#x27;rak&#x27;" in response.content.decode()
+    assert client.post("/facility/holds", {"domain": "pdu:r1-a", "reason": "swap"}).status_code == 302
+    assert Hold.objects.get().domain == "pdu:r1-a"
+    assert client.post("/facility/holds/release", {"domain": "pdu:r1-a"}).status_code == 302
+    assert not Hold.objects.exists()
+
+
+# -- the live socket -----------------------------------------------------------------------------------------
+
+
+def communicate(path: str, user, consumer):
+    from channels.testing import WebsocketCommunicator
+
+    communicator = WebsocketCommunicator(consumer.as_asgi(), path)
+    communicator.scope["user"] = user
+    communicator.scope["url_route"] = {"kwargs": {"name": path.strip("/").split("/")[-1]}}
+    return communicator
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_nodes_socket_sends_the_changed_row_it_shows(make_user):
+    from agents.consumers import NodesConsumer
+
+    heartbeat("gpu01", rack="r1", gpus=1)
+    heartbeat("gpu02", rack="r1", gpus=1)
+    user, _ = make_user("viewer1", "viewer")
+
+    async def run():
+        socket = communicate("/ws/nodes/", user, NodesConsumer)
+        connected, _ = await socket.connect()
+        assert connected
+        await socket.send_json_to({"shown": "gpu01", "HEADERS": {}})
+        await socket.receive_nothing(0.2)
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(heartbeat)("gpu02", rack="r1", gpus=1, sensors=gpu_readings([66]))
+        assert await socket.receive_nothing(0.3)  # not shown on this page
+        await sync_to_async(heartbeat)("gpu01", rack="r1", gpus=1, sensors=gpu_readings([77]))
+        html = await socket.receive_from(timeout=5)
+        await socket.disconnect()
+        return html
+
+    html = async_to_sync(run)()
+    assert html.startswith('<tr id="node-gpu01" hx-swap-oob="true"')
+    assert "77 °C" in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_node_socket_sends_its_panels_and_refuses_a_stranger(make_user):
+    from django.contrib.auth.models import AnonymousUser
+
+    from agents.consumers import NodeConsumer
+    from facility.services import hold_create
+
+    heartbeat("gpu01", rack="r1", gpus=1)
+    user, _ = make_user("viewer1", "viewer")
+
+    async def run():
+        from asgiref.sync import sync_to_async
+
+        stranger = communicate("/ws/nodes/gpu01/", AnonymousUser(), NodeConsumer)
+        connected, code = await stranger.connect()
+        assert (connected, code) == (False, 4403)
+
+        socket = communicate("/ws/nodes/gpu01/", user, NodeConsumer)
+        assert (await socket.connect())[0]
+        await sync_to_async(heartbeat)("gpu01", rack="r1", gpus=1, sensors=gpu_readings([81]))
+        first = await socket.receive_from(timeout=5)
+        await sync_to_async(hold_create)(domain="rack:r1", reason="PDU swap")
+        second = await socket.receive_from(timeout=5)
+        await socket.disconnect()
+        return first, second
+
+    first, second = async_to_sync(run)()
+    assert '<section id="node-live" class="card live-panel" hx-swap-oob="true">' in first
+    assert '<section id="node-location" class="card" hx-swap-oob="true">' in first
+    assert "81 °C" in first
+    assert "rack:r1 held: PDU swap" in second
