@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import math
-
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, ParseError, PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import selectors, services
+from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
+from agents.heartbeat import HeartbeatError, validate_heartbeat
 from agents.models import Node
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
-
-THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
-REPLICA_STATES = ("starting", "ready", "stopping", "failed")
-
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
@@ -104,95 +100,6 @@ class NodeLabelsView(APIView):
 # -- heartbeats ------------------------------------------------------------------------------------------
 
 
-def finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise serializers.ValidationError("must be a finite number")
-    return value
-
-
-class GPUInventorySerializer(serializers.Serializer):
-    index = serializers.IntegerField(min_value=0, max_value=63)
-    uuid = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    memory_gib = serializers.FloatField(min_value=0, max_value=4096, required=False, validators=[finite])
-    power_limit_watts = serializers.FloatField(min_value=0, max_value=5000, required=False, validators=[finite])
-
-
-class InventorySerializer(serializers.Serializer):
-    gpus = GPUInventorySerializer(many=True, required=False, max_length=64)
-    cpu_cores = serializers.IntegerField(min_value=0, max_value=16384, required=False)
-    memory_gib = serializers.FloatField(min_value=0, max_value=1_048_576, required=False, validators=[finite])
-    hostname = serializers.CharField(max_length=253, required=False, allow_blank=True)
-    fabric = serializers.CharField(max_length=253, required=False, allow_blank=True, allow_null=True)
-
-    def validate_gpus(self, gpus):
-        indices = [g["index"] for g in gpus]
-        if len(set(indices)) != len(indices):
-            raise serializers.ValidationError("two GPUs with one index")
-        return gpus
-
-
-def temperature(**kw):
-    return serializers.FloatField(min_value=-40, max_value=150, required=False, validators=[finite], **kw)
-
-
-class GPUSensorSerializer(serializers.Serializer):
-    index = serializers.IntegerField(min_value=0, max_value=63)
-    uuid = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    temperature_celsius = temperature()
-    memory_temperature_celsius = temperature()
-    power_watts = serializers.FloatField(min_value=0, max_value=5000, required=False, validators=[finite])
-    power_limit_watts = serializers.FloatField(min_value=0, max_value=5000, required=False, validators=[finite])
-    throttle_reasons = serializers.ListField(
-        child=serializers.ChoiceField(choices=THROTTLE_REASONS), required=False, max_length=len(THROTTLE_REASONS)
-    )
-
-
-class SensorsSerializer(serializers.Serializer):
-    gpus = GPUSensorSerializer(many=True, required=False, max_length=64)
-    cpu_temperature_celsius = temperature()
-    inlet_temperature_celsius = temperature()
-    cpu_power_watts = serializers.FloatField(min_value=0, max_value=20000, required=False, validators=[finite])
-
-
-class ReplicaStateSerializer(serializers.Serializer):
-    id = serializers.IntegerField(min_value=1)
-    state = serializers.ChoiceField(choices=REPLICA_STATES)
-    port = serializers.IntegerField(min_value=1, max_value=65535, required=False, allow_null=True)
-    pid = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    restarts = serializers.IntegerField(min_value=0, required=False)
-    message = serializers.CharField(max_length=1000, required=False, allow_blank=True)
-
-
-class HeartbeatSerializer(serializers.Serializer):
-    node = serializers.CharField(max_length=253)
-    agent_version = serializers.CharField(max_length=50, required=False, allow_blank=True)
-    interval_seconds = serializers.FloatField(min_value=0.1, max_value=10, required=False, validators=[finite])
-    inventory = InventorySerializer(required=False)
-    labels = serializers.DictField(child=serializers.CharField(max_length=253, allow_blank=True), required=False)
-    sensors = SensorsSerializer(required=False)
-    replicas = ReplicaStateSerializer(many=True, required=False, max_length=1024)
-
-    def validate_labels(self, labels):
-        from facility.domains import validate_label
-
-        for key, value in labels.items():
-            try:
-                validate_label(key, value)
-            except DomainError as exc:
-                raise serializers.ValidationError(str(exc)) from exc
-        return labels
-
-
-def _strip_nulls(value):
-    """An absent reading may arrive as null: treat it as absent, never as zero."""
-    if isinstance(value, dict):
-        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_strip_nulls(v) for v in value]
-    return value
-
-
 class IsNode(BasePermission):
     message = "this endpoint takes a node token (llmgw ctl node token NODE)"
 
@@ -200,36 +107,53 @@ class IsNode(BasePermission):
         return isinstance(request.user, NodeIdentity)
 
 
+class HeartbeatRequestSchema(serializers.Serializer):
+    """For the OpenAPI schema only: the checks are agents.heartbeat.validate_heartbeat."""
+
+    node = serializers.CharField()
+    agent_version = serializers.CharField(required=False)
+    interval_seconds = serializers.FloatField(required=False, help_text="at most 10")
+    inventory = serializers.DictField(required=False, help_text="gpus [{index, uuid, name, memory_gib, "
+                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric")
+    labels = serializers.DictField(child=serializers.CharField(), required=False)
+    sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
+                                    "memory_temperature_celsius, power_watts, power_limit_watts, throttle_reasons}], "
+                                    "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts")
+    replicas = serializers.ListField(child=serializers.DictField(), required=False,
+                                     help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")
+
+
 class HeartbeatView(APIView):
     """POST /api/v1/agents/heartbeat: what a node reports; the answer is what it must run."""
 
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
 
-    @extend_schema(request=HeartbeatSerializer, responses={200: dict}, summary="An agent's heartbeat")
+    @extend_schema(request=HeartbeatRequestSchema, responses={200: dict}, summary="An agent's heartbeat")
     def post(self, request):
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > settings.LLMGW_HEARTBEAT_MAX_BYTES:
-            raise ParseError(f"heartbeat: {length} bytes is over the {settings.LLMGW_HEARTBEAT_MAX_BYTES}-byte limit")
+            raise InvalidInput(
+                f"heartbeat: {length} bytes is over the {settings.LLMGW_HEARTBEAT_MAX_BYTES}-byte limit", field="heartbeat"
+            )
         try:
-            payload = _strip_nulls(request.data)
-        except (json.JSONDecodeError, ParseError) as exc:
-            raise ParseError(f"heartbeat: not JSON: {exc}") from exc
-        data = HeartbeatSerializer(data=payload)
-        data.is_valid(raise_exception=True)
-        heartbeat = data.validated_data
+            heartbeat = validate_heartbeat(request.data)
+        except HeartbeatError as exc:
+            raise InvalidInput(exc.message, field=exc.field) from exc
         if heartbeat["node"] != request.user.node_name:
             raise PermissionDenied(
                 f"node: this token belongs to {request.user.node_name!r}; it cannot write {heartbeat['node']!r}"
             )
         node = services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat)
-        from placement.selectors import node_assignments
+        if node is None:  # the fast path: nothing new, so the cached map of assignments answers
+            replicas = readings.assignments(heartbeat["node"])
+        else:
+            from placement.selectors import node_assignments
 
+            replicas = node_assignments(node)
         return Response(
-            {
-                "node": node.name,
-                "interval_seconds": node.heartbeat_interval_seconds,
-                "replicas": node_assignments(node),
-            },
+            {"node": heartbeat["node"], "interval_seconds": heartbeat.get("interval_seconds", 10), "replicas": replicas},
             status=status.HTTP_200_OK,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
@@ -24,6 +26,16 @@ class NodeIdentity:
         return self.username
 
 
+# token hash → (node name, when the entry expires): a heartbeat every 10 s from every node would
+# otherwise look its token up every time. A replaced token keeps working at most this long.
+TOKEN_CACHE_SECONDS = 60
+_token_cache: dict[str, tuple[str, float]] = {}
+
+
+def forget_node_tokens() -> None:
+    _token_cache.clear()
+
+
 class NodeTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Token"
 
@@ -33,13 +45,15 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Authorization: write 'Token <the node token>'")
-        key = header[1].decode(errors="replace")
-        token = NodeToken.objects.filter(key_hash=NodeToken.hash_key(key)).first()
+        key_hash = NodeToken.hash_key(header[1].decode(errors="replace"))
+        cached = _token_cache.get(key_hash)
+        if cached and cached[1] > time.monotonic():
+            return NodeIdentity(cached[0]), None
+        token = NodeToken.objects.filter(key_hash=key_hash).first()
         if token is None:
             raise exceptions.AuthenticationFailed("unknown node token (make one with: llmgw ctl node token NODE)")
-        now = timezone.now()
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            NodeToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        NodeToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        _token_cache[key_hash] = (token.node_name, time.monotonic() + TOKEN_CACHE_SECONDS)
         return NodeIdentity(token.node_name), token
 
     def authenticate_header(self, request) -> str:

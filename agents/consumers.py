@@ -64,7 +64,7 @@ class NodesConsumer(WebsocketConsumer):
         from agents.views import rows_for
 
         html = "".join(
-            render_to_string("agents/_node_row.html", {"row": row, "oob": True}) for row in rows_for(names, by="name")
+            render_to_string("agents/_node_row.html", {"row": row, "oob": True}).strip() for row in rows_for(names, by="name")
         )
         if html:
             self.send(text_data=html)

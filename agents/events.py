@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
+import time
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 log = logging.getLogger(__name__)
@@ -21,7 +25,15 @@ def _send(group: str, message: dict) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    try:
+        if loop is not None:
+            # Called from code running inside an event loop (a sync write under an async caller): send later.
+            loop.create_task(layer.group_send(group, message))
+        else:
+            async_to_sync(layer.group_send)(group, message)
     except Exception:  # a console update never fails the write that caused it
         log.warning("live update to %s not sent", group, exc_info=True)
 
@@ -35,3 +47,122 @@ def node_changed(name: str) -> None:
 def nodes_changed() -> None:
     """Something that touches many nodes changed (a hold, a budget)."""
     _send(NODES_GROUP, {"type": "nodes.changed"})
+
+
+# Sensor readings arrive with every heartbeat of every node; sending one update per heartbeat would cost
+# more than storing it. They are gathered and sent at most once a second: at once after a quiet second,
+# else by a flush armed on the server's event loop for the end of the second.
+SENSOR_FLUSH_SECONDS = 1.0
+_pending_sensors: set[str] = set()
+_pending_lock = threading.Lock()
+_last_flush = 0.0
+_trailing_armed = False
+
+
+def sensors_changed(name: str) -> None:
+    """A node's readings changed (and nothing else): the console hears of it within about a second."""
+    global _trailing_armed
+    with _pending_lock:
+        _pending_sensors.add(name)
+        wait = SENSOR_FLUSH_SECONDS - (time.monotonic() - _last_flush)
+        if wait > 0:
+            # Within the second: gathered, and sent by a flush armed for its end (the last readings of a
+            # burst must not wait for the next heartbeat). With no event loop to arm it on, sent now.
+            if _trailing_armed or _arm_flush(wait):
+                _trailing_armed = True
+                return
+        names = _take_pending()
+    _send_sensors(names)
+
+
+def _take_pending() -> list[str]:
+    """The gathered node names, emptied; the caller holds the lock."""
+    global _last_flush
+    _last_flush = time.monotonic()
+    names = sorted(_pending_sensors)
+    _pending_sensors.clear()
+    return names
+
+
+def _flush_pending() -> None:
+    global _trailing_armed
+    with _pending_lock:
+        _trailing_armed = False
+        names = _take_pending()
+    _send_sensors(names)
+
+
+def _arm_flush(delay: float) -> bool:
+    """Run _flush_pending after `delay` on the event loop serving this process; False when there is none."""
+    try:
+        asyncio.get_running_loop().call_later(delay, _flush_pending)
+        return True
+    except RuntimeError:
+        pass
+    # A sync view or service under ASGI runs in a thread that asgiref ties to the server's loop.
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is None or not loop.is_running() or getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return False
+    loop.call_soon_threadsafe(loop.call_later, delay, _flush_pending)
+    return True
+
+
+def _send_sensors(names: list[str]) -> None:
+    messages = []
+    for node in names:
+        message = {"type": "node.changed", "node": node}
+        messages += [(NODES_GROUP, message), (node_group(node), message)]
+    _send_many(messages)
+
+
+def _send_many(messages: list[tuple[str, dict]]) -> None:
+    """Several group sends in one pass through the event loop."""
+    layer = get_channel_layer()
+    if layer is None or not messages:
+        return
+
+    async def send_all() -> None:
+        for group, message in messages:
+            await layer.group_send(group, message)
+
+    try:
+        asyncio.get_running_loop().create_task(send_all())
+        return
+    except RuntimeError:
+        pass
+    loop = server_loop()
+    try:
+        if loop is not None and not _in_request_thread():
+            # A thread of our own (the readings' batch writer): hand the sends to the server's loop, where
+            # the in-memory layer's queues live.
+            asyncio.run_coroutine_threadsafe(send_all(), loop)
+        else:
+            async_to_sync(send_all)()
+    except Exception:  # a console update never fails the write that caused it
+        log.warning("live updates not sent", exc_info=True)
+
+
+_server_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _in_request_thread() -> bool:
+    return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None
+
+
+def remember_server_loop() -> None:
+    """Called from a request's thread: note the server's event loop for sends from other threads."""
+    global _server_loop
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is not None:
+        _server_loop = loop
+
+
+def server_loop() -> asyncio.AbstractEventLoop | None:
+    loop = _server_loop
+    return loop if loop is not None and loop.is_running() else None
+
+
+def sensors_changed_many(names: list[str]) -> None:
+    """Readings of several nodes were written together (the heartbeat fast path's batch)."""
+    for name in names:
+        sensors_changed(name)

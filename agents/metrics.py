@@ -51,7 +51,7 @@ class NodeSensorsCollector(Collector):
     """llmgw_gpu_* and llmgw_node_* gauges from ready nodes' latest sensors, read on each scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from agents.api import THROTTLE_REASONS
+        from agents.heartbeat import THROTTLE_REASONS
         from agents.models import Node
 
         now = timezone.now()

@@ -33,6 +33,9 @@ class Node(models.Model):
     sensors = models.JSONField(default=dict, blank=True, help_text="The latest sensor readings.")
     sensors_at = models.DateTimeField(null=True, blank=True)
     measured_watts = models.FloatField(null=True, blank=True, help_text="GPU + CPU package draw last read.")
+    # What the last heartbeat said of everything but its sensors: a heartbeat that says the same again
+    # takes the fast path (one UPDATE of the readings).
+    report_digest = models.CharField(max_length=32, blank=True)
     # Kept by the guarded commit of placement, so free room needs no sum over shards.
     cpu_cores_allocated = models.PositiveIntegerField(default=0)
     memory_gib_allocated = models.FloatField(default=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -114,6 +116,9 @@ def node_token_create(*, node_name: str) -> str:
     node_name = clean_node_name(node_name)
     key = NodeToken.new_key()
     NodeToken.objects.update_or_create(node_name=node_name, defaults={"key_hash": NodeToken.hash_key(key)})
+    from agents.authentication import forget_node_tokens
+
+    forget_node_tokens()
     return key
 
 
@@ -131,10 +136,35 @@ def measured_watts(sensors: Mapping[str, Any]) -> float | None:
     return float(sum(values)) if values else None
 
 
-@transaction.atomic
-def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) -> Node:
-    """Store what an agent reports (already validated): inventory, labels, sensors, replica states."""
+def report_digest(heartbeat: Mapping[str, Any]) -> str:
+    """A fingerprint of all a heartbeat says except its sensors: inventory, labels, interval, replica states."""
+    parts = {k: heartbeat.get(k) for k in ("inventory", "labels", "agent_version", "interval_seconds", "replicas")}
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) -> Node | None:
+    """Store what an agent reports (already validated): inventory, labels, sensors, replica states.
+
+    A ready node whose heartbeat says the same as its last one, but for the sensors, is one UPDATE
+    (returns None); anything new takes the full path in one transaction (returns the node).
+    """
+    from agents import readings
+
     now = now or timezone.now()
+    digest = report_digest(heartbeat)
+    sensors = heartbeat.get("sensors") or {}
+    interval = heartbeat.get("interval_seconds") or 10
+    if readings.buffer_readings(
+        node_name, digest, at=now, sensors=sensors, watts=measured_watts(sensors), interval=interval
+    ):
+        return None
+    node = _heartbeat_record_full(node_name=node_name, heartbeat=heartbeat, digest=digest, now=now)
+    readings.remember(node_name, digest)  # a rolled-back outer transaction heals: the batch write forgets it
+    return node
+
+
+@transaction.atomic
+def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], digest: str, now) -> Node:
     inventory = heartbeat.get("inventory") or {}
     sensors = heartbeat.get("sensors") or {}
     node, created = Node.objects.select_for_update().get_or_create(name=node_name)
@@ -149,6 +179,7 @@ def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) 
     node.sensors = dict(sensors)
     node.sensors_at = now
     node.measured_watts = measured_watts(sensors)
+    node.report_digest = digest
     labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
     node.agent_labels = dict(heartbeat.get("labels") or {})
     node.save()

@@ -56,7 +56,7 @@ def start_servers(env: dict[str, str], workers: int, port: int) -> list[subproce
         deadline = time.monotonic() + 60
         while True:
             try:
-                httpx.get(f"http://127.0.0.1:{port + i}/api/v1/schema", timeout=2)
+                httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=2)
                 break
             except httpx.HTTPError:
                 if time.monotonic() > deadline:

@@ -39,6 +39,11 @@ def headroom_class(domain: dict[str, Any]) -> str:
     return "ok"
 
 
+def watts_text(watts: float) -> str:
+    """Under a kilowatt in watts (``40 W``), else in kW (``14.1 kW``): a near-cap rack never reads ``0.0 kW``."""
+    return f"{watts:.0f} W" if watts < 1000 else kw(watts)
+
+
 def power_bar(domain: dict[str, Any]) -> dict[str, Any]:
     """A bar drawn against the cap: use filled, the margin (limit to cap) hatched, the limit marked."""
     use = domain["use_watts"]
@@ -54,7 +59,7 @@ def power_bar(domain: dict[str, Any]) -> dict[str, Any]:
         "limit_pct": round(100 * limit / scale, 1),
         "margin_width": round(100 * (cap - limit) / scale, 1),
         "text": f"{kw(use)} of {kw(limit)} limit ({kw(cap)} cap)",
-        "left_text": f"{kw(left)} left" if left >= 0 else f"{kw(-left)} over",
+        "left_text": f"{watts_text(abs(left))} {'left' if left >= 0 else 'over'}",
         "class": headroom_class(domain),
     }
 

@@ -22,4 +22,5 @@ urlpatterns = [
     path("facility/holds", facility_views.hold_create, name="facility-hold"),
     path("facility/holds/release", facility_views.hold_release, name="facility-release"),
     path("models/", placement_views.model_list, name="model-list"),
+    path("models/<str:name>/headroom", placement_views.model_headroom, name="model-headroom"),
 ]

@@ -104,8 +104,16 @@ WSGI_APPLICATION = "llmgw.wsgi.application"
 ASGI_APPLICATION = "llmgw.asgi.application"
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'llmgw.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "60")))}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # ASGI runs each request's sync code in its own thread, so per-thread persistent connections would
+    # pile up; a pool shares a few connections between them instead.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    if env_bool("LLMGW_DB_POOL", True):
+        DATABASES["default"]["OPTIONS"] = {
+            "pool": {"min_size": 1, "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")), "timeout": 30}
+        }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default: one writer at a time, waiting rather than failing when the in-process work and
     # a request write together.
     DATABASES["default"]["OPTIONS"] = {
@@ -192,6 +200,8 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 LLMGW_CONFIG = os.environ.get("LLMGW_CONFIG", "")
+# When set, /metrics asks for `Authorization: Bearer <it>`; Prometheus scrapes it otherwise unauthenticated.
+LLMGW_METRICS_TOKEN = os.environ.get("LLMGW_METRICS_TOKEN", "")
 # A node is ready while its heartbeats are fresh: three intervals missed and it is not.
 LLMGW_MISSED_HEARTBEATS = 3
 # Measured draw counts for power accounting while the reading is this fresh.

@@ -3,7 +3,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from agents import api as agents_api
+from agents import metrics as agents_metrics
 from facility import api as facility_api
+from placement import api as placement_api
 
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
@@ -16,11 +18,16 @@ api_v1 = [
     path("nodes/<str:name>", agents_api.NodeDetailView.as_view(), name="node"),
     path("nodes/<str:name>/labels", agents_api.NodeLabelsView.as_view(), name="node-labels"),
     path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
+    path("models", placement_api.ModelListView.as_view(), name="models"),
+    path("models/<str:name>", placement_api.ModelDetailView.as_view(), name="model"),
+    path("models/<str:name>/explain", placement_api.ModelExplainView.as_view(), name="model-explain"),
+    path("models/<str:name>/headroom", placement_api.ModelHeadroomView.as_view(), name="model-headroom"),
+    path("replicas", placement_api.ReplicaListView.as_view(), name="replicas"),
 ]
 
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("admin/", admin.site.urls),
-    path("", include("django_prometheus.urls")),
+    path("metrics", agents_metrics.metrics_view, name="prometheus-django-metrics"),
     path("", include("llmgw.console_urls")),
 ]

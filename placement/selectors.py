@@ -1,30 +1,259 @@
-"""Reads of placement: what a node must run, replicas, explain."""
+"""Reads of placement as plain dicts: models, replicas, explain, headroom, and what a node must run.
+
+The CLI (``-o json``), the API and the console all show these, so they say the same thing.
+"""
 
 from __future__ import annotations
 
-from placement.models import ReplicaState, Shard
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from llmgw.errors import NotFound
+from placement import planner, snapshot
+from placement.models import Model, Replica, ReplicaState, Shard
+
+HEADROOM_LIMIT = 1000
+# Replica states that hold shards.
+PLACED_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED)
+
+
+def _model(name: str) -> Model:
+    model = Model.objects.filter(name=name).first()
+    if model is None:
+        raise NotFound(f"model {name!r} is not known", field="name")
+    return model
+
+
+def profile_dict(model: Model) -> dict[str, Any]:
+    """A model's profile as it was applied (the document's ``profile:`` block)."""
+    return {
+        "gpus": model.gpus,
+        "nodes": model.nodes,
+        "cpu_cores": model.cpu_cores,
+        "memory_gib": model.memory_gib,
+        "power_watts": model.power_watts,
+        "keep_within": model.keep_within or None,
+        "node_selector": model.node_selector or None,
+        "command": model.command or None,
+        "health_path": model.health_path,
+        "min_ready_seconds": model.min_ready_seconds,
+    }
+
+
+def _plural(count: int | float, word: str) -> str:
+    return f"{count:g} {word}" if count == 1 else f"{count:g} {word}s"
+
+
+def profile_text(profile: dict[str, Any]) -> str:
+    """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200)``."""
+    if profile["gpus"]:
+        head = f"{_plural(profile['gpus'], 'GPU')} × {_plural(profile['nodes'], 'node')}"
+    else:
+        head = f"CPU × {_plural(profile['nodes'], 'node')}"
+    parts = [head]
+    if profile["cpu_cores"]:
+        parts.append(_plural(profile["cpu_cores"], "core"))
+    if profile["memory_gib"]:
+        parts.append(f"{profile['memory_gib']:g} GiB")
+    if profile["power_watts"] is not None:
+        parts.append(f"{profile['power_watts'] / 1000:.1f} kW")
+    text = ", ".join(parts)
+    if profile["keep_within"]:
+        text += f"; keep_within {profile['keep_within']}"
+    if profile["node_selector"]:
+        text += f"; {profile['node_selector']}"
+    return text
+
+
+def gpus_text(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` → ``0-3,6``."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def _shards_by_replica(replicas: list[Replica]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    rows = (
+        Shard.objects.filter(replica__in=[r.pk for r in replicas])
+        .order_by("replica_id", "node__name")
+        .values_list(
+            "replica_id",
+            "node__name",
+            "gpu_indices",
+            "cpu_cores",
+            "memory_gib",
+            "draw_watts",
+            "state",
+            "port",
+        )
+    )
+    for replica_id, node, gpus, cores, memory, draw, state, port in rows:
+        out[replica_id].append(
+            {
+                "node": node,
+                "gpus": gpus,
+                "cpu_cores": cores,
+                "memory_gib": memory,
+                "draw_watts": draw,
+                "state": state,
+                "port": port,
+            }
+        )
+    return out
+
+
+def _replica_dict(replica: Replica, model_name: str, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": replica.pk,
+        "model": model_name,
+        "ordinal": replica.ordinal,
+        "state": replica.state,
+        "nodes": [s["node"] for s in shards],
+        "shards": shards,
+        "reason": replica.reason or None,
+        "placed_at": replica.placed_at.isoformat() if replica.placed_at else None,
+        "ready_since": replica.ready_since.isoformat() if replica.ready_since else None,
+        "replaces": replica.replaces_id,
+    }
+
+
+def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
+    """Every replica (of one model when named), by model and ordinal, with its shards."""
+    replicas = Replica.objects.select_related("model").order_by("model__name", "ordinal")
+    if model is not None:
+        replicas = replicas.filter(model=_model(model))
+    replicas = list(replicas)
+    shards = _shards_by_replica(replicas)
+    return [_replica_dict(r, r.model.name, shards.get(r.pk, [])) for r in replicas]
+
+
+def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "replicas": {
+            "desired": model.replicas,
+            "placed": sum(states[s] for s in PLACED_STATES),
+            "ready": states[ReplicaState.READY],
+            "pending": states[ReplicaState.PENDING],
+            "failed": states[ReplicaState.FAILED],
+        },
+        "profile": profile_dict(model),
+        "created_at": model.created_at.isoformat(),
+        "updated_at": model.updated_at.isoformat(),
+    }
+
+
+def model_rows() -> list[dict[str, Any]]:
+    """Every model with its desired, placed, ready and pending replica counts and its profile."""
+    states: dict[int, Counter] = defaultdict(Counter)
+    for model_id, state in Replica.objects.values_list("model_id", "state"):
+        states[model_id][state] += 1
+    return [_model_dict(m, states[m.pk]) for m in Model.objects.order_by("name")]
+
+
+def model_detail(name: str) -> dict[str, Any]:
+    """One model: its counts and profile, and its replicas."""
+    model = _model(name)
+    states = Counter(Replica.objects.filter(model=model).values_list("state", flat=True))
+    body = _model_dict(model, states)
+    body["replica_list"] = replica_rows(model=name)
+    return body
+
+
+def model_explain(name: str) -> dict[str, Any]:
+    """For each replica its node(s) and why, and the rejections kept when it was placed; for a pending
+    one the summary of why no node fits."""
+    model = _model(name)
+    replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
+    shards = _shards_by_replica(replicas)
+    out = []
+    for replica in replicas:
+        kept = replica.explain or {}
+        row = _replica_dict(replica, model.name, shards.get(replica.pk, []))
+        if replica.state == ReplicaState.PENDING:
+            row.update(
+                {
+                    "summary": replica.reason or kept.get("summary") or "not planned yet",
+                    "nodes_checked": kept.get("nodes_checked"),
+                    "rejections": kept.get("rejections", []),
+                    "conflicts": kept.get("conflicts", []),
+                }
+            )
+        else:
+            row.update(
+                {
+                    "why": kept.get("why"),
+                    "summary": kept.get("summary") or None,
+                    "passed_over": kept.get("passed_over", 0),
+                    "rejections": kept.get("rejections", []),
+                    "attempts": kept.get("attempts"),
+                    "conflicts": kept.get("conflicts", []),
+                }
+            )
+        out.append(row)
+    counts = Counter(r.state for r in replicas)
+    return {
+        "model": model.name,
+        "desired": model.replicas,
+        "placed": sum(counts[s] for s in PLACED_STATES),
+        "pending": counts[ReplicaState.PENDING],
+        "profile": profile_dict(model),
+        "replicas": out,
+    }
+
+
+def model_headroom(name: str, *, limit: int = HEADROOM_LIMIT) -> dict[str, Any]:
+    """How many more replicas of the model fit now, and why the next does not: a dry run, nothing written."""
+    model = _model(name)
+    request = snapshot.replica_request(model)
+    result = planner.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
+    return {
+        "model": model.name,
+        "existing": len(request.existing),
+        "fits": result.fits,
+        "limit": limit,
+        "why_not": result.why_not,
+    }
+
+
+ASSIGNMENT_FIELDS = (
+    "node__name", "replica_id", "replica__model__name", "replica__model__command", "replica__model__health_path",
+    "gpu_indices", "cpu_cores", "memory_gib",
+)
+
+
+def _assignment_rows(shards) -> list[tuple[str, dict]]:
+    rows = shards.exclude(replica__state=ReplicaState.STOPPING).order_by("replica_id").values_list(*ASSIGNMENT_FIELDS)
+    return [
+        (node, {"id": rid, "model": name, "command": command, "health_path": health, "gpus": gpus,
+                "cpu_cores": cores, "memory_gib": memory})
+        for node, rid, name, command, health, gpus, cores, memory in rows
+    ]
 
 
 def node_assignments(node) -> list[dict]:
-    """The replicas a node's agent must run now (its shards not being stopped), as the heartbeat answers."""
-    shards = (
-        Shard.objects.filter(node=node)
-        .exclude(replica__state=ReplicaState.STOPPING)
-        .select_related("replica__model")
-        .order_by("replica_id")
-    )
-    out = []
-    for shard in shards:
-        model = shard.replica.model
-        out.append(
-            {
-                "id": shard.replica_id,
-                "model": model.name,
-                "command": model.command,
-                "health_path": model.health_path,
-                "gpus": shard.gpu_indices,
-                "cpu_cores": shard.cpu_cores,
-                "memory_gib": shard.memory_gib,
-            }
-        )
+    """The replicas a node's agent must run now (its shards not being stopped), as the heartbeat answers.
+
+    `node` is a Node or a node's name.
+    """
+    shards = Shard.objects.filter(**({"node__name": node} if isinstance(node, str) else {"node": node}))
+    return [item for _, item in _assignment_rows(shards)]
+
+
+def all_assignments() -> dict[str, list[dict]]:
+    """Every node's assignments in one read: node name → what node_assignments would answer."""
+    out: dict[str, list[dict]] = {}
+    for node, item in _assignment_rows(Shard.objects.all()):
+        out.setdefault(node, []).append(item)
     return out

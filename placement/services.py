@@ -1,28 +1,818 @@
-"""Writes of placement: models, replicas and shards; reconcile."""
+"""Writes of placement: models (apply, delete), the guarded commit of a replica, freeing, reconcile.
+
+Every interface (ctl, API, console, admin, the reconcile task) calls these. The shape of a placement:
+
+1. plan on plain reads (a :class:`placement.index.PlacementIndex` built once per reconcile run);
+2. in one transaction (a savepoint when nested): lock the replica, then the Budget rows of every
+   domain its shards count against in sorted order, then the chosen nodes sorted by name; re-check
+   against the locked rows (node ready, not cordoned, not held; domain power from the locked
+   figures; GPUs, cores and memory through guarded UPDATEs); write shards, GPU bookings, counters;
+3. a failed re-check is a lost race: the transaction (savepoint) rolls back, the node is excluded, the
+   index takes the fresh view of what changed, and the replica is planned again, at most
+   :data:`MAX_ATTEMPTS` times.
+
+Locking budgets, not just nodes, is what keeps two shards on two nodes of one rack from both taking
+its last kilowatt. On SQLite (the embedded default) ``select_for_update`` is a no-op and the
+IMMEDIATE transaction mode serialises writers instead.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import math
+import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from placement.models import ReplicaState, Shard
+from django.conf import settings as django_settings
+from django.db import OperationalError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
 
-SHARD_STATES = {s.value for s in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)}
+from agents.models import GPU, Node, NodeDomain
+from facility.domains import KEEP_WITHIN_LEVELS
+from facility.models import Budget, Hold
+from facility.power import Budget as BudgetFigures
+from llmgw.errors import InvalidInput, NotFound
+from llmgw.yamldoc import Document, dotted, load_documents
+from placement import snapshot
+from placement.index import PlacementIndex
+from placement.models import Model, Replica, ReplicaState, Shard
+from placement.planner import FacilityView, NoFit, Plan, ReplicaRequest, power_rejection_in
+from placement.selector import SelectorError, parse_selector
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+# What a replica keeps of the rejections at the moment it was placed (or found no node).
+KEPT_REJECTIONS = 20
+SUMMARY_GROUPS = 5
+SHARD_STATES = {
+    s.value for s in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
+}
+MODEL_KEYS = ("kind", "name", "replicas", "profile")
+PROFILE_KEYS = (
+    "gpus",
+    "nodes",
+    "cpu_cores",
+    "memory_gib",
+    "power_watts",
+    "keep_within",
+    "node_selector",
+    "command",
+    "health_path",
+    "min_ready_seconds",
+)
+# The order the issue names them in; KEEP_WITHIN_LEVELS is the same set.
+KEEP_WITHIN_CHOICES = ("rack", "row", "room", "site")
+assert set(KEEP_WITHIN_CHOICES) == set(KEEP_WITHIN_LEVELS)
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
+MAX_REPLICAS = 10_000
+
+
+# -- model documents ---------------------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A refusal found while reading a document: the path of the field and what is wrong with it."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str, *, whole: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        # A message that already names the field its own way (a selector's parse error).
+        self.whole = whole
+
+
+def _count(value: Any, path: tuple[str, ...], *, minimum: int = 0, maximum: int = 100_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Bad(path, f"must be a whole number, not {value!r}")
+    if value < minimum:
+        if minimum == 0:
+            raise _Bad(path, f"must not be negative (got {value})")
+        raise _Bad(path, f"must be at least {minimum} (got {value})")
+    if value > maximum:
+        raise _Bad(path, f"must be at most {maximum} (got {value})")
+    return value
+
+
+def _number(value: Any, path: tuple[str, ...], unit: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _Bad(path, f"must be a number of {unit}, not {value!r}")
+    if value < 0:
+        raise _Bad(path, f"must not be negative (got {value:g})")
+    return float(value)
+
+
+def _text(value: Any, path: tuple[str, ...], *, max_length: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _Bad(path, f"must be text, not {value!r}")
+    if len(value) > max_length:
+        raise _Bad(path, f"at most {max_length} characters")
+    return value
+
+
+def parse_model_document(data: Any) -> dict[str, Any]:
+    """Check one ``kind: Model`` document whole; the values to store, or _Bad naming the field."""
+    if not isinstance(data, Mapping):
+        raise _Bad((), "a model document is a mapping with kind: Model, name, replicas and profile")
+    for key in data:
+        if key not in MODEL_KEYS:
+            raise _Bad((str(key),), f"unknown key; a Model takes: {', '.join(MODEL_KEYS)}")
+    if "kind" not in data:
+        raise _Bad(("kind",), "required; write kind: Model")
+    if data["kind"] != "Model":
+        raise _Bad(("kind",), f"unknown kind {data['kind']!r}; llmgw ctl apply takes kind: Model")
+    name = data.get("name")
+    if name is None:
+        raise _Bad(("name",), "required")
+    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+        raise _Bad(
+            ("name",), f"{name!r} is not a model name (letters, digits, '.', '_' and '-', at most 200)"
+        )
+    replicas = _count(data.get("replicas", 1), ("replicas",), maximum=MAX_REPLICAS)
+    profile = data.get("profile")
+    if profile is None:
+        raise _Bad(("profile",), "required: gpus per node at least (gpus: 0 for a CPU-only profile)")
+    if not isinstance(profile, Mapping):
+        raise _Bad(("profile",), "must be a mapping")
+    for key in profile:
+        if key not in PROFILE_KEYS:
+            raise _Bad(("profile", str(key)), f"unknown key; a profile takes: {', '.join(PROFILE_KEYS)}")
+    if "gpus" not in profile:
+        raise _Bad(("profile", "gpus"), "required (0 for a CPU-only profile)")
+    values: dict[str, Any] = {
+        "name": name,
+        "replicas": replicas,
+        "gpus": _count(profile["gpus"], ("profile", "gpus"), maximum=64),
+        "nodes": _count(profile.get("nodes", 1), ("profile", "nodes"), minimum=1, maximum=1024),
+        "cpu_cores": _count(profile.get("cpu_cores", 0), ("profile", "cpu_cores"), maximum=16384),
+        "memory_gib": _number(profile.get("memory_gib", 0), ("profile", "memory_gib"), "GiB"),
+        "power_watts": _number(
+            profile.get("power_watts"), ("profile", "power_watts"), "watts", allow_none=True
+        ),
+        "command": _text(profile.get("command"), ("profile", "command"), max_length=2000),
+        "health_path": _text(
+            profile.get("health_path", "/health"), ("profile", "health_path"), max_length=200
+        )
+        or "/health",
+        "min_ready_seconds": _count(
+            profile.get("min_ready_seconds", 10), ("profile", "min_ready_seconds"), maximum=86_400
+        ),
+    }
+    keep_within = profile.get("keep_within")
+    if keep_within is not None and keep_within not in KEEP_WITHIN_CHOICES:
+        raise _Bad(
+            ("profile", "keep_within"),
+            f"must be one of {', '.join(KEEP_WITHIN_CHOICES)}, not {keep_within!r}",
+        )
+    values["keep_within"] = keep_within or ""
+    selector = _text(profile.get("node_selector"), ("profile", "node_selector"), max_length=2000)
+    try:
+        parse_selector(selector)
+    except SelectorError as exc:
+        raise _Bad(("profile", "node_selector"), str(exc), whole=f"profile.{exc}") from exc
+    values["node_selector"] = selector
+    return values
+
+
+def _refusal(bad: _Bad, doc: Document | None) -> InvalidInput:
+    """The refusal in the words of the interface: with file and line for a file, the field alone for JSON."""
+    field_name = dotted(bad.path)
+    if doc is None:
+        text = bad.whole or (f"{field_name}: {bad.message}" if field_name else bad.message)
+        return InvalidInput(text, field=field_name or None)
+    if bad.whole:
+        line = doc.line(bad.path)
+        where = f"{doc.filename} line {line}: " if line else f"{doc.filename}: "
+        return InvalidInput(where + bad.whole, field=field_name)
+    return doc.error(bad.path, bad.message)
+
+
+@dataclass
+class Applied:
+    """What applying one model document did: ``created``, ``updated`` or ``unchanged``."""
+
+    name: str
+    action: str
+
+
+def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
+    results = []
+    for values in documents:
+        name = values["name"]
+        fields = {k: v for k, v in values.items() if k != "name"}
+        model = Model.objects.select_for_update().filter(name=name).first()
+        if model is None:
+            Model.objects.create(name=name, **fields)
+            results.append(Applied(name, "created"))
+            continue
+        changed = [k for k, v in fields.items() if getattr(model, k) != v]
+        if changed:
+            for key in changed:
+                setattr(model, key, fields[key])
+            model.save(update_fields=[*changed, "updated_at"])
+        results.append(Applied(name, "updated" if changed else "unchanged"))
+    _request_reconcile()
+    return results
+
+
+@transaction.atomic
+def models_apply(*, text: str, filename: str = "models.yaml") -> list[Applied]:
+    """Create or update the models of a multi-document YAML file: all of them, or none with the reason.
+
+    A changed profile applies to replicas placed from now on; placed ones keep their shards.
+    """
+    docs = load_documents(text, filename)
+    if not docs:
+        raise InvalidInput(f"{filename}: no documents; write kind: Model documents separated by ---")
+    parsed: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, doc in enumerate(docs, start=1):
+        try:
+            values = parse_model_document(doc.data)
+        except _Bad as bad:
+            raise _refusal(bad, doc) from None
+        if values["name"] in seen:
+            raise doc.error(
+                ("name",), f"{values['name']!r} is already in document {seen[values['name']]} of this file"
+            )
+        seen[values["name"]] = number
+        parsed.append(values)
+    return _models_save(parsed)
+
+
+def models_apply_file(*, path: str | Path) -> list[Applied]:
+    """``llmgw ctl apply -f models.yaml``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
+    return models_apply(text=text, filename=str(path))
+
+
+@transaction.atomic
+def model_apply(*, data: Any) -> Applied:
+    """Create or update one model from a document given as data (the API's JSON body)."""
+    try:
+        values = parse_model_document(data)
+    except _Bad as bad:
+        raise _refusal(bad, None) from None
+    return _models_save([values])[0]
+
+
+@transaction.atomic
+def model_delete(*, name: str) -> int:
+    """Delete a model: its replicas' shards are freed first (GPUs, cores, memory, placed watts).
+
+    Returns how many replicas went with it.
+    """
+    model = Model.objects.select_for_update().filter(name=name).first()
+    if model is None:
+        raise NotFound(f"model {name!r} is not known", field="name")
+    replicas = list(Replica.objects.filter(model=model).order_by("-ordinal"))
+    for replica in replicas:
+        replica_free(replica=replica)
+    model.delete()
+    _request_reconcile()
+    return len(replicas)
+
+
+def _request_reconcile() -> None:
+    from placement.tasks import request_reconcile
+
+    request_reconcile()
+
+
+# -- freeing ----------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def replica_free(*, replica: Replica) -> None:
+    """Remove a replica and give back what its shards booked, in one transaction."""
+    shards = list(
+        Shard.objects.filter(replica=replica).values("id", "node_id", "cpu_cores", "memory_gib", "draw_watts")
+    )
+    if shards:
+        # Nodes first, by name, as a placement locks them (after budgets: freeing only lowers use).
+        list(
+            Node.objects.select_for_update()
+            .filter(pk__in=[s["node_id"] for s in shards])
+            .order_by("name")
+            .values_list("id", flat=True)
+        )
+        GPU.objects.filter(shard_id__in=[s["id"] for s in shards]).update(shard=None)
+        for shard in shards:
+            Node.objects.filter(pk=shard["node_id"]).update(
+                cpu_cores_allocated=F("cpu_cores_allocated") - shard["cpu_cores"],
+                memory_gib_allocated=F("memory_gib_allocated") - shard["memory_gib"],
+                placed_watts=F("placed_watts") - (shard["draw_watts"] or 0),
+            )
+        Shard.objects.filter(pk__in=[s["id"] for s in shards]).delete()
+    replica.delete()
+
+
+# -- the guarded commit -----------------------------------------------------------------------------------
+
+
+class _ReplicaGone(Exception):
+    """The replica was placed or removed by someone else while this plan was made: nothing to write."""
+
+
+class LostRace(Exception):
+    """A re-check against the locked rows failed: someone else took what the plan counted on."""
+
+    def __init__(self, node: str, reason: str, refresh: Iterable[str] = ()):
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+        # Nodes whose view the index must take afresh (the node, or a domain's members).
+        self.refresh = {node, *refresh}
+
+
+def passed_over_summary(rejections: Mapping[str, str]) -> str:
+    """``passed over (3 nodes): 2 × gpu: 8 requested, 0 free; 1 × …`` (at most five groups), or ``""``."""
+    if not rejections:
+        return ""
+    counts = Counter(rejections.values())
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
+    listed = "; ".join(f"{count} × {reason}" for reason, count in groups)
+    total = len(rejections)
+    return f"passed over ({total} node{'' if total == 1 else 's'}): {listed}"
+
+
+def placed_explain(plan: Plan, *, attempts: int, conflicts: list[str]) -> dict[str, Any]:
+    """What a placed replica keeps: its shards, why there, and the rejections of the nodes ranked ahead."""
+    kept = list(plan.rejections.items())[:KEPT_REJECTIONS]
+    return {
+        "why": plan.why,
+        "shards": [
+            {
+                "node": s.node,
+                "gpus": list(s.gpu_indices),
+                "cpu_cores": s.cpu_cores,
+                "memory_gib": s.memory_gib,
+                "draw_watts": s.draw_watts,
+            }
+            for s in plan.shards
+        ],
+        "passed_over": len(plan.rejections),
+        "summary": passed_over_summary(plan.rejections),
+        "rejections": [{"node": n, "reason": r} for n, r in kept],
+        "attempts": attempts,
+        "conflicts": conflicts,
+    }
+
+
+def pending_explain(nofit: NoFit) -> dict[str, Any]:
+    """What a pending replica keeps: the summary and the first node reasons."""
+    return {
+        "summary": nofit.summary,
+        "nodes_checked": len(nofit.rejections),
+        "rejections": [{"node": n, "reason": r} for n, r in list(nofit.rejections.items())[:KEPT_REJECTIONS]],
+    }
+
+
+def _placeholders(values: list) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _locked_state(
+    cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime
+) -> tuple[dict[str, tuple], dict[str, tuple[float, float]], dict[str, str], dict[str, float]]:
+    """Lock the budgets (sorted by domain), then the nodes (sorted by name); read them, holds and use.
+
+    Returns (node rows by name, budgets (cap, other) by domain, holds by domain, each locked budget's
+    domain use). Raw SQL: this is the hot path of every placement.
+    """
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    # The replica row is not locked here: the write's guarded UPDATE of it (state still pending) is
+    # the check, and saves a round trip on every placement.
+    budgets: dict[str, tuple[float, float]] = {}
+    if touched:
+        cursor.execute(
+            f"SELECT domain, cap_watts, other_watts FROM {Budget._meta.db_table} "
+            f"WHERE domain IN ({_placeholders(touched)}) ORDER BY domain{lock}",
+            touched,
+        )
+        budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
+    cursor.execute(
+        f"SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds FROM {Node._meta.db_table} "
+        f"WHERE name IN ({_placeholders(names)}) ORDER BY name{lock}",
+        names,
+    )
+    nodes = {row[0]: row for row in cursor.fetchall()}
+    holds: dict[str, str] = {}
+    use: dict[str, float] = {}
+    if touched:
+        # Holds of the touched domains and, read after the budgets are locked, each budgeted domain's
+        # members: node_watts + the larger of placed and fresh measured draw (facility.power.node_use_watts).
+        domains = sorted(budgets)
+        fresh_after = now - timedelta(seconds=snapshot.fresh_seconds())
+        sql = (
+            f"SELECT domain, reason, CAST(NULL AS bigint), CAST(NULL AS double precision) "
+            f"FROM {Hold._meta.db_table} WHERE domain IN ({_placeholders(touched)})"
+        )
+        params: list[Any] = list(touched)
+        if domains:
+            sql += (
+                f" UNION ALL SELECT nd.domain, NULL, COUNT(*), SUM(CASE WHEN n.measured_watts IS NOT NULL "
+                f"AND n.sensors_at >= %s AND n.measured_watts > n.placed_watts THEN n.measured_watts "
+                f"ELSE n.placed_watts END) "
+                f"FROM {NodeDomain._meta.db_table} nd JOIN {Node._meta.db_table} n ON n.id = nd.node_id "
+                f"WHERE nd.domain IN ({_placeholders(domains)}) GROUP BY nd.domain"
+            )
+            params += [fresh_after, *domains]
+        cursor.execute(sql, params)
+        node_watts = facility.settings.node_watts or 0
+        use = {domain: budgets[domain][1] for domain in domains}
+        for domain, reason, members, drawn in cursor.fetchall():
+            if members is None:
+                holds[domain] = reason
+            else:
+                use[domain] += members * node_watts + (drawn or 0)
+    return nodes, budgets, holds, use
+
+
+def _is_ready(last_heartbeat_at: datetime | None, interval: float, now: datetime) -> bool:
+    """Node.is_ready on the locked row's columns."""
+    if last_heartbeat_at is None:
+        return False
+    window = interval * django_settings.LLMGW_MISSED_HEARTBEATS
+    return (now - last_heartbeat_at).total_seconds() <= window
+
+
+def _commit(
+    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime
+) -> bool:
+    """Lock, re-check and write one plan; False when the replica is no longer pending. Raises LostRace."""
+    shards = sorted(plan.shards, key=lambda s: s.node)
+    names = [s.node for s in shards]
+    facility = index.facility
+    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    touched = sorted({d for ds in domains_of.values() for d in ds})
+    with connection.cursor() as cursor:
+        pending, nodes, budget_rows, held, use = _locked_state(
+            cursor, replica_id, names, touched, facility, now
+        )
+        if not pending:
+            return False
+        for name in names:
+            row = nodes.get(name)
+            if row is None:
+                raise LostRace(name, f"{name}: the node is gone")
+            if row[2]:
+                raise LostRace(name, f"{name}: cordoned meanwhile")
+            if not _is_ready(row[3], row[4], now):
+                raise LostRace(name, f"{name}: not ready any more")
+            for domain in domains_of[name]:
+                if domain in held:
+                    label = domain.replace(":", " ", 1)
+                    raise LostRace(name, f"{name}: {label} is held: {held[domain]}")
+        if budget_rows:
+            budgets = {
+                d: BudgetFigures(snapshot.domain_of(d), cap, other) for d, (cap, other) in budget_rows.items()
+            }
+            taken: dict[str, float] = defaultdict(float)
+            for shard in shards:
+                mine = snapshot.level_sorted(d for d in domains_of[shard.node] if d in budgets)
+                reason = power_rejection_in(
+                    [(budgets[d], use[d], taken[d]) for d in mine], shard.draw_watts, facility.settings.margin
+                )
+                if reason is not None:
+                    raise LostRace(shard.node, f"{shard.node}: {reason}", refresh=snapshot.members_of(mine))
+                for d in mine:
+                    taken[d] += shard.draw_watts or 0
+        ids = {name: nodes[name][1] for name in names}
+        if connection.vendor == "postgresql":
+            return _write_postgresql(cursor, replica_id, shards, ids, explain, now)
+        return _write_portable(replica_id, shards, ids, explain, now)
+
+
+def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], explain, now: datetime) -> bool:
+    """Shards, GPU bookings, node counters and the replica in one statement; the guards in its WHERE clauses."""
+    values = ", ".join(["(%s::bigint, %s::int[], %s::int, %s::float8, %s::float8)"] * len(shards))
+    params: list[Any] = []
+    for s in shards:
+        params += [ids[s.node], list(s.gpu_indices), s.cpu_cores, s.memory_gib, s.draw_watts]
+    cursor.execute(
+        f"""
+        WITH v(node_id, gpus, cores, mem, draw) AS (VALUES {values}),
+        s AS (
+            INSERT INTO {Shard._meta.db_table}
+                (replica_id, node_id, gpu_indices, cpu_cores, memory_gib, draw_watts, state, restarts, message,
+                 created_at)
+            SELECT %s, v.node_id, to_jsonb(v.gpus), v.cores, v.mem, v.draw, %s, 0, '', %s FROM v
+            RETURNING id, node_id
+        ),
+        g AS (
+            UPDATE {GPU._meta.db_table} AS gpu SET shard_id = s.id FROM s JOIN v ON v.node_id = s.node_id
+            WHERE gpu.node_id = s.node_id AND gpu.index = ANY(v.gpus) AND gpu.present AND gpu.shard_id IS NULL
+            RETURNING gpu.node_id
+        ),
+        n AS (
+            UPDATE {Node._meta.db_table} AS node SET
+                cpu_cores_allocated = node.cpu_cores_allocated + v.cores,
+                memory_gib_allocated = node.memory_gib_allocated + v.mem,
+                placed_watts = node.placed_watts + COALESCE(v.draw, 0)
+            FROM v
+            WHERE node.id = v.node_id AND node.cpu_cores >= node.cpu_cores_allocated + v.cores
+              AND node.memory_gib >= node.memory_gib_allocated + v.mem - 1e-9
+            RETURNING node.id
+        ),
+        r AS (
+            UPDATE {Replica._meta.db_table} SET state = %s, reason = '', explain = %s::jsonb, placed_at = %s,
+                ready_since = NULL
+            WHERE id = %s AND state = %s RETURNING id
+        )
+        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT id FROM n), (SELECT COUNT(*) FROM r)
+        """,
+        [
+            *params,
+            replica_id,
+            ReplicaState.PLACED.value,
+            now,
+            ReplicaState.PLACED.value,
+            json.dumps(explain),
+            now,
+            replica_id,
+            ReplicaState.PENDING.value,
+        ],
+    )
+    booked, counted, replicas = cursor.fetchone()
+    if not replicas:
+        raise _ReplicaGone()
+    per_node = Counter(booked)
+    for s in shards:
+        node_id = ids[s.node]
+        if per_node[node_id] != len(s.gpu_indices):
+            raise LostRace(s.node, f"{s.node}: GPUs {_indices(s.gpu_indices)} were booked meanwhile")
+        if node_id not in counted:
+            raise LostRace(s.node, f"{s.node}: its cores or memory were booked meanwhile")
+    return True
+
+
+def _write_portable(replica_id: int, shards, ids: dict[str, int], explain, now: datetime) -> bool:
+    """The same writes and guards, one statement each (SQLite, where writers are serialised anyway)."""
+    if not Replica.objects.filter(pk=replica_id, state=ReplicaState.PENDING).update(
+        state=ReplicaState.PLACED, reason="", explain=explain, placed_at=now, ready_since=None
+    ):
+        return False
+    created = Shard.objects.bulk_create(
+        [
+            Shard(
+                replica_id=replica_id,
+                node_id=ids[s.node],
+                gpu_indices=list(s.gpu_indices),
+                cpu_cores=s.cpu_cores,
+                memory_gib=s.memory_gib,
+                draw_watts=s.draw_watts,
+            )
+            for s in shards
+        ]
+    )
+    for shard, row in zip(shards, created, strict=True):
+        node_id = ids[shard.node]
+        if shard.gpu_indices:
+            booked = GPU.objects.filter(
+                node_id=node_id, index__in=shard.gpu_indices, present=True, shard__isnull=True
+            ).update(shard_id=row.pk)
+            if booked != len(shard.gpu_indices):
+                raise LostRace(
+                    shard.node, f"{shard.node}: GPUs {_indices(shard.gpu_indices)} were booked meanwhile"
+                )
+        updated = Node.objects.filter(
+            pk=node_id,
+            cpu_cores__gte=F("cpu_cores_allocated") + shard.cpu_cores,
+            memory_gib__gte=F("memory_gib_allocated") + shard.memory_gib - 1e-9,
+        ).update(
+            cpu_cores_allocated=F("cpu_cores_allocated") + shard.cpu_cores,
+            memory_gib_allocated=F("memory_gib_allocated") + shard.memory_gib,
+            placed_watts=F("placed_watts") + (shard.draw_watts or 0),
+        )
+        if updated != 1:
+            raise LostRace(shard.node, f"{shard.node}: its cores or memory were booked meanwhile")
+    return True
+
+
+def _indices(indices: Iterable[int]) -> str:
+    from placement.selectors import gpus_text
+
+    return gpus_text(indices)
+
+
+@dataclass
+class Placement:
+    """The outcome of placing one replica: the plan committed, or the reason it stays pending."""
+
+    plan: Plan | None = None
+    reason: str = ""
+    gone: bool = False
+
+
+def replica_place(
+    *, replica: Replica, request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+) -> Placement:
+    """Plan and commit one pending replica through the guarded commit; record why when it cannot go."""
+    now = now or timezone.now()
+    exclude: set[str] = set()
+    conflicts: list[str] = []
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result = index.plan(request, exclude=frozenset(exclude))
+        if isinstance(result, NoFit):
+            if conflicts:
+                # The nodes it lost races for are excluded: say so, rather than a bare no-fit.
+                return _pending(replica, result.summary, pending_explain(result) | {"conflicts": conflicts})
+            return _pending(replica, result.summary, pending_explain(result))
+        explain = placed_explain(result, attempts=attempt, conflicts=conflicts)
+        try:
+            with transaction.atomic():
+                committed = _commit(replica.pk, result, index, explain, now)
+        except _ReplicaGone:
+            committed = False
+        except LostRace as race:
+            conflicts.append(race.reason)
+            exclude.add(race.node)
+            for view in snapshot.node_views(names=race.refresh, now=now):
+                index.update_node(view)
+            continue
+        if not committed:
+            return Placement(gone=True)
+        index.apply(result)
+        replica.state = ReplicaState.PLACED
+        return Placement(plan=result)
+    reason = f"Unschedulable after {MAX_ATTEMPTS} conflicting attempts: {'; '.join(conflicts)}"
+    return _pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
+
+
+def _pending(replica: Replica, reason: str, explain: dict[str, Any]) -> Placement:
+    if replica.reason != reason or replica.explain != explain:
+        Replica.objects.filter(pk=replica.pk, state=ReplicaState.PENDING).update(
+            reason=reason, explain=explain
+        )
+        replica.reason, replica.explain = reason, explain
+    return Placement(reason=reason)
+
+
+# -- reconcile --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReconcileRun:
+    """One reconcile pass: the time, and one index of the cluster built on first need and kept current."""
+
+    now: datetime = field(default_factory=timezone.now)
+    placed: int = 0
+    pending: int = 0
+    removed: int = 0
+    created: int = 0
+    _index: PlacementIndex | None = None
+
+    @property
+    def index(self) -> PlacementIndex:
+        if self._index is None:
+            self._index = PlacementIndex(snapshot.node_views(now=self.now), snapshot.facility_view())
+        return self._index
+
+
+def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
+    """Create pending replicas up to the desired count, or remove the newest beyond it."""
+    freed: set[str] = set()
+    with transaction.atomic():
+        # The model row serialises scaling: two reconciles never both create ordinal N.
+        locked = Model.objects.select_for_update().filter(pk=model.pk).first()
+        if locked is None:
+            return
+        replicas = list(Replica.objects.filter(model=locked).order_by("ordinal"))
+        missing = locked.replicas - len(replicas)
+        if missing > 0:
+            start = (replicas[-1].ordinal if replicas else 0) + 1
+            Replica.objects.bulk_create(
+                [Replica(model=locked, ordinal=start + i, state=ReplicaState.PENDING) for i in range(missing)]
+            )
+            run.created += missing
+        elif missing < 0:
+            for replica in reversed(replicas[locked.replicas :]):
+                freed.update(Shard.objects.filter(replica=replica).values_list("node__name", flat=True))
+                replica_free(replica=replica)
+                run.removed += 1
+    if freed and run._index is not None:
+        _refresh(run, freed)
+
+
+def _refresh(run: ReconcileRun, names: Iterable[str]) -> None:
+    for view in snapshot.node_views(names=names, now=run.now):
+        run.index.update_node(view)
+
+
+def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
+    """Place the model's pending replicas, oldest first, each through the guarded commit."""
+    pending = snapshot.pending_replicas(model)
+    if not pending:
+        return
+    request = snapshot.replica_request(model)
+    for number, replica in enumerate(pending):
+        outcome = replica_place(replica=replica, request=request, index=run.index, now=run.now)
+        if outcome.plan is not None:
+            run.placed += 1
+            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
+        elif not outcome.gone:
+            run.pending += 1
+            if not outcome.reason.startswith("Unschedulable"):
+                # Nothing fits this replica; the model's later ones ask the same and get the same answer.
+                explain = replica.explain
+                for later in pending[number + 1 :]:
+                    _pending(later, outcome.reason, explain)
+                    run.pending += 1
+                return
+
+
+def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
+    """One model to its desired replicas: scale, then place what waits. (Draining adds a step here.)"""
+    replicas_scale(model=model, run=run)
+    replicas_place_pending(model=model, run=run)
+
+
+def reconcile_all(*, model_names: Iterable[str] | None = None) -> ReconcileRun:
+    """Every model (or the named ones, in that order) to its desired replicas; idempotent.
+
+    Safe to run in several processes at once: scaling locks the model row, and every placement goes
+    through the guarded commit, so a race costs a replan, never a double booking.
+    """
+    run = ReconcileRun()
+    if model_names is None:
+        models = list(Model.objects.order_by("name"))
+    else:
+        by_name = {m.name: m for m in Model.objects.filter(name__in=list(model_names))}
+        models = [by_name[n] for n in model_names if n in by_name]
+    for model in models:
+        try:
+            model_reconcile(model=model, run=run)
+        except OperationalError:
+            # A deadlock or lock timeout the database broke: the next run picks the model up again.
+            log.exception("reconcile of model %s failed; it is retried on the next run", model.name)
+    return run
+
+
+# -- what agents report -----------------------------------------------------------------------------------
+
+
+def replica_state_from_shards(current: str, shard_states: list[str]) -> str:
+    """A replica's state from its shards': any failed → failed; all ready → ready; else starting."""
+    if current in (ReplicaState.PENDING, ReplicaState.STOPPING) or not shard_states:
+        return current
+    if ReplicaState.FAILED in shard_states:
+        return ReplicaState.FAILED
+    if all(s == ReplicaState.READY for s in shard_states):
+        return ReplicaState.READY
+    if all(s == ReplicaState.PLACED for s in shard_states):
+        return ReplicaState.PLACED
+    return ReplicaState.STARTING
 
 
 def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> None:
-    """Record what a node's agent says of the replicas it runs; ids of other nodes' replicas are ignored."""
+    """Record what a node's agent says of the replicas it runs; ids of other nodes' replicas are ignored.
+
+    A replica's state follows its shards' (:func:`replica_state_from_shards`); it keeps ``ready_since``
+    while it stays ready.
+    """
     by_id = {int(s["id"]): s for s in states}
     if not by_id:
         return
+    touched: set[int] = set()
     for shard in Shard.objects.filter(node=node, replica_id__in=by_id):
         report = by_id[shard.replica_id]
-        shard.state = report["state"]
-        shard.port = report.get("port")
-        shard.restarts = report.get("restarts", 0)
-        shard.message = report.get("message", "")[:1000]
-        shard.save(update_fields=["state", "port", "restarts", "message"])
-
-
-def reconcile_all() -> None:
-    """Every model to its desired replicas. Filled in by placement."""
+        values = {
+            "state": report["state"],
+            "port": report.get("port"),
+            "restarts": report.get("restarts", 0),
+            "message": (report.get("message") or "")[:1000],
+        }
+        changed = [k for k, v in values.items() if getattr(shard, k) != v]
+        if changed:
+            for key in changed:
+                setattr(shard, key, values[key])
+            shard.save(update_fields=changed)
+            touched.add(shard.replica_id)
+    if not touched:
+        return
+    shard_states: dict[int, list[str]] = defaultdict(list)
+    for replica_id, state in Shard.objects.filter(replica_id__in=touched).values_list("replica_id", "state"):
+        shard_states[replica_id].append(state)
+    for replica in Replica.objects.filter(pk__in=touched).only("id", "state", "ready_since"):
+        state = replica_state_from_shards(replica.state, shard_states[replica.pk])
+        if state == replica.state:
+            continue
+        ready_since = (replica.ready_since or now) if state == ReplicaState.READY else None
+        Replica.objects.filter(pk=replica.pk).update(state=state, ready_since=ready_since)

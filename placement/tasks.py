@@ -14,6 +14,16 @@ def reconcile() -> None:
     reconcile_all()
 
 
+def _enqueue() -> None:
+    reconcile.delay()
+
+
 def request_reconcile() -> None:
-    """Ask for a reconcile once the current transaction commits (in-process without Redis)."""
-    transaction.on_commit(reconcile.delay)
+    """Ask for a reconcile once the current transaction commits (in-process without Redis).
+
+    Several changes in one transaction ask once: the reconcile reads everything anyway.
+    """
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(entry[1] is _enqueue for entry in connection.run_on_commit):
+        return
+    transaction.on_commit(_enqueue)

@@ -1,4 +1,7 @@
-"""Console page of models: replicas, where they run, why (explain-placement), pending and headroom."""
+"""Console page of models: replicas, where they run and why (explain-placement), pending, headroom.
+
+Reads through placement.selectors, the same dicts `llmgw ctl` and the API show.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,31 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents.views import require_reader
+from llmgw.errors import NotFound
+from placement import selectors
 
 
 @login_required
 def model_list(request: HttpRequest) -> HttpResponse:
+    """Every model with its replicas, each with its explain-placement; headroom loads per model after."""
     require_reader(request)
-    return render(request, "placement/model_list.html", {"models": []})
+    models = []
+    for row in selectors.model_rows():
+        explain = selectors.model_explain(row["name"])
+        for replica in explain["replicas"]:
+            replica["gpus_text"] = "; ".join(
+                f"{s['node']}: {selectors.gpus_text(s['gpus']) or '—'}" for s in replica["shards"]
+            )
+        models.append({**row, "profile_text": selectors.profile_text(row["profile"]), "explain": explain})
+    return render(request, "placement/model_list.html", {"models": models})
+
+
+@login_required
+def model_headroom(request: HttpRequest, name: str) -> HttpResponse:
+    """How many more replicas of a model fit now, and why the next does not (a dry run of the planner)."""
+    require_reader(request)
+    try:
+        headroom = selectors.model_headroom(name)
+    except NotFound as exc:
+        return HttpResponse(exc.message, status=404)
+    return render(request, "placement/_headroom.html", {"headroom": headroom})

@@ -92,3 +92,18 @@ def node_client(db):
         return client
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _heartbeat_readings_written_at_once():
+    """The heartbeat fast path writes readings in a timer thread; tests want them written before the answer."""
+    try:
+        from agents import readings
+    except Exception:  # pure unit tests run without Django
+        yield
+        return
+    readings.FLUSH_SECONDS = 0
+    readings.forget()
+    readings.invalidate_assignments()
+    yield
+    readings.forget()

@@ -242,7 +242,7 @@ def test_node_page_shows_location_sources_gpus_and_readings(login):
     page = login("viewer").get("/nodes/gpu01/").content.decode()
     labels = page[page.index('id="node-location"') :]
     assert re.search(r"llmgw.io/rack</code></td><td>r12-07</td>\s*<td><span class=\"badge src-store\">store</span>", labels)
-    assert "over the agent&#x27;s r1" in labels
+    assert "over the agent's r1" in labels
     assert re.search(r"llmgw.io/pdu</code></td><td>r1-a</td>\s*<td><span class=\"badge src-agent\">agent</span>", labels)
     live = page[page.index('id="node-live"') :]
     assert "71 °C" in live and "79 °C" in live  # GPU and its memory
@@ -350,17 +350,17 @@ def test_facility_page_shows_domains_bars_and_a_rack_map(login):
     heartbeat("gpu01", rack="r1", pdu="r1-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"},
               sensors=gpu_readings([60] * 8, power=600))
     heartbeat("gpu02", rack="r2", pdu="r2-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"})
-    budget_set(domain="rack:r1", cap_watts=6000)  # 4800+350 of a 5400 W limit: under 10% left
+    budget_set(domain="rack:r1", cap_watts=6000)  # 8×600 + 210 CPU + 350 of a 5400 W limit: 40 W left
     budget_set(domain="rack:r2", cap_watts=16000)
     hold_create(domain="rack:r2", reason="PDU swap")
     page = login("viewer").get("/facility/").content.decode()
     assert re.search(r'class="tile h-near" id="rack-r1"', page)
     assert re.search(r'class="tile h-ok held" id="rack-r2"', page)
-    assert "5.1 kW of 5.4 kW limit (6.0 kW cap)" in page and "0.2 kW left" in page
+    assert "5.4 kW of 5.4 kW limit (6.0 kW cap) · <strong class=\"left-near\">40 W left</strong>" in page
     assert "room hall-a" in page and "row 1" in page
     assert "pdu:r1-a" in page
     assert "PDU swap" in page
-    assert "0.4 kW in use, no budget" in page  # pdu r2-a: the node's own 350 W, rounded
+    assert "0.3 kW in use, no budget" in page  # pdu r2-a: the node's own 350 W
 
 
 def test_facility_hold_form_refuses_a_bad_domain(login):
@@ -447,3 +447,24 @@ def test_the_node_socket_sends_its_panels_and_refuses_a_stranger(make_user):
     assert '<section id="node-location" class="card" hx-swap-oob="true">' in first
     assert "81 °C" in first
     assert "rack:r1 held: PDU swap" in second
+
+
+# -- the models page -----------------------------------------------------------------------------------------
+
+
+def test_models_page_shows_replicas_where_and_why_and_the_pending_reason(login):
+    from placement.services import model_apply, reconcile_all
+
+    heartbeat("gpu01", rack="r1", gpus=8)
+    model_apply(data={"kind": "Model", "name": "llama-70b", "replicas": 2, "profile": {"gpus": 8}})
+    reconcile_all()  # what the commit's on_commit task does; the test's transaction never commits
+    client = login("viewer")
+    page = client.get("/models/").content.decode()
+    section = page[page.index('id="model-llama-70b"') :]
+    assert "8 GPUs × 1 node" in section
+    assert '<a href="/nodes/gpu01/">gpu01</a>' in section
+    assert "0-7" in section
+    assert 'class="pending"' in section  # the second replica: no node left with 8 free cards
+    headroom = client.get("/models/llama-70b/headroom").content.decode()
+    assert "<strong>0</strong> more replicas fit" in headroom
+    assert client.get("/models/nope/headroom").status_code == 404

@@ -1,0 +1,223 @@
+"""What a heartbeat may say: its shape, units and ranges, checked in one pass.
+
+Pure: no Django. Heartbeats are the hottest path of the control plane (10,000 nodes every 10 s), so
+this is plain code rather than nested serializers; a refusal names the field by its path
+(`sensors.gpus[0].power_watts`) and nothing of the heartbeat is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from facility.domains import DomainError, validate_label
+
+THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"})
+REPLICA_STATES = frozenset({"starting", "ready", "stopping", "failed"})
+MAX_GPUS = 64
+MAX_REPLICAS = 1024
+MAX_LABELS = 256
+GPU_WATTS_MAX = 5000  # no card draws 5 kW; a larger figure is a unit error (mW sent as W)
+TEMP_MIN, TEMP_MAX = -40.0, 150.0
+
+
+class HeartbeatError(ValueError):
+    """A heartbeat that breaks a rule; `field` is the path of the offending value."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = f"{field}: {message}"
+
+
+def _number(value: Any, field: str, lo: float, hi: float, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise HeartbeatError(field, f"must be a number ({unit}), not {value!r}")
+    if not math.isfinite(value):
+        raise HeartbeatError(field, "must be a finite number")
+    if not lo <= value <= hi:
+        raise HeartbeatError(field, f"must be between {lo:g} and {hi:g} {unit}, got {value:g}")
+    return float(value)
+
+
+def _integer(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeartbeatError(field, f"must be a whole number, not {value!r}")
+    if not lo <= value <= hi:
+        raise HeartbeatError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _text(value: Any, field: str, max_length: int = 253) -> str:
+    if not isinstance(value, str):
+        raise HeartbeatError(field, f"must be text, not {value!r}")
+    if len(value) > max_length:
+        raise HeartbeatError(field, f"at most {max_length} characters")
+    return value
+
+
+def _mapping(value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise HeartbeatError(field, "must be an object")
+    return value
+
+
+def _list(value: Any, field: str, max_length: int) -> list:
+    if not isinstance(value, list):
+        raise HeartbeatError(field, "must be a list")
+    if len(value) > max_length:
+        raise HeartbeatError(field, f"at most {max_length} entries")
+    return value
+
+
+def _only(obj: Mapping[str, Any], field: str, allowed: frozenset[str]) -> None:
+    for key in obj:
+        if key not in allowed:
+            where = f"{field}.{key}" if field else key
+            raise HeartbeatError(where, f"unknown field; {field or 'a heartbeat'} takes {', '.join(sorted(allowed))}")
+
+
+def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict) -> None:
+    if obj.get(key) is not None:
+        out[key] = _number(obj[key], f"{field}.{key}" if field else key, TEMP_MIN, TEMP_MAX, "°C")
+
+
+GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts"})
+INVENTORY_KEYS = frozenset({"gpus", "cpu_cores", "memory_gib", "hostname", "fabric"})
+GPU_SENSOR_KEYS = frozenset(
+    {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "power_watts", "power_limit_watts",
+     "throttle_reasons"}
+)
+SENSOR_KEYS = frozenset({"gpus", "cpu_temperature_celsius", "inlet_temperature_celsius", "cpu_power_watts"})
+REPLICA_KEYS = frozenset({"id", "state", "port", "pid", "restarts", "message"})
+HEARTBEAT_KEYS = frozenset(
+    {"node", "agent_version", "interval_seconds", "inventory", "labels", "sensors", "replicas"}
+)
+
+
+def _inventory(raw: Any) -> dict[str, Any]:
+    inv = _mapping(raw, "inventory")
+    _only(inv, "inventory", INVENTORY_KEYS)
+    out: dict[str, Any] = {}
+    if inv.get("gpus") is not None:
+        gpus, seen = [], set()
+        for i, g in enumerate(_list(inv["gpus"], "inventory.gpus", MAX_GPUS)):
+            f = f"inventory.gpus[{i}]"
+            g = _mapping(g, f)
+            _only(g, f, GPU_INVENTORY_KEYS)
+            if "index" not in g:
+                raise HeartbeatError(f"{f}.index", "is required")
+            gpu = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
+            if gpu["index"] in seen:
+                raise HeartbeatError(f"{f}.index", f"two GPUs with index {gpu['index']}")
+            seen.add(gpu["index"])
+            for key in ("uuid", "name"):
+                if g.get(key) is not None:
+                    gpu[key] = _text(g[key], f"{f}.{key}", 200)
+            if g.get("memory_gib") is not None:
+                gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, 4096, "GiB")
+            if g.get("power_limit_watts") is not None:
+                gpu["power_limit_watts"] = _number(g["power_limit_watts"], f"{f}.power_limit_watts", 0, GPU_WATTS_MAX, "W")
+            gpus.append(gpu)
+        out["gpus"] = gpus
+    if inv.get("cpu_cores") is not None:
+        out["cpu_cores"] = _integer(inv["cpu_cores"], "inventory.cpu_cores", 0, 16384)
+    if inv.get("memory_gib") is not None:
+        out["memory_gib"] = _number(inv["memory_gib"], "inventory.memory_gib", 0, 1_048_576, "GiB")
+    for key in ("hostname", "fabric"):
+        if inv.get(key) is not None:
+            out[key] = _text(inv[key], f"inventory.{key}")
+    return out
+
+
+def _sensors(raw: Any) -> dict[str, Any]:
+    s = _mapping(raw, "sensors")
+    _only(s, "sensors", SENSOR_KEYS)
+    out: dict[str, Any] = {}
+    if s.get("gpus") is not None:
+        gpus = []
+        for i, g in enumerate(_list(s["gpus"], "sensors.gpus", MAX_GPUS)):
+            f = f"sensors.gpus[{i}]"
+            g = _mapping(g, f)
+            _only(g, f, GPU_SENSOR_KEYS)
+            if "index" not in g:
+                raise HeartbeatError(f"{f}.index", "is required")
+            gpu: dict[str, Any] = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
+            if g.get("uuid") is not None:
+                gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", 100)
+            _temperature(g, "temperature_celsius", f, gpu)
+            _temperature(g, "memory_temperature_celsius", f, gpu)
+            for key in ("power_watts", "power_limit_watts"):
+                if g.get(key) is not None:
+                    gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
+            if g.get("throttle_reasons") is not None:
+                reasons = _list(g["throttle_reasons"], f"{f}.throttle_reasons", len(THROTTLE_REASONS))
+                for reason in reasons:
+                    if reason not in THROTTLE_REASONS:
+                        raise HeartbeatError(
+                            f"{f}.throttle_reasons",
+                            f"unknown reason {reason!r}; reasons are {', '.join(sorted(THROTTLE_REASONS))}",
+                        )
+                gpu["throttle_reasons"] = sorted(set(reasons))
+            gpus.append(gpu)
+        out["gpus"] = gpus
+    _temperature(s, "cpu_temperature_celsius", "sensors", out)
+    _temperature(s, "inlet_temperature_celsius", "sensors", out)
+    if s.get("cpu_power_watts") is not None:
+        out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, 20_000, "W")
+    return out
+
+
+def _labels(raw: Any) -> dict[str, str]:
+    labels = _mapping(raw, "labels")
+    if len(labels) > MAX_LABELS:
+        raise HeartbeatError("labels", f"at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not isinstance(value, str):
+            raise HeartbeatError(f"labels.{key}", f"must be text, not {value!r}")
+        try:
+            validate_label(key, value)
+        except DomainError as exc:
+            raise HeartbeatError("labels", str(exc)) from exc
+    return dict(labels)
+
+
+def _replicas(raw: Any) -> list[dict[str, Any]]:
+    out = []
+    for i, r in enumerate(_list(raw, "replicas", MAX_REPLICAS)):
+        f = f"replicas[{i}]"
+        r = _mapping(r, f)
+        _only(r, f, REPLICA_KEYS)
+        if "id" not in r or "state" not in r:
+            raise HeartbeatError(f, "id and state are required")
+        item: dict[str, Any] = {"id": _integer(r["id"], f"{f}.id", 1, 2**63 - 1)}
+        if r["state"] not in REPLICA_STATES:
+            raise HeartbeatError(f"{f}.state", f"unknown state {r['state']!r}; states are {', '.join(sorted(REPLICA_STATES))}")
+        item["state"] = r["state"]
+        if r.get("port") is not None:
+            item["port"] = _integer(r["port"], f"{f}.port", 1, 65535)
+        if r.get("restarts") is not None:
+            item["restarts"] = _integer(r["restarts"], f"{f}.restarts", 0, 2**31 - 1)
+        if r.get("message") is not None:
+            item["message"] = _text(r["message"], f"{f}.message", 1000)
+        out.append(item)
+    return out
+
+
+def validate_heartbeat(raw: Any) -> dict[str, Any]:
+    """The heartbeat, cleaned (nulls dropped: an absent reading is absent, never zero), or HeartbeatError."""
+    hb = _mapping(raw, "heartbeat")
+    _only(hb, "", HEARTBEAT_KEYS)
+    if not hb.get("node"):
+        raise HeartbeatError("node", "is required")
+    out: dict[str, Any] = {"node": _text(hb["node"], "node")}
+    if hb.get("agent_version") is not None:
+        out["agent_version"] = _text(hb["agent_version"], "agent_version", 50)
+    if hb.get("interval_seconds") is not None:
+        out["interval_seconds"] = _number(hb["interval_seconds"], "interval_seconds", 0.1, 10, "seconds")
+    out["inventory"] = _inventory(hb["inventory"]) if hb.get("inventory") is not None else {}
+    out["labels"] = _labels(hb["labels"]) if hb.get("labels") is not None else {}
+    out["sensors"] = _sensors(hb["sensors"]) if hb.get("sensors") is not None else {}
+    out["replicas"] = _replicas(hb["replicas"]) if hb.get("replicas") is not None else []
+    return out

@@ -1,0 +1,157 @@
+"""The heartbeat fast path: a node that says nothing new but its readings costs no transaction.
+
+Each web process remembers, per node, the fingerprint of the last full heartbeat it stored. A heartbeat
+with the same fingerprint from a node still ready only carries readings: they are kept in memory and
+written for all such nodes at once, one statement at most every FLUSH_SECONDS, by a timer thread. The
+answer (the node's replicas) comes from a map of every node's assignments read at most once a second,
+and read again at once after a placement change in this process. What is lost if the process dies is
+under a second of readings; anything new (inventory, labels, replica states, a node coming back) is
+written at once through the full path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.5  # 0: write in the request (tests)
+ASSIGNMENTS_SECONDS = 1.0
+
+_lock = threading.Lock()
+_known: dict[str, tuple[str, float]] = {}  # node → (fingerprint of its last full heartbeat, monotonic time seen)
+_buffer: dict[str, tuple[datetime, dict, float | None]] = {}
+_timer: threading.Timer | None = None
+
+
+def remember(node_name: str, digest: str) -> None:
+    """The full path stored this fingerprint for the node: its next same heartbeat may take the fast path."""
+    with _lock:
+        _known[node_name] = (digest, time.monotonic())
+
+
+def forget(node_name: str | None = None) -> None:
+    with _lock:
+        if node_name is None:
+            _known.clear()
+        else:
+            _known.pop(node_name, None)
+
+
+def buffer_readings(
+    node_name: str, digest: str, *, at: datetime, sensors: Mapping[str, Any], watts: float | None, interval: float
+) -> bool:
+    """Keep the readings for the next batch if the node is known, unchanged and ready; False otherwise."""
+    global _timer
+    from agents.events import remember_server_loop
+
+    remember_server_loop()
+    now = time.monotonic()
+    with _lock:
+        known = _known.get(node_name)
+        window = interval * settings.LLMGW_MISSED_HEARTBEATS
+        if known is None or known[0] != digest or now - known[1] > window:
+            return False
+        _known[node_name] = (digest, now)
+        _buffer[node_name] = (at, dict(sensors), watts)
+        inline = FLUSH_SECONDS <= 0
+        if not inline and _timer is None:
+            _timer = threading.Timer(FLUSH_SECONDS, _flush_in_thread)
+            _timer.daemon = True
+            _timer.start()
+    if inline:  # tests: written before the request returns
+        flush()
+    return True
+
+
+def _flush_in_thread() -> None:
+    try:
+        flush()
+    except Exception:
+        log.exception("readings not written")
+    finally:
+        close_old_connections()
+        connection.close()
+
+
+def flush() -> int:
+    """Write every buffered reading now, in one statement; nodes that are gone are forgotten."""
+    global _timer
+    with _lock:
+        batch = dict(_buffer)
+        _buffer.clear()
+        _timer = None
+    if not batch:
+        return 0
+    written = _write(batch)
+    missing = set(batch) - written
+    if missing:  # deleted meanwhile: their next heartbeat takes the full path and makes them again
+        with _lock:
+            for name in missing:
+                _known.pop(name, None)
+    from agents.events import sensors_changed_many
+
+    sensors_changed_many(sorted(written))
+    return len(written)
+
+
+def _write(batch: dict[str, tuple[datetime, dict, float | None]]) -> set[str]:
+    from agents.models import Node
+
+    if connection.vendor == "postgresql":
+        rows = [(name, at, json.dumps(sensors), watts) for name, (at, sensors, watts) in batch.items()]
+        values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision)"] * len(rows))
+        params = [p for row in rows for p in row]
+        table = Node._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
+                f"measured_watts = v.watts FROM (VALUES {values}) AS v(name, at, sensors, watts) "
+                f"WHERE n.name = v.name RETURNING n.name",
+                params,
+            )
+            return {row[0] for row in cursor.fetchall()}
+    written = set()
+    with transaction.atomic():
+        for name, (at, sensors, watts) in batch.items():
+            if Node.objects.filter(name=name).update(
+                last_heartbeat_at=at, sensors_at=at, sensors=sensors, measured_watts=watts
+            ):
+                written.add(name)
+    return written
+
+
+# -- assignments -----------------------------------------------------------------------------------------
+
+_assignments: dict[str, list[dict]] = {}
+_assignments_at = -1e9
+_assignments_lock = threading.Lock()
+
+
+def invalidate_assignments(**_: Any) -> None:
+    """A placement changed in this process: the next heartbeat reads the map again."""
+    global _assignments_at
+    _assignments_at = -1e9
+
+
+def assignments(node_name: str) -> list[dict]:
+    """What the node must run, from a map of all nodes read at most once a second."""
+    global _assignments, _assignments_at
+    with _assignments_lock:
+        if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
+            from placement.selectors import all_assignments
+
+            _assignments = all_assignments()
+            _assignments_at = time.monotonic()
+        return _assignments.get(node_name, [])
+
+

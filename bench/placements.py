@@ -1,0 +1,223 @@
+"""Committed placements per second on PostgreSQL: plan (the index) + guarded commit, one replica at a time.
+
+Makes its own database (``llmgw_bench_placements`` on the server of DATABASE_URL, default
+``postgres://postgres@127.0.0.1:5432/llmgw``), migrates it, and bulk-loads 1,000 ready nodes × 8 GPUs
+over 40 racks (25 nodes each) and 80 PDUs (two per rack), with power budgets on every rack and PDU that
+bind near 85% of the cards. Twenty models with 8-, 4-, 2- and 1-GPU profiles take turns: each turn
+places one pending replica through ``placement.services.replica_place`` — the path a reconcile takes:
+plan on the index, then lock budgets and nodes, re-check, write shards, book GPUs — until none fits.
+
+Prints placements/s and p50/p99 latency of plan + commit, then the planner alone (bench/planner.py).
+Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--nodes``).
+Prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NODES_PER_RACK = 25
+GPU_SIZES = (8, 8, 8, 4, 4, 4, 2, 2, 1, 1)
+MODELS = 20
+BENCH_DB = "llmgw_bench_placements"
+
+
+def bench_database(base_url: str) -> str:
+    """Drop and create the bench database on the server of ``base_url``; its URL."""
+    import psycopg
+
+    parts = urlparse(base_url)
+    admin = urlunparse(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    return urlunparse(parts._replace(path=f"/{BENCH_DB}"))
+
+
+def load_cluster(count: int) -> None:
+    """Nodes, GPUs, domains and budgets by bulk insert (what a thousand first heartbeats would leave)."""
+    from django.utils import timezone
+
+    from agents.models import GPU, Node, NodeDomain
+    from facility.domains import domains_of
+    from facility.models import Budget
+
+    now = timezone.now()
+    nodes = []
+    for i in range(count):
+        rack = f"r{i // NODES_PER_RACK:03}"
+        labels = {
+            "llmgw.io/site": "sto1",
+            "llmgw.io/row": f"{i // (NODES_PER_RACK * 10):02}",
+            "llmgw.io/rack": rack,
+            "llmgw.io/pdu": f"{rack}-{'ab'[i % 2]}",
+            "gpu.model": "H200" if i % 3 else "H100",
+            "gpu.memory_gib": "141" if i % 3 else "80",
+        }
+        nodes.append(
+            Node(
+                name=f"gpu{i:05}",
+                fabric=f"ib{i // 200}",
+                cpu_cores=128,
+                memory_gib=2048,
+                labels=labels,
+                agent_labels=labels,
+                last_heartbeat_at=now,
+                heartbeat_interval_seconds=3600,
+                weights=[f"model{i % MODELS:02}"] if i % 7 == 0 else [],
+            )
+        )
+    Node.objects.bulk_create(nodes, batch_size=500)
+    nodes = list(Node.objects.order_by("name"))
+    GPU.objects.bulk_create(
+        [
+            GPU(node=n, index=g, model="NVIDIA H200", memory_gib=141, power_limit_watts=700)
+            for n in nodes
+            for g in range(8)
+        ],
+        batch_size=2000,
+    )
+    members: dict[str, int] = {}
+    rows = []
+    for n in nodes:
+        for d in domains_of(n.labels):
+            rows.append(NodeDomain(node=n, domain=str(d), level=d.level))
+            members[str(d)] = members.get(str(d), 0) + 1
+    NodeDomain.objects.bulk_create(rows, batch_size=2000)
+    # A full node draws 350 + 8 × 700 = 5,950 W; caps (less the 10% margin) hold about 85% of that.
+    per_node = 5950 * 0.85 / 0.9
+    Budget.objects.bulk_create(
+        [
+            Budget(domain=d, cap_watts=round(per_node * size, -2), other_watts=500)
+            for d, size in members.items()
+            if d.split(":")[0] in ("rack", "pdu")
+        ]
+    )
+
+
+def load_models(per_model: int) -> list:
+    """Twenty models and ``per_model`` pending replicas each (scaling is not what is timed)."""
+    from placement.models import Model, Replica
+
+    models = []
+    for m in range(MODELS):
+        models.append(
+            Model.objects.create(
+                name=f"model{m:02}",
+                replicas=per_model,
+                gpus=GPU_SIZES[m % len(GPU_SIZES)],
+                cpu_cores=8,
+                memory_gib=128,
+                node_selector="gpu.model in (H100,H200), gpu.memory_gib >= 80" if m % 4 == 0 else "",
+            )
+        )
+    Replica.objects.bulk_create(
+        [Replica(model=model, ordinal=i + 1) for model in models for i in range(per_model)], batch_size=2000
+    )
+    return models
+
+
+def percentile(samples: list[float], share: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def place_all(models: list) -> tuple[list[float], float, int, int]:
+    """Round-robin over the models, one replica at a time, through replica_place; until none fits."""
+    import dataclasses
+
+    from placement import snapshot
+    from placement.index import PlacementIndex
+    from placement.services import replica_place
+
+    started = time.perf_counter()
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    built = time.perf_counter() - started
+    queues = {m.name: snapshot.pending_replicas(m) for m in models}
+    requests = {m.name: snapshot.replica_request(m) for m in models}
+    timings: list[float] = []
+    conflicts = 0
+    open_models = [m.name for m in models]
+    while open_models:
+        for name in list(open_models):
+            if not queues[name]:
+                open_models.remove(name)
+                continue
+            replica = queues[name].pop(0)
+            t0 = time.perf_counter()
+            outcome = replica_place(replica=replica, request=requests[name], index=index)
+            elapsed = time.perf_counter() - t0
+            if outcome.plan is None:
+                open_models.remove(name)
+                continue
+            timings.append(elapsed)
+            conflicts += len(outcome.plan and replica.explain.get("conflicts", []) or [])
+            requests[name] = dataclasses.replace(
+                requests[name], existing=(*requests[name].existing, outcome.plan.nodes)
+            )
+    return timings, built, conflicts, sum(len(q) for q in queues.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--per-model", type=int, default=250, help="pending replicas made per model")
+    parser.add_argument(
+        "--profile", action="store_true", help="print the top of a cProfile of the placements"
+    )
+    parser.add_argument("--skip-planner", action="store_true", help="do not run bench/planner.py afterwards")
+    args = parser.parse_args()
+
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
+    os.environ["DATABASE_URL"] = bench_database(base)
+    os.environ.pop("REDIS_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    t0 = time.perf_counter()
+    load_cluster(args.nodes)
+    models = load_models(args.per_model)
+    print(
+        f"loaded {args.nodes} nodes × 8 GPUs, 40 racks, 80 PDUs with budgets in {time.perf_counter() - t0:.1f} s"
+    )
+
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    timings, built, conflicts, left = place_all(models)
+    if args.profile:
+        profiler.disable()
+    from agents.models import GPU
+
+    booked = GPU.objects.filter(shard__isnull=False).count()
+    print(
+        f"{args.nodes} nodes: index built in {built * 1000:.0f} ms; {len(timings)} committed placements "
+        f"(plan + guarded commit on PostgreSQL), {len(timings) / sum(timings):,.0f} placements/s, "
+        f"p50 {percentile(timings, 0.5) * 1000:.2f} ms, p99 {percentile(timings, 0.99) * 1000:.2f} ms; "
+        f"{booked} of {args.nodes * 8} GPUs booked, {conflicts} lost races, {left} replicas left pending"
+    )
+    if args.profile:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    if not args.skip_planner:
+        from bench import planner
+
+        for count in (1000, 10000):
+            planner.run(count, 100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""`llmgw ctl` commands for models: apply, models, replicas, explain-placement, headroom, delete model."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from llmgw.output import print_json, print_table
+from placement import selectors, services
+
+# How many node reasons explain-placement prints per replica; -o json has every kept one.
+SHOWN_REJECTIONS = 5
+
+
+def register(commands) -> None:
+    from llmgw.ctl import output_option
+
+    p = commands.add_parser(
+        "apply",
+        help="create or update models from a YAML file (kind: Model documents)",
+        description=(
+            "Create or update the models of a YAML file of kind: Model documents separated by ---.\n"
+            "A file with any error is refused whole, naming the line and the field. Returns once the\n"
+            "reconcile placed what fits (in the embedded default)."
+        ),
+        epilog="example: llmgw ctl apply -f models.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-f", "--file", required=True, help="the models.yaml")
+    p.set_defaults(handler=apply)
+
+    p = commands.add_parser("models", help="list models: replicas placed, ready and pending, and the profile")
+    output_option(p)
+    p.set_defaults(handler=models)
+
+    p = commands.add_parser("replicas", help="list replicas: state, nodes and GPUs, why pending")
+    p.add_argument("--model", help="only this model's replicas")
+    output_option(p)
+    p.set_defaults(handler=replicas)
+
+    p = commands.add_parser(
+        "explain-placement",
+        help="why each replica of a model is where it is, or why it waits",
+        description=(
+            "For each replica of MODEL: its node(s), which ordering keys chose them, and the rejections of\n"
+            "the nodes ranked ahead, kept from the moment it was placed; for a pending replica, why no\n"
+            "node fits, the most common reasons first."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model")
+    output_option(p)
+    p.set_defaults(handler=explain)
+
+    p = commands.add_parser(
+        "headroom",
+        help="how many more replicas of a model fit now, and why the next does not (a dry run)",
+    )
+    p.add_argument("model")
+    output_option(p)
+    p.set_defaults(handler=headroom)
+
+    p = commands.add_parser("delete", help="delete a model (its replicas are stopped and their GPUs freed)")
+    sub = p.add_subparsers(dest="delete_kind", metavar="KIND", required=True)
+    m = sub.add_parser("model", help="delete a model and its replicas")
+    m.add_argument("name")
+    m.set_defaults(handler=delete_model)
+
+
+def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items()) or "no replicas"
+
+
+def apply(args) -> int:
+    results = services.models_apply_file(path=args.file)
+    for result in results:
+        states = _state_counts(selectors.replica_rows(model=result.name))
+        print(f"model {result.name} {result.action}: {states}")
+    return 0
+
+
+def models(args) -> int:
+    rows = selectors.model_rows()
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    print_table(
+        ["NAME", "PLACED", "READY", "PENDING", "PROFILE"],
+        [
+            [
+                m["name"],
+                f"{m['replicas']['placed']}/{m['replicas']['desired']}",
+                m["replicas"]["ready"],
+                m["replicas"]["pending"],
+                selectors.profile_text(m["profile"]),
+            ]
+            for m in rows
+        ],
+    )
+    return 0
+
+
+def shards_text(shards: list[dict[str, Any]]) -> str:
+    """``gpu01[0-7] gpu02[0-7]``; a CPU shard is the node name alone."""
+    return (
+        " ".join(f"{s['node']}[{selectors.gpus_text(s['gpus'])}]" if s["gpus"] else s["node"] for s in shards)
+        or "-"
+    )
+
+
+def replicas(args) -> int:
+    rows = selectors.replica_rows(model=args.model)
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    print_table(
+        ["MODEL", "REPLICA", "STATE", "NODES", "REASON"],
+        [[r["model"], f"#{r['ordinal']}", r["state"], shards_text(r["shards"]), r["reason"]] for r in rows],
+    )
+    return 0
+
+
+def explain(args) -> int:
+    data = selectors.model_explain(args.model)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    print(
+        f"{data['model']}: {data['desired']} wanted, {data['placed']} placed, {data['pending']} pending "
+        f"({selectors.profile_text(data['profile'])})"
+    )
+    for r in data["replicas"]:
+        head = f"#{r['ordinal']} {r['state']}"
+        if r["state"] == "pending":
+            print(f"{head}: {r['summary']}")
+        else:
+            print(f"{head} on {shards_text(r['shards'])}")
+            if r.get("why"):
+                print(f"  why: {r['why']}")
+            if r.get("summary"):
+                print(f"  {r['summary']}")
+        for c in r.get("conflicts") or []:
+            print(f"  lost a race: {c}")
+        shown = r.get("rejections") or []
+        for item in shown[:SHOWN_REJECTIONS]:
+            print(f"    {item['node']}: {item['reason']}")
+        total = r.get("passed_over") if r["state"] != "pending" else r.get("nodes_checked")
+        more = (total or len(shown)) - min(len(shown), SHOWN_REJECTIONS)
+        if more > 0:
+            print(f"    … and {more} more (-o json lists {max(len(shown) - SHOWN_REJECTIONS, 0)} of them)")
+    return 0
+
+
+def headroom(args) -> int:
+    data = selectors.model_headroom(args.model)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    more = "replica fits" if data["fits"] == 1 else "replicas fit"
+    bound = "at least " if data["why_not"] is None else ""
+    print(f"{data['model']}: {bound}{data['fits']} more {more} (beside its {data['existing']} placed)")
+    if data["why_not"]:
+        print(f"the next one does not: {data['why_not']}")
+    return 0
+
+
+def delete_model(args) -> int:
+    removed = services.model_delete(name=args.name)
+    print(f"model {args.name} deleted ({removed} replica{'' if removed == 1 else 's'} removed)")
+    return 0

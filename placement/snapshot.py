@@ -1,0 +1,208 @@
+"""From the store to the planner: one read of nodes, facility and a model's replicas, as plain views.
+
+The planner (``placement/planner.py``) never sees a Django object; this module maps rows to its frozen
+dataclasses. A node's labels for selectors are its effective labels plus attributes derived from its
+GPUs (``gpu.count``, ``gpu.memory_gib``, ``gpu.product``, ``gpu.model``) where it has no label of
+that name, so ``gpu.model in (H100,H200)`` works on a node nobody labelled.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count
+from django.utils import timezone
+
+from agents.models import GPU, Node, NodeDomain
+from facility import selectors as facility_selectors
+from facility.domains import LEVELS, Domain, parse_domain
+from facility.models import Hold
+from placement.models import Model, Replica, Shard
+from placement.planner import FacilityView, NodeView, Profile, ReplicaRequest
+from placement.selector import parse_selector
+
+# "NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", "NVIDIA L40S" → H100, H100, L40S.
+_GPU_MODEL_RE = re.compile(r"(?<![A-Za-z0-9])(G?[A-Z]{1,2}\d{2,3}[A-Z]?)(?![0-9])")
+_LEVEL_ORDER = {level: i for i, level in enumerate(LEVELS)}
+_NODE_FIELDS = (
+    "id",
+    "name",
+    "fabric",
+    "cpu_cores",
+    "memory_gib",
+    "labels",
+    "cordoned",
+    "heartbeat_interval_seconds",
+    "last_heartbeat_at",
+    "measured_watts",
+    "sensors_at",
+    "cpu_cores_allocated",
+    "memory_gib_allocated",
+    "placed_watts",
+    "weights",
+)
+
+
+def gpu_model_of(product: str) -> str | None:
+    """The short model name in a card's product name (``H100``), or None when there is none."""
+    found = _GPU_MODEL_RE.search(product or "")
+    return found.group(1) if found else None
+
+
+def derived_labels(labels: dict[str, str], gpus: list[tuple]) -> dict[str, str]:
+    """Effective labels plus the GPU attributes selectors ask for, where the node has no such label.
+
+    ``gpus`` holds ``(index, shard_id, power_limit_watts, product, memory_gib)`` of present cards.
+    """
+    out = dict(labels)
+    out.setdefault("gpu.count", str(len(gpus)))
+    if gpus:
+        products = [g[3] for g in gpus if g[3]]
+        memories = [g[4] for g in gpus if g[4] is not None]
+        if products:
+            out.setdefault("gpu.product", products[0])
+            model = gpu_model_of(products[0])
+            if model:
+                out.setdefault("gpu.model", model)
+        if memories:
+            out.setdefault("gpu.memory_gib", f"{min(memories):g}")
+    return out
+
+
+def ordered_domains(texts: Iterable[str]) -> tuple[Domain, ...]:
+    """Domains in level order (site first, PDUs last), then by name: the planner's order."""
+    domains = [parse_domain(t) for t in texts]
+    return tuple(sorted(domains, key=lambda d: (_LEVEL_ORDER.get(d.level, 99), d.name)))
+
+
+def facility_view() -> FacilityView:
+    """Settings, budgets by domain and holds (domain → reason), read now."""
+    holds = {parse_domain(domain): reason for domain, reason in Hold.objects.values_list("domain", "reason")}
+    return FacilityView(
+        settings=facility_selectors.facility_settings(), budgets=facility_selectors.budgets(), holds=holds
+    )
+
+
+def _measured(row: dict, now: datetime) -> float | None:
+    if row["measured_watts"] is None or row["sensors_at"] is None:
+        return None
+    if now - row["sensors_at"] > timedelta(seconds=settings.LLMGW_MEASURED_FRESH_SECONDS):
+        return None
+    return row["measured_watts"]
+
+
+def _ready(row: dict, now: datetime) -> bool:
+    if row["last_heartbeat_at"] is None:
+        return False
+    window = row["heartbeat_interval_seconds"] * settings.LLMGW_MISSED_HEARTBEATS
+    return now - row["last_heartbeat_at"] <= timedelta(seconds=window)
+
+
+def node_views(*, names: Iterable[str] | None = None, now: datetime | None = None) -> list[NodeView]:
+    """Every node (or the named ones) as the planner sees it, from four queries whatever their number."""
+    now = now or timezone.now()
+    nodes = Node.objects.all()
+    if names is not None:
+        nodes = nodes.filter(name__in=list(names))
+    rows = list(nodes.order_by("name").values(*_NODE_FIELDS))
+    ids = [r["id"] for r in rows]
+    scoped = names is not None
+    gpus: dict[int, list[tuple]] = defaultdict(list)
+    gpu_rows = GPU.objects.filter(present=True)
+    domain_rows = NodeDomain.objects.all()
+    shard_rows = Shard.objects.all()
+    if scoped:
+        gpu_rows = gpu_rows.filter(node_id__in=ids)
+        domain_rows = domain_rows.filter(node_id__in=ids)
+        shard_rows = shard_rows.filter(node_id__in=ids)
+    for node_id, *rest in gpu_rows.order_by("node_id", "index").values_list(
+        "node_id", "index", "shard_id", "power_limit_watts", "model", "memory_gib"
+    ):
+        gpus[node_id].append(tuple(rest))
+    domains: dict[int, list[str]] = defaultdict(list)
+    for node_id, domain in domain_rows.values_list("node_id", "domain"):
+        domains[node_id].append(domain)
+    replicas = dict(shard_rows.values("node_id").annotate(n=Count("id")).values_list("node_id", "n"))
+    views = []
+    for row in rows:
+        cards = gpus.get(row["id"], [])
+        limits = [g[2] for g in cards if g[2] is not None]
+        views.append(
+            NodeView(
+                name=row["name"],
+                ready=_ready(row, now),
+                cordoned=row["cordoned"],
+                labels=derived_labels(row["labels"] or {}, cards),
+                domains=ordered_domains(domains.get(row["id"], ())),
+                fabric=row["fabric"] or None,
+                gpus_total=len(cards),
+                free_gpus=tuple(g[0] for g in cards if g[1] is None),
+                cpu_cores_total=row["cpu_cores"],
+                cpu_cores_free=row["cpu_cores"] - row["cpu_cores_allocated"],
+                memory_gib_total=row["memory_gib"],
+                memory_gib_free=row["memory_gib"] - row["memory_gib_allocated"],
+                gpu_power_limit_watts=max(limits) if limits else None,
+                placed_watts=row["placed_watts"],
+                measured_watts=_measured(row, now),
+                weights=frozenset(w for w in (row["weights"] or []) if isinstance(w, str)),
+                replicas=replicas.get(row["id"], 0),
+            )
+        )
+    return views
+
+
+def profile_of(model: Model) -> Profile:
+    """A model row's profile as the planner takes it (its selector was checked when it was applied)."""
+    return Profile(
+        gpus=model.gpus,
+        nodes=model.nodes,
+        cpu_cores=model.cpu_cores,
+        memory_gib=model.memory_gib,
+        power_watts=model.power_watts,
+        keep_within=model.keep_within or None,
+        selector=parse_selector(model.node_selector) if model.node_selector.strip() else None,
+    )
+
+
+def existing_replicas(model: Model, *, exclude_replica: int | None = None) -> tuple[frozenset[str], ...]:
+    """The node names of each of the model's replicas that hold shards, oldest first."""
+    by_replica: dict[int, set[str]] = defaultdict(set)
+    shards = Shard.objects.filter(replica__model=model).order_by("replica__ordinal", "replica_id")
+    for replica_id, node_name in shards.values_list("replica_id", "node__name"):
+        if replica_id != exclude_replica:
+            by_replica[replica_id].add(node_name)
+    return tuple(frozenset(names) for names in by_replica.values())
+
+
+def replica_request(model: Model) -> ReplicaRequest:
+    """The request for the model's next replica, with its existing replicas for spreading."""
+    return ReplicaRequest(model=model.name, profile=profile_of(model), existing=existing_replicas(model))
+
+
+def pending_replicas(model: Model) -> list[Replica]:
+    """The model's replicas still waiting for a node, oldest first."""
+    return list(Replica.objects.filter(model=model, state="pending").order_by("ordinal"))
+
+
+def fresh_seconds() -> float:
+    """How long a node's measured draw counts for power accounting."""
+    return settings.LLMGW_MEASURED_FRESH_SECONDS
+
+
+def domain_of(text: str) -> Domain:
+    """A stored domain text as a Domain."""
+    return parse_domain(text)
+
+
+def level_sorted(texts: Iterable[str]) -> list[str]:
+    """Domain texts in the planner's order: level (site first, PDUs last), then name."""
+    return [str(d) for d in ordered_domains(texts)]
+
+
+def members_of(domains: Iterable[str]) -> set[str]:
+    """The names of the nodes in any of the domains."""
+    return set(Node.objects.filter(domains__domain__in=list(domains)).values_list("name", flat=True))
