@@ -47,12 +47,16 @@ def register(commands) -> None:
     t.add_argument("node")
     t.set_defaults(handler=node_token)
 
-    for name, cordoned in (("cordon", True), ("uncordon", False)):
-        p = commands.add_parser(name, help=f"{name} a node ({'nothing new placed on it' if cordoned else 'place again'})")
+    for name, cordoned, drain, text in (
+        ("cordon", True, False, "nothing new is placed on the node"),
+        ("drain", True, True, "cordon the node and move its replicas out, one at a time, the replacement up first"),
+        ("uncordon", False, False, "place on the node again (stops a drain; moved replicas stay where they are)"),
+    ):
+        p = commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument("node")
         if cordoned:
             p.add_argument("--reason", default="", help="why, shown with the node")
-        p.set_defaults(handler=cordon, cordoned=cordoned)
+        p.set_defaults(handler=cordon, cordoned=cordoned, drain=drain)
 
 
 def nodes(args) -> int:
@@ -87,6 +91,8 @@ def node_token(args) -> int:
 
 
 def cordon(args) -> int:
-    node = services.node_cordon(node_name=args.node, cordoned=args.cordoned, reason=getattr(args, "reason", ""))
-    print(f"{node.name} {'cordoned' if node.cordoned else 'uncordoned'}")
+    node = services.node_cordon(
+        node_name=args.node, cordoned=args.cordoned, reason=getattr(args, "reason", ""), drain=args.drain
+    )
+    print(f"{node.name} {'draining' if node.draining else 'cordoned' if node.cordoned else 'uncordoned'}")
     return 0

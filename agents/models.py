@@ -27,6 +27,7 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True, help_text="Effective labels: the store's over the agent's.")
     cordoned = models.BooleanField(default=False)
     cordon_reason = models.CharField(max_length=500, blank=True)
+    draining = models.BooleanField(default=False, help_text="Drained: its replicas move out, replacement first.")
     agent_version = models.CharField(max_length=50, blank=True)
     heartbeat_interval_seconds = models.FloatField(default=10)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -29,7 +29,7 @@ ASSIGNMENTS_SECONDS = 1.0
 
 _lock = threading.Lock()
 _known: dict[str, tuple[str, float]] = {}  # node → (fingerprint of its last full heartbeat, monotonic time seen)
-_buffer: dict[str, tuple[datetime, dict, float | None]] = {}
+_buffer: dict[str, tuple[datetime, dict, float | None, str]] = {}
 _timer: threading.Timer | None = None
 
 
@@ -62,7 +62,7 @@ def buffer_readings(
         if known is None or known[0] != digest or now - known[1] > window:
             return False
         _known[node_name] = (digest, now)
-        _buffer[node_name] = (at, dict(sensors), watts)
+        _buffer[node_name] = (at, dict(sensors), watts, digest)
         inline = FLUSH_SECONDS <= 0
         if not inline and _timer is None:
             _timer = threading.Timer(FLUSH_SECONDS, _flush_in_thread)
@@ -94,7 +94,9 @@ def flush() -> int:
         return 0
     written = _write(batch)
     missing = set(batch) - written
-    if missing:  # deleted meanwhile: their next heartbeat takes the full path and makes them again
+    if missing:
+        # Deleted meanwhile, or another process stored a newer report since this one remembered it:
+        # their next heartbeat takes the full path.
         with _lock:
             for name in missing:
                 _known.pop(name, None)
@@ -104,26 +106,27 @@ def flush() -> int:
     return len(written)
 
 
-def _write(batch: dict[str, tuple[datetime, dict, float | None]]) -> set[str]:
+def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
+    """One UPDATE for the batch; a row is written only while its stored report is the one remembered."""
     from agents.models import Node
 
     if connection.vendor == "postgresql":
-        rows = [(name, at, json.dumps(sensors), watts) for name, (at, sensors, watts) in batch.items()]
-        values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision)"] * len(rows))
+        rows = [(name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in batch.items()]
+        values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
         params = [p for row in rows for p in row]
         table = Node._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
-                f"measured_watts = v.watts FROM (VALUES {values}) AS v(name, at, sensors, watts) "
-                f"WHERE n.name = v.name RETURNING n.name",
+                f"measured_watts = v.watts FROM (VALUES {values}) AS v(name, at, sensors, watts, digest) "
+                f"WHERE n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
                 params,
             )
             return {row[0] for row in cursor.fetchall()}
     written = set()
     with transaction.atomic():
-        for name, (at, sensors, watts) in batch.items():
-            if Node.objects.filter(name=name).update(
+        for name, (at, sensors, watts, digest) in batch.items():
+            if Node.objects.filter(name=name, report_digest=digest).update(
                 last_heartbeat_at=at, sensors_at=at, sensors=sensors, measured_watts=watts
             ):
                 written.add(name)

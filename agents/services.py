@@ -97,14 +97,18 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
 
 
 @transaction.atomic
-def node_cordon(*, node_name: str, cordoned: bool, reason: str = "") -> Node:
-    """Cordon (nothing new placed) or uncordon a node."""
+def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool = False) -> Node:
+    """Cordon (nothing new placed) or uncordon a node; drain also moves its replicas out, replacement first.
+
+    Uncordoning stops a drain: replicas already moved stay where they are.
+    """
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         raise NotFound(f"node {node_name!r} is not known", field="node")
     node.cordoned = cordoned
     node.cordon_reason = reason if cordoned else ""
-    node.save(update_fields=["cordoned", "cordon_reason"])
+    node.draining = cordoned and (drain or node.draining)
+    node.save(update_fields=["cordoned", "cordon_reason", "draining"])
     _request_reconcile()
     _notify(node.name)
     return node

@@ -71,7 +71,8 @@ def overview(args) -> int:
         hold = d["hold"]
         hold_text = "-"
         if hold:
-            hold_text = f"held{' (drain)' if hold['drain'] else ''}: {hold['reason']}"
+            drain = f" (drain: {hold['drain_text']})" if hold["drain"] else ""
+            hold_text = f"held{drain}: {hold['reason']}"
         rows.append(
             [
                 d["domain"],
@@ -84,6 +85,9 @@ def overview(args) -> int:
             ]
         )
     print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", "MEASURED", "HOLD"], rows)
+    for node, progress in sorted(data["node_drains"].items()):
+        print(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
+              + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))
     return 0
 
 

@@ -42,6 +42,9 @@ def facility_overview() -> dict[str, Any]:
         members[domain].append(node_id)
     all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds)
     order = {level: i for i, level in enumerate(LEVELS)}
+    from placement.drain import drain_progress
+
+    drains = drain_progress(list(holds.values()))
     rows = []
     for text in sorted(all_domains, key=lambda t: (order.get(t.split(":")[0], 99), t)):
         domain = parse_domain(text)
@@ -67,6 +70,8 @@ def facility_overview() -> dict[str, Any]:
                         "drain": hold.drain,
                         "created_by": hold.created_by,
                         "created_at": hold.created_at.isoformat(),
+                        "drain_progress": drains[text].as_dict() if text in drains else None,
+                        "drain_text": drains[text].text if text in drains else None,
                     }
                     if hold
                     else None
@@ -81,4 +86,7 @@ def facility_overview() -> dict[str, Any]:
             "node_watts": settings.node_watts,
         },
         "domains": rows,
+        "node_drains": {
+            key.split(":", 1)[1]: progress.as_dict() for key, progress in drains.items() if key.startswith("node:")
+        },
     }

@@ -26,7 +26,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -433,7 +433,7 @@ def _locked_state(
                 f"FROM {NodeDomain._meta.db_table} nd JOIN {Node._meta.db_table} n ON n.id = nd.node_id "
                 f"WHERE nd.domain IN ({_placeholders(domains)}) GROUP BY nd.domain"
             )
-            params += [fresh_after, *domains]
+            params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
         cursor.execute(sql, params)
         node_watts = facility.settings.node_watts or 0
         use = {domain: budgets[domain][1] for domain in domains}
@@ -449,6 +449,10 @@ def _is_ready(last_heartbeat_at: datetime | None, interval: float, now: datetime
     """Node.is_ready on the locked row's columns."""
     if last_heartbeat_at is None:
         return False
+    if isinstance(last_heartbeat_at, str):  # SQLite answers raw SQL with text
+        last_heartbeat_at = datetime.fromisoformat(last_heartbeat_at)
+    if timezone.is_naive(last_heartbeat_at):
+        last_heartbeat_at = timezone.make_aware(last_heartbeat_at, UTC)
     window = interval * django_settings.LLMGW_MISSED_HEARTBEATS
     return (now - last_heartbeat_at).total_seconds() <= window
 
@@ -463,11 +467,7 @@ def _commit(
     domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
     touched = sorted({d for ds in domains_of.values() for d in ds})
     with connection.cursor() as cursor:
-        pending, nodes, budget_rows, held, use = _locked_state(
-            cursor, replica_id, names, touched, facility, now
-        )
-        if not pending:
-            return False
+        nodes, budget_rows, held, use = _locked_state(cursor, names, touched, facility, now)
         for name in names:
             row = nodes.get(name)
             if row is None:
@@ -678,6 +678,16 @@ class ReconcileRun:
     removed: int = 0
     created: int = 0
     _index: PlacementIndex | None = None
+    _draining: dict[int, str] | None = None
+
+    @property
+    def draining(self) -> dict[int, str]:
+        """Node id → why it drains, read once per run."""
+        if self._draining is None:
+            from placement.drain import draining_nodes
+
+            self._draining = draining_nodes()
+        return self._draining
 
     @property
     def index(self) -> PlacementIndex:
@@ -694,10 +704,12 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
         locked = Model.objects.select_for_update().filter(pk=model.pk).first()
         if locked is None:
             return
-        replicas = list(Replica.objects.filter(model=locked).order_by("ordinal"))
+        # A drain's replacement takes the place of the replica it replaces: it is not one more.
+        replicas = list(Replica.objects.filter(model=locked, replaces__isnull=True).order_by("ordinal"))
         missing = locked.replicas - len(replicas)
         if missing > 0:
-            start = (replicas[-1].ordinal if replicas else 0) + 1
+            last = Replica.objects.filter(model=locked).order_by("-ordinal").values_list("ordinal", flat=True).first()
+            start = (last or 0) + 1
             Replica.objects.bulk_create(
                 [Replica(model=locked, ordinal=start + i, state=ReplicaState.PENDING) for i in range(missing)]
             )
@@ -739,8 +751,11 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
 
 
 def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
-    """One model to its desired replicas: scale, then place what waits. (Draining adds a step here.)"""
+    """One model to its desired replicas: scale, move a replica off a draining domain, place what waits."""
+    from placement.drain import replicas_drain
+
     replicas_scale(model=model, run=run)
+    replicas_drain(model=model, run=run, draining=run.draining)
     replicas_place_pending(model=model, run=run)
 
 
@@ -810,9 +825,19 @@ def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> No
     shard_states: dict[int, list[str]] = defaultdict(list)
     for replica_id, state in Shard.objects.filter(replica_id__in=touched).values_list("replica_id", "state"):
         shard_states[replica_id].append(state)
-    for replica in Replica.objects.filter(pk__in=touched).only("id", "state", "ready_since"):
+    replacement_ready_after: list[int] = []
+    for replica in Replica.objects.filter(pk__in=touched).select_related("model").only(
+        "id", "state", "ready_since", "replaces_id", "model__min_ready_seconds"
+    ):
         state = replica_state_from_shards(replica.state, shard_states[replica.pk])
         if state == replica.state:
             continue
         ready_since = (replica.ready_since or now) if state == ReplicaState.READY else None
         Replica.objects.filter(pk=replica.pk).update(state=state, ready_since=ready_since)
+        if replica.replaces_id and state == ReplicaState.READY:
+            replacement_ready_after.append(replica.model.min_ready_seconds)
+    if replacement_ready_after:
+        # A drain's replacement is up: the old replica stops once it has been ready long enough.
+        from placement.tasks import reconcile_after
+
+        reconcile_after(max(replacement_ready_after) + 1)

@@ -27,3 +27,11 @@ def request_reconcile() -> None:
     if connection.in_atomic_block and any(entry[1] is _enqueue for entry in connection.run_on_commit):
         return
     transaction.on_commit(_enqueue)
+
+
+def reconcile_after(seconds: float) -> None:
+    """Ask for a reconcile in `seconds` (on workers); in-process, the periodic reconcile covers it."""
+    from llmgw.celery import app
+
+    if not app.conf.task_always_eager:
+        transaction.on_commit(lambda: reconcile.apply_async(countdown=seconds, expires=seconds + 60))

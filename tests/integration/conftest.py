@@ -34,18 +34,20 @@ def test_database_url() -> str:
 class Worker:
     """A real `llmgw worker` process on Redis; kill() is kill -9, start() a new one."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path):
+    def __init__(self, env: dict[str, str], log_dir: Path, beat: bool = False):
         self.env = env
         self.log_dir = log_dir
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.beat = beat
 
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"worker-{self.starts}.log", "w")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [LLMGW, "worker", "--concurrency", "1", "--pool", "solo", "-n", f"test{self.starts}@%h",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+             "--without-gossip", "--without-mingle", "--without-heartbeat",
+             *(["--beat", "--schedule", str(self.log_dir / f"beat-{self.starts}")] if self.beat else [])],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 30
@@ -81,8 +83,13 @@ def celery_on_redis(settings):
 
     url = redis_url()
     redis.Redis.from_url(url).flushdb()
+    from django.conf import settings as django_settings
+
     # The app reads Django's CELERY_-prefixed settings, so overrides use those names too.
-    old = {"CELERY_TASK_ALWAYS_EAGER": app.conf.task_always_eager, "CELERY_BROKER_URL": app.conf.broker_url}
+    old = {
+        "CELERY_TASK_ALWAYS_EAGER": django_settings.CELERY_TASK_ALWAYS_EAGER,
+        "CELERY_BROKER_URL": django_settings.CELERY_BROKER_URL,
+    }
     app.conf.update(CELERY_TASK_ALWAYS_EAGER=False, CELERY_BROKER_URL=url)
     settings.CELERY_TASK_ALWAYS_EAGER = False
     _reset_connections(app)
@@ -93,15 +100,18 @@ def celery_on_redis(settings):
 
 def _reset_connections(app) -> None:
     """Drop the app's cached broker connections so the next send uses the broker configured now."""
+    import kombu.pools
+
     if app._pool is not None:
         app._pool.force_close_all()
         app._pool = None
     app.amqp._producer_pool = None
+    kombu.pools.reset()
 
 
 @pytest.fixture
 def worker(celery_on_redis, tmp_path):
-    """A real Celery worker process against the test database and Redis."""
+    """A real Celery worker process (with its beat: a reconcile every second) on the test database and Redis."""
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_CONFIG"}}
     env.update(
         DATABASE_URL=test_database_url(),
@@ -109,7 +119,7 @@ def worker(celery_on_redis, tmp_path):
         LLMGW_RECONCILE_INTERVAL="1",
         DB_CONN_MAX_AGE="0",
     )
-    w = Worker(env, tmp_path)
+    w = Worker(env, tmp_path, beat=True)
     w.start()
     yield w
     w.stop()

@@ -1,0 +1,175 @@
+"""Draining: replicas move off held (draining) domains and drained nodes, the replacement up first.
+
+For each model, one replica at a time: a replacement (``Replica.replaces``) is placed outside every
+held domain; once it has been ready for the model's ``min_ready_seconds`` the old replica is stopped
+and its room freed. A model never drops below the ready replicas it had because of a drain. If no
+replacement fits, the old replica stays and the replacement waits, pending with the reason, and is
+tried again as room appears. Releasing the hold (or uncordoning the node) stops the drain: a
+replacement not yet done is removed, replicas already moved stay where they are.
+
+All of it is rows (replicas, shards, holds, nodes), never a task's memory, so any reconcile — after a
+restart, in another worker — resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+
+from agents.models import Node, NodeDomain
+from facility.models import Hold
+from placement.models import Model, Replica, ReplicaState, Shard
+
+
+def draining_nodes() -> dict[int, str]:
+    """Node id → why it drains: in a domain held with drain (`rack:r12-07`), or drained itself (`node`)."""
+    holds = dict(Hold.objects.filter(drain=True).values_list("domain", "reason"))
+    out: dict[int, str] = {}
+    if holds:
+        for node_id, domain in NodeDomain.objects.filter(domain__in=holds).values_list("node_id", "domain"):
+            out.setdefault(node_id, domain)
+    for node_id in Node.objects.filter(draining=True).values_list("id", flat=True):
+        out.setdefault(node_id, "node")
+    return out
+
+
+def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
+    shards = Shard.objects.filter(node_id__in=node_ids)
+    if model is not None:
+        shards = shards.filter(replica__model=model)
+    return set(shards.values_list("replica_id", flat=True))
+
+
+def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
+    """One step of the model's drain: finish a replacement that is ready, or start the next one."""
+    from placement import services, snapshot
+
+    draining = draining_nodes() if draining is None else draining
+    on_draining = _replicas_on(set(draining), model) if draining else set()
+    replacements = list(Replica.objects.filter(model=model, replaces__isnull=False).select_related("replaces"))
+
+    # A replacement whose original no longer drains (released, uncordoned) is not needed: the drain stopped.
+    freed: set[str] = set()
+    for replacement in replacements:
+        if replacement.replaces_id not in on_draining:
+            freed |= _nodes_of(replacement)
+            services.replica_free(replica=replacement)
+            run.removed += 1
+    replacements = [r for r in replacements if r.replaces_id in on_draining]
+
+    in_flight = None
+    for replacement in replacements:
+        if _ready_long_enough(replacement, model, run.now):
+            freed |= _nodes_of(replacement.replaces)
+            services.replica_free(replica=replacement.replaces)  # the old one stops; the new one takes over
+            run.removed += 1
+        else:
+            in_flight = replacement
+    if freed and run._index is not None:
+        services._refresh(run, freed)
+    if in_flight is not None:
+        return  # one at a time per model: the replacement is placed (or pending) and not yet ready
+
+    originals = (
+        Replica.objects.filter(pk__in=on_draining, replaces__isnull=True)
+        .exclude(state__in=[ReplicaState.PENDING, ReplicaState.STOPPING])
+        .exclude(replaced_by__isnull=False)
+        .order_by("ordinal")
+    )
+    original = originals.first()
+    if original is None:
+        return
+    replacement = Replica.objects.create(
+        model=model, ordinal=_next_ordinal(model), state=ReplicaState.PENDING, replaces=original
+    )
+    run.created += 1
+    request = snapshot.replica_request(model)
+    outcome = services.replica_place(replica=replacement, request=request, index=run.index, now=run.now)
+    if outcome.plan is not None:
+        run.placed += 1
+    elif not outcome.gone:
+        run.pending += 1
+
+
+def _nodes_of(replica: Replica) -> set[str]:
+    return set(Shard.objects.filter(replica=replica).values_list("node__name", flat=True))
+
+
+def _ready_long_enough(replica: Replica, model: Model, now: datetime) -> bool:
+    return (
+        replica.state == ReplicaState.READY
+        and replica.ready_since is not None
+        and now - replica.ready_since >= timedelta(seconds=model.min_ready_seconds)
+    )
+
+
+def _next_ordinal(model: Model) -> int:
+    last = Replica.objects.filter(model=model).order_by("-ordinal").values_list("ordinal", flat=True).first()
+    return (last or 0) + 1
+
+
+@dataclasses.dataclass
+class DrainProgress:
+    """How a draining hold (or node) is doing: replicas still on it, moving, and blocked with the reason."""
+
+    left: int = 0
+    moving: int = 0
+    blocked: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"left": self.left, "moving": self.moving, "blocked": self.blocked}
+
+    @property
+    def text(self) -> str:
+        if not self.left:
+            return "drained"
+        parts = [f"{self.left} left", f"{self.moving} moving"]
+        if self.blocked:
+            parts.append(f"{len(self.blocked)} blocked: {self.blocked[0]['reason']}")
+        return ", ".join(parts)
+
+
+def drain_progress(holds: list[Hold] | None = None) -> dict[str, DrainProgress]:
+    """Per draining hold's domain (and `node:<name>` for drained nodes): left, moving, blocked and why.
+
+    `holds`: every hold, when the caller has read them already.
+    """
+    if holds is None:
+        holds = list(Hold.objects.filter(drain=True))
+    holds = {h.domain for h in holds if h.drain}
+    drained_nodes = dict(Node.objects.filter(draining=True).values_list("id", "name"))
+    if not holds and not drained_nodes:
+        return {}
+    where: dict[int, set[str]] = defaultdict(set)
+    for node_id, domain in NodeDomain.objects.filter(domain__in=holds).values_list("node_id", "domain"):
+        where[node_id].add(domain)
+    for node_id, name in drained_nodes.items():
+        where[node_id].add(f"node:{name}")
+    progress = {key: DrainProgress() for key in holds | {f"node:{n}" for n in drained_nodes.values()}}
+    shards = Shard.objects.filter(Q(node_id__in=where), replica__replaces__isnull=True).values_list(
+        "node_id", "replica_id", "replica__model__name", "replica__ordinal"
+    )
+    replica_keys: dict[int, set[str]] = defaultdict(set)
+    names: dict[int, str] = {}
+    for node_id, replica_id, model_name, ordinal in shards:
+        replica_keys[replica_id] |= where[node_id]
+        names[replica_id] = f"{model_name}#{ordinal}"
+    replacement_of = {
+        r.replaces_id: r for r in Replica.objects.filter(replaces_id__in=replica_keys).only("replaces_id", "state", "reason")
+    }
+    for replica_id, keys in replica_keys.items():
+        replacement = replacement_of.get(replica_id)
+        for key in keys:
+            p = progress[key]
+            p.left += 1
+            if replacement is None:
+                continue
+            if replacement.state == ReplicaState.PENDING:
+                p.blocked.append({"replica": names[replica_id], "reason": replacement.reason})
+            else:
+                p.moving += 1
+    return progress

@@ -1,0 +1,159 @@
+"""Holds that drain: replicas move out one at a time per model, the replacement up first."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from agents.models import Node
+from facility.selectors import facility_overview
+from facility.services import hold_create, hold_release
+from placement.drain import drain_progress
+from placement.models import Replica, Shard
+from placement.services import models_apply, reconcile_all
+from tests.integration.drive import Cluster, ready_counts
+
+pytestmark = pytest.mark.django_db
+
+
+def apply(name: str, replicas: int, gpus: int = 4, min_ready: int = 0) -> None:
+    models_apply(
+        text=textwrap.dedent(
+            f"""\
+            kind: Model
+            name: {name}
+            replicas: {replicas}
+            profile:
+              gpus: {gpus}
+              min_ready_seconds: {min_ready}
+              command: "serve {{model}} --port {{port}}"
+            """
+        )
+    )
+    reconcile_all()
+
+
+def shards_in(rack: str) -> int:
+    return Shard.objects.filter(node__domains__domain=f"rack:{rack}").count()
+
+
+def run_until_ready(cluster: Cluster, expected: dict[str, int], ticks: int = 20) -> None:
+    for _ in range(ticks):
+        cluster.tick()
+        if all(ready_counts()[m] >= n for m, n in expected.items()):
+            return
+    raise AssertionError(f"not ready: {ready_counts()} (wanted {expected})")
+
+
+def test_a_drain_moves_every_replica_out_and_no_model_drops_below_its_ready_count():
+    cluster = Cluster({"r1": 2, "r2": 2, "r3": 2, "r4": 2})
+    cluster.tick()
+    for name, count in (("llama", 3), ("mistral", 3), ("qwen", 3)):
+        apply(name, count)
+    run_until_ready(cluster, {"llama": 3, "mistral": 3, "qwen": 3})
+    assert shards_in("r1") > 0
+
+    hold_create(domain="rack:r1", reason="PDU swap", drain=True)
+    lowest = dict(ready_counts())
+    for _ in range(60):
+        cluster.tick()
+        counts = ready_counts()
+        for model in ("llama", "mistral", "qwen"):
+            lowest[model] = min(lowest[model], counts[model])
+        if shards_in("r1") == 0 and all(counts[m] == 3 for m in ("llama", "mistral", "qwen")):
+            break
+    assert shards_in("r1") == 0
+    assert lowest == {"llama": 3, "mistral": 3, "qwen": 3}
+    assert Replica.objects.count() == 9
+    assert not Replica.objects.filter(replaces__isnull=False).exists()
+    assert drain_progress()["rack:r1"].left == 0
+
+
+def test_a_replacement_is_placed_before_the_old_replica_stops():
+    cluster = Cluster({"r1": 1, "r2": 1})
+    cluster.tick()
+    apply("llama", 1, gpus=8)
+    run_until_ready(cluster, {"llama": 1})
+    old = Replica.objects.get()
+    rack = Shard.objects.get(replica=old).node.labels["llmgw.io/rack"]
+
+    hold_create(domain=f"rack:{rack}", reason="PDU swap", drain=True)
+    cluster.tick(0)
+    replacement = Replica.objects.get(replaces=old)
+    assert Replica.objects.filter(pk=old.pk).exists()  # still running while its replacement starts
+    assert replacement.state in ("placed", "starting")
+    run_until_ready(cluster, {"llama": 1})
+    for _ in range(5):
+        cluster.tick()
+    assert not Replica.objects.filter(pk=old.pk).exists()
+    assert Replica.objects.get().pk == replacement.pk
+
+
+def test_a_drain_that_cannot_place_a_replacement_says_why_and_completes_when_a_node_is_added():
+    cluster = Cluster({"r1": 1, "r2": 1})
+    cluster.tick()
+    apply("llama", 2, gpus=8)
+    run_until_ready(cluster, {"llama": 2})
+
+    hold_create(domain="rack:r1", reason="PDU swap", drain=True)
+    for _ in range(3):
+        cluster.tick()
+    progress = drain_progress()["rack:r1"]
+    assert (progress.left, progress.moving) == (1, 0)
+    assert progress.blocked == [
+        {"replica": progress.blocked[0]["replica"],
+         "reason": "no node fits (2 nodes): 1 × gpu: 8 requested, 0 free; 1 × rack r1 is held: PDU swap"}
+    ]
+    assert ready_counts()["llama"] == 2  # the old replica stays
+    rack = next(d for d in facility_overview()["domains"] if d["domain"] == "rack:r1")
+    assert rack["hold"]["drain_progress"] == progress.as_dict()
+    assert rack["hold"]["drain_text"] == (
+        "1 left, 0 moving, 1 blocked: no node fits (2 nodes): 1 × gpu: 8 requested, 0 free; "
+        "1 × rack r1 is held: PDU swap"
+    )
+
+    cluster.add("n-r3-0", "r3")
+    for _ in range(10):
+        cluster.tick()
+    assert shards_in("r1") == 0
+    assert ready_counts()["llama"] == 2
+    assert drain_progress()["rack:r1"].left == 0
+
+
+def test_release_mid_drain_stops_it_and_moved_replicas_stay():
+    cluster = Cluster({"r1": 2, "r2": 2}, ready_delay=3.0)
+    cluster.tick()
+    apply("llama", 4, gpus=4)
+    run_until_ready(cluster, {"llama": 4})
+    before_r1 = shards_in("r1")
+    assert before_r1 >= 1
+
+    hold_create(domain="rack:r1", reason="PDU swap", drain=True)
+    for _ in range(6):  # a replacement or two through, not all
+        cluster.tick()
+    moved = before_r1 - shards_in("r1")
+    hold_release(domain="rack:r1")
+    for _ in range(6):
+        cluster.tick()
+    assert not Replica.objects.filter(replaces__isnull=False).exists()
+    assert Replica.objects.count() == 4
+    assert shards_in("r1") == before_r1 - moved
+    assert ready_counts()["llama"] == 4
+
+
+def test_drain_a_single_node_and_uncordon():
+    from agents.services import node_cordon
+
+    cluster = Cluster({"r1": 2})
+    cluster.tick()
+    apply("llama", 2, gpus=4)
+    run_until_ready(cluster, {"llama": 2})
+    busy = Shard.objects.values_list("node__name", flat=True).first()
+    node_cordon(node_name=busy, cordoned=True, drain=True)
+    for _ in range(10):
+        cluster.tick()
+    assert not Shard.objects.filter(node__name=busy).exists()
+    assert ready_counts()["llama"] == 2
+    node_cordon(node_name=busy, cordoned=False)
+    assert not Node.objects.get(name=busy).draining
