@@ -44,7 +44,7 @@ LLMGW_DATA_DIR=$(mktemp -d) "$BIN/llmgw" makemigrations --check --dry-run >/dev/
   echo "make test: a model changed without its migration (llmgw makemigrations)" >&2; exit 1; }
 
 echo "== pytest (PostgreSQL ${PGHOST_}:${PGPORT_}, Redis ${REDIS_})"
-export DATABASE_URL="postgres://postgres@${PGHOST_}:${PGPORT_}/llmgw"
+export DATABASE_URL="postgres://postgres@${PGHOST_}:${PGPORT_}/${LLMGW_TEST_DB:-llmgw}"  # the tests use test_<it>
 export LLMGW_TEST_REDIS_URL="$REDIS_"
 export LLMGW_DATA_DIR="${LLMGW_DATA_DIR:-$(mktemp -d)}"
 mkdir -p test-output

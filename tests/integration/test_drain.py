@@ -90,7 +90,7 @@ def test_a_replacement_is_placed_before_the_old_replica_stops():
     assert Replica.objects.get().pk == replacement.pk
 
 
-def test_a_drain_that_cannot_place_a_replacement_says_why_and_completes_when_a_node_is_added():
+def test_a_drain_that_cannot_place_a_replacement_says_why_and_completes_when_a_node_is_added(admin_client, capsys):
     cluster = Cluster({"r1": 1, "r2": 1})
     cluster.tick()
     apply("llama", 2, gpus=8)
@@ -112,6 +112,14 @@ def test_a_drain_that_cannot_place_a_replacement_says_why_and_completes_when_a_n
         "1 left, 0 moving, 1 blocked: no node fits (2 nodes): 1 × gpu: 8 requested, 0 free; "
         "1 × rack r1 is held: PDU swap"
     )
+    page = admin_client.get("/facility/").content.decode()
+    assert "1 left, 0 moving, 1 blocked" in page
+    from llmgw.ctl import main as ctl
+
+    ctl(["facility"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("rack:r1 "))
+    assert line.endswith("held (drain: 1 left, 0 moving, 1 blocked: no node fits (2 nodes): 1 × gpu: 8 requested, "
+                         "0 free; 1 × rack r1 is held: PDU swap): PDU swap")
 
     cluster.add("n-r3-0", "r3")
     for _ in range(10):

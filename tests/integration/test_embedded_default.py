@@ -33,3 +33,62 @@ def test_demo_loads_on_sqlite_and_ctl_reads_it(tmp_path):
     table = llmgw(tmp_path, "ctl", "nodes", "--domain", "rack:r1-01").stdout.splitlines()
     assert len(table) == 5
     assert all(line.split()[1] == "held" for line in table[1:])
+
+
+def test_demo_serves_the_console_with_live_simulated_nodes(tmp_path):
+    import re
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "LLMGW_CONFIG"}}
+    env["LLMGW_DATA_DIR"] = str(tmp_path)
+    log = open(tmp_path / "demo.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([LLMGW, "demo", f"127.0.0.1:{port}", "--interval", "2"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        password = None
+        while time.monotonic() < deadline:
+            text = (tmp_path / "demo.log").read_text()
+            match = re.search(r"log in as admin / (\S+)\)", text)
+            if match:
+                password = match.group(1)
+                try:
+                    if httpx.get(f"{base}/login/", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+            assert proc.poll() is None, text
+            time.sleep(0.3)
+        assert password, (tmp_path / "demo.log").read_text()
+        with httpx.Client(base_url=base, follow_redirects=True, timeout=10) as client:
+            page = client.get("/login/")
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+            client.post("/login/", data={"username": "admin", "password": password, "csrfmiddlewaretoken": token},
+                        headers={"Referer": f"{base}/login/"})
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                nodes = client.get("/nodes/").text
+                if nodes.count('badge state-ready"') == 32:
+                    break
+                time.sleep(1)
+            assert nodes.count('badge state-ready"') == 32, nodes
+            assert "gpu32" in nodes and "r4-02" in nodes
+            assert client.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            raise AssertionError("llmgw demo did not stop on SIGTERM:\n" + (tmp_path / "demo.log").read_text()[-3000:])
+        finally:
+            log.close()

@@ -7,6 +7,7 @@ over HTTP, so the console shows live sensor values and the nodes stay ready.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import threading
 import time
@@ -94,3 +95,7 @@ class Command(BaseCommand):
             start_sim(f"http://{sim_host}:{port}", interval=interval)
             self.stdout.write(f"  simulated agents: {len(demo_nodes())} nodes, a heartbeat every {interval} s\n")
         call_command("serve", addrport)
+        # The server has stopped (Ctrl-C, SIGTERM). The simulator's event loop and its resolver threads
+        # would hold the interpreter's exit open while they retry a server that is gone: leave now.
+        self.stdout.flush()
+        os._exit(0)
