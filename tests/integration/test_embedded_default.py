@@ -89,6 +89,6 @@ def test_demo_serves_the_console_with_live_simulated_nodes(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-            raise AssertionError("llmgw demo did not stop on SIGTERM:\n" + (tmp_path / "demo.log").read_text()[-3000:])
+            raise AssertionError("llmgw demo did not stop on SIGTERM:\n" + (tmp_path / "demo.log").read_text()[-3000:]) from None
         finally:
             log.close()
