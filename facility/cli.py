@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from facility import selectors, services
 from llmgw.output import kw, print_json, print_table
@@ -31,7 +32,7 @@ def register(commands) -> None:
         description="Apply a server.yaml's facility: block. Idempotent; the file owns the budgets it names. "
         "A file with any error is refused whole, naming the line and the field.",
     )
-    a.add_argument("-f", "--file", required=True, help="the server.yaml")
+    a.add_argument("-f", "--file", required=True, help="the server.yaml (- reads standard input)")
     a.set_defaults(handler=apply)
 
     h = sub.add_parser(
@@ -92,7 +93,10 @@ def overview(args) -> int:
 
 
 def apply(args) -> int:
-    result = services.facility_apply_file(path=args.file)
+    if args.file == "-":
+        result = services.facility_apply(text=sys.stdin.read(), filename="<stdin>")
+    else:
+        result = services.facility_apply_file(path=args.file)
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
         f"{result['removed']} removed)"

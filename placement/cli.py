@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,7 +77,10 @@ def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def apply(args) -> int:
-    results = services.models_apply_file(path=args.file)
+    if args.file == "-":
+        results = services.models_apply(text=sys.stdin.read(), filename="<stdin>")
+    else:
+        results = services.models_apply_file(path=args.file)
     for result in results:
         states = _state_counts(selectors.replica_rows(model=result.name))
         print(f"model {result.name} {result.action}: {states}")

@@ -57,10 +57,12 @@ def load_demo() -> None:
     from agents.services import heartbeat_record
     from agents.sim import heartbeat_for
     from facility.services import facility_apply_file
+    from placement.services import models_apply_file
 
     facility_apply_file(path=DEMO_DIR / "server.yaml")
     for spec in demo_nodes():
         heartbeat_record(node_name=spec["name"], heartbeat=heartbeat_for(spec))
+    models_apply_file(path=DEMO_DIR / "models.yaml")
 
 
 class Command(BaseCommand):
