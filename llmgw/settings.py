@@ -109,9 +109,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # ASGI runs each request's sync code in its own thread, so per-thread persistent connections would
     # pile up; a pool shares a few connections between them instead.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {}
     if env_bool("LLMGW_DB_POOL", True):
-        DATABASES["default"]["OPTIONS"] = {
-            "pool": {"min_size": 1, "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")), "timeout": 30}
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1, "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")), "timeout": 30
         }
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default: one writer at a time, waiting rather than failing when the in-process work and

@@ -407,41 +407,47 @@ def _locked_state(
             touched,
         )
         budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
-    cursor.execute(
-        f"SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds FROM {Node._meta.db_table} "
-        f"WHERE name IN ({_placeholders(names)}) ORDER BY name{lock}",
-        names,
+    # One statement for the rest: it starts after the budget locks are held, so the members' draws it
+    # sums include every placement committed into those domains before us. The nodes are locked in it,
+    # by name, before the sums are read.
+    node_table = Node._meta.db_table
+    sql = (
+        f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds "
+        f"FROM {node_table} WHERE name IN ({_placeholders(names)}) ORDER BY name{lock}) "
+        f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
+        f"CAST(NULL AS text), CAST(NULL AS double precision) FROM locked"
     )
-    nodes = {row[0]: row for row in cursor.fetchall()}
-    holds: dict[str, str] = {}
-    use: dict[str, float] = {}
+    params: list[Any] = list(names)
+    domains = sorted(budgets)
     if touched:
-        # Holds of the touched domains and, read after the budgets are locked, each budgeted domain's
-        # members: node_watts + the larger of placed and fresh measured draw (facility.power.node_use_watts).
-        domains = sorted(budgets)
-        fresh_after = now - timedelta(seconds=snapshot.fresh_seconds())
-        sql = (
-            f"SELECT domain, reason, CAST(NULL AS bigint), CAST(NULL AS double precision) "
+        sql += (
+            f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
             f"FROM {Hold._meta.db_table} WHERE domain IN ({_placeholders(touched)})"
         )
-        params: list[Any] = list(touched)
-        if domains:
-            sql += (
-                f" UNION ALL SELECT nd.domain, NULL, COUNT(*), SUM(CASE WHEN n.measured_watts IS NOT NULL "
-                f"AND n.sensors_at >= %s AND n.measured_watts > n.placed_watts THEN n.measured_watts "
-                f"ELSE n.placed_watts END) "
-                f"FROM {NodeDomain._meta.db_table} nd JOIN {Node._meta.db_table} n ON n.id = nd.node_id "
-                f"WHERE nd.domain IN ({_placeholders(domains)}) GROUP BY nd.domain"
-            )
-            params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
-        cursor.execute(sql, params)
-        node_watts = facility.settings.node_watts or 0
-        use = {domain: budgets[domain][1] for domain in domains}
-        for domain, reason, members, drawn in cursor.fetchall():
-            if members is None:
-                holds[domain] = reason
-            else:
-                use[domain] += members * node_watts + (drawn or 0)
+        params += touched
+    if domains:
+        # node_watts + the larger of placed and fresh measured draw (facility.power.node_use_watts).
+        fresh_after = now - timedelta(seconds=snapshot.fresh_seconds())
+        sql += (
+            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM(CASE WHEN "
+            f"n.measured_watts IS NOT NULL AND n.sensors_at >= %s AND n.measured_watts > n.placed_watts "
+            f"THEN n.measured_watts ELSE n.placed_watts END) "
+            f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
+            f"WHERE nd.domain IN ({_placeholders(domains)}) GROUP BY nd.domain"
+        )
+        params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
+    cursor.execute(sql, params)
+    nodes: dict[str, tuple] = {}
+    holds: dict[str, str] = {}
+    node_watts = facility.settings.node_watts or 0
+    use = {domain: budgets[domain][1] for domain in domains}
+    for kind, key, a, b, c, d, reason, drawn in cursor.fetchall():
+        if kind == "node":
+            nodes[key] = (key, a, b, c, d)
+        elif kind == "hold":
+            holds[key] = reason
+        else:
+            use[key] += a * node_watts + (drawn or 0)
     return nodes, budgets, holds, use
 
 
