@@ -36,6 +36,17 @@ def forget_node_tokens() -> None:
     _token_cache.clear()
 
 
+def cached_node_for(authorization: str) -> str | None:
+    """The node a `Token …` header names, if this process knows the token (no database read)."""
+    keyword, _, key = authorization.partition(" ")
+    if keyword.lower() != "token" or not key:
+        return None
+    cached = _token_cache.get(NodeToken.hash_key(key.strip()))
+    if cached and cached[1] > time.monotonic():
+        return cached[0]
+    return None
+
+
 class NodeTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Token"
 

@@ -150,9 +150,13 @@ def _in_request_thread() -> bool:
 
 
 def remember_server_loop() -> None:
-    """Called from a request's thread: note the server's event loop for sends from other threads."""
+    """Called from a request (its thread, or the loop itself): note the server's event loop for sends
+    from other threads."""
     global _server_loop
-    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     if loop is not None:
         _server_loop = loop
 

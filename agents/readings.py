@@ -48,9 +48,20 @@ def forget(node_name: str | None = None) -> None:
 
 
 def buffer_readings(
-    node_name: str, digest: str, *, at: datetime, sensors: Mapping[str, Any], watts: float | None, interval: float
+    node_name: str,
+    digest: str,
+    *,
+    at: datetime,
+    sensors: Mapping[str, Any],
+    watts: float | None,
+    interval: float,
+    on_event_loop: bool = False,
 ) -> bool:
-    """Keep the readings for the next batch if the node is known, unchanged and ready; False otherwise."""
+    """Keep the readings for the next batch if the node is known, unchanged and ready; False otherwise.
+
+    `on_event_loop`: the caller may not touch the database (the fast lane): the batch is always
+    written by the timer thread.
+    """
     global _timer
     from agents.events import remember_server_loop
 
@@ -63,9 +74,9 @@ def buffer_readings(
             return False
         _known[node_name] = (digest, now)
         _buffer[node_name] = (at, dict(sensors), watts, digest)
-        inline = FLUSH_SECONDS <= 0
+        inline = FLUSH_SECONDS <= 0 and not on_event_loop
         if not inline and _timer is None:
-            _timer = threading.Timer(FLUSH_SECONDS, _flush_in_thread)
+            _timer = threading.Timer(max(FLUSH_SECONDS, 0.01), _flush_in_thread)
             _timer.daemon = True
             _timer.start()
     if inline:  # tests: written before the request returns
@@ -144,6 +155,13 @@ def invalidate_assignments(**_: Any) -> None:
     """A placement changed in this process: the next heartbeat reads the map again."""
     global _assignments_at
     _assignments_at = -1e9
+
+
+def cached_assignments(node_name: str) -> list[dict] | None:
+    """The node's assignments from the map if it is fresh, else None; never reads the database."""
+    if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
+        return None
+    return _assignments.get(node_name, [])
 
 
 def assignments(node_name: str) -> list[dict]:

@@ -7,7 +7,7 @@ import threading
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 log = logging.getLogger("llmgw.serve")
@@ -45,22 +45,42 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
 
 class Command(BaseCommand):
     help = (
-        "Serve the console, the API (/api/v1) and /metrics with Daphne. Applies LLMGW_CONFIG first; without "
-        "REDIS_URL it also runs the periodic reconcile in-process."
+        "Serve the console, the API (/api/v1), the live updates and /metrics (ASGI, uvicorn). Applies "
+        "LLMGW_CONFIG first; without REDIS_URL it also runs the periodic reconcile in-process."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000", help="default 127.0.0.1:8000")
         parser.add_argument("--access-log", action="store_true", help="log every request (heartbeats included)")
+        parser.add_argument(
+            "--workers", type=int, default=1,
+            help="server processes (default 1; more need REDIS_URL, so live updates reach every process)",
+        )
 
-    def handle(self, *args, addrport: str, access_log: bool = False, **options):
-        from daphne.cli import CommandLineInterface
+    def handle(self, *args, addrport: str, access_log: bool = False, workers: int = 1, **options):
+        import uvicorn
 
         host, _, port = addrport.rpartition(":")
+        if not port.isdigit():
+            raise CommandError(f"addrport: {addrport!r} is not ADDR:PORT (e.g. 127.0.0.1:8000)")
+        if workers < 1:
+            raise CommandError("--workers: at least 1")
+        if workers > 1 and not settings.REDIS_URL:
+            raise CommandError(
+                "--workers: more than one server process needs REDIS_URL (the in-memory channel layer and the "
+                "in-process reconcile live in one process)"
+            )
         apply_server_config()
-        start_inprocess_reconcile(settings.RECONCILE_INTERVAL_SECONDS)
+        if workers == 1:
+            start_inprocess_reconcile(settings.RECONCILE_INTERVAL_SECONDS)
         self.stdout.write(f"llmgw serving at http://{host or '127.0.0.1'}:{port}/")
-        argv = ["-b", host or "127.0.0.1", "-p", port]
-        if not access_log:
-            argv += ["-v", "0"]
-        CommandLineInterface().run([*argv, "llmgw.asgi:application"])
+        self.stdout.flush()
+        uvicorn.run(
+            "llmgw.asgi:application",
+            host=host or "127.0.0.1",
+            port=int(port),
+            workers=workers,
+            access_log=access_log,
+            log_level="info" if access_log else "warning",
+            lifespan="off",
+        )

@@ -1,0 +1,82 @@
+"""The heartbeat's fast lane in front of Django (agents.asgi): same answers, readings still stored."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator
+
+from agents.models import Node
+from agents.services import node_token_create
+from agents.sim import SimNode
+from tests.conftest import node_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def post(body: dict, token: str) -> tuple[int, dict]:
+    from llmgw.asgi import application
+
+    raw = json.dumps(body).encode()
+    communicator = HttpCommunicator(
+        application, "POST", "/api/v1/agents/heartbeat", body=raw,
+        headers=[(b"authorization", f"Token {token}".encode()), (b"content-type", b"application/json"),
+                 (b"content-length", str(len(raw)).encode()), (b"host", b"127.0.0.1")],
+    )
+    response = async_to_sync(communicator.get_response)(timeout=10)
+    return response["status"], json.loads(response["body"])
+
+
+def test_the_second_same_heartbeat_is_answered_by_the_lane_and_its_readings_stored(monkeypatch):
+    from agents.asgi import HeartbeatFastLane
+
+    answered_here = []
+    original = HeartbeatFastLane.answer
+
+    def spy(self, scope, body):
+        result = original(self, scope, body)
+        answered_here.append(result is not None)
+        return result
+
+    monkeypatch.setattr(HeartbeatFastLane, "answer", spy)
+    token = node_token_create(node_name="gpu01")
+    node = SimNode(node_spec("gpu01", rack="r1"))
+    first = node.heartbeat(1.0)
+    status, answer = post(first, token)
+    assert (status, answer) == (200, {"node": "gpu01", "interval_seconds": 10, "replicas": []})
+    assert answered_here == [False]  # a new node: Django's full path
+
+    second = node.heartbeat(2.0)
+    second["sensors"]["cpu_temperature_celsius"] = 71.5
+    status, answer = post(second, token)
+    assert (status, answer) == (200, {"node": "gpu01", "interval_seconds": 10, "replicas": []})
+    assert answered_here == [False, True]
+    # Written by the batch writer's thread, a moment later.
+    deadline = time.monotonic() + 5
+    while Node.objects.get(name="gpu01").sensors.get("cpu_temperature_celsius") != 71.5:
+        assert time.monotonic() < deadline, "the fast lane's readings were not written"
+        time.sleep(0.05)
+
+
+def test_a_bad_heartbeat_is_refused_by_django_with_the_field_even_for_a_known_node():
+    token = node_token_create(node_name="gpu01")
+    node = SimNode(node_spec("gpu01", rack="r1"))
+    assert post(node.heartbeat(1.0), token)[0] == 200
+    bad = node.heartbeat(2.0)
+    bad["sensors"]["cpu_power_watts"] = -1
+    status, body = post(bad, token)
+    assert status == 400
+    assert body["detail"] == "sensors.cpu_power_watts: must be between 0 and 20000 W, got -1"
+
+
+def test_another_nodes_name_with_a_known_token_is_refused():
+    token = node_token_create(node_name="gpu01")
+    node = SimNode(node_spec("gpu01", rack="r1"))
+    assert post(node.heartbeat(1.0), token)[0] == 200
+    other = SimNode(node_spec("gpu02", rack="r1")).heartbeat(2.0)
+    status, body = post(other, token)
+    assert status == 403
+    assert not Node.objects.filter(name="gpu02").exists()
