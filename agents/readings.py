@@ -148,13 +148,16 @@ def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[st
 
 _assignments: dict[str, list[dict]] = {}
 _assignments_at = -1e9
+_assignments_generation = 0  # moved on by every invalidation, so a read begun before one is not kept
 _assignments_lock = threading.Lock()
 
 
 def invalidate_assignments(**_: Any) -> None:
     """A placement changed in this process: the next heartbeat reads the map again."""
-    global _assignments_at
-    _assignments_at = -1e9
+    global _assignments_at, _assignments_generation
+    with _assignments_lock:
+        _assignments_at = -1e9
+        _assignments_generation += 1
 
 
 def cached_assignments(node_name: str) -> list[dict] | None:
@@ -165,14 +168,20 @@ def cached_assignments(node_name: str) -> list[dict] | None:
 
 
 def assignments(node_name: str) -> list[dict]:
-    """What the node must run, from a map of all nodes read at most once a second."""
+    """What the node must run, from a map of all nodes read at most once a second.
+
+    The read happens with no lock held: a request thread waiting on a lock while it holds a pooled
+    connection, behind one that needs a connection to finish its read, would starve the pool.
+    """
     global _assignments, _assignments_at
-    with _assignments_lock:
-        if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
-            from placement.selectors import all_assignments
+    if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
+        from placement.selectors import all_assignments
 
-            _assignments = all_assignments()
-            _assignments_at = time.monotonic()
-        return _assignments.get(node_name, [])
-
-
+        generation = _assignments_generation
+        read_at = time.monotonic()
+        fresh = all_assignments()
+        with _assignments_lock:
+            if generation == _assignments_generation:
+                _assignments, _assignments_at = fresh, read_at
+        return fresh.get(node_name, [])
+    return _assignments.get(node_name, [])
