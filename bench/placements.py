@@ -166,6 +166,43 @@ def place_all(models: list) -> tuple[list[float], float, int, int]:
     return timings, built, conflicts, sum(len(q) for q in queues.values())
 
 
+def _placer(share: list) -> tuple[list[float], int]:
+    """One placer process: its own connection and index; its share of the models."""
+    from django.db import connections
+
+    connections.close_all()
+    timings, _, conflicts, _ = place_all(share)
+    connections.close_all()
+    return timings, conflicts
+
+
+def run_concurrently(models: list, processes: int, nodes: int) -> None:
+    """`processes` placers at once over one pool of nodes, as several reconciling workers would run: each
+    plans on its own index and the guarded commit settles who gets what. Prints committed placements/s
+    over the wall clock."""
+    import multiprocessing
+
+    from django.db import connections
+
+    from agents.models import GPU
+
+    connections.close_all()
+    shares = [models[i::processes] for i in range(processes)]
+    started = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        results = pool.map(_placer, shares)
+    wall = time.perf_counter() - started
+    timings = [t for result in results for t in result[0]]
+    conflicts = sum(result[1] for result in results)
+    booked = GPU.objects.filter(shard__isnull=False).count()
+    print(
+        f"{nodes} nodes, {processes} placers at once: {len(timings)} committed placements in {wall:.2f} s, "
+        f"{len(timings) / wall:,.0f} placements/s, p50 {percentile(timings, 0.5) * 1000:.2f} ms, "
+        f"p99 {percentile(timings, 0.99) * 1000:.2f} ms; {booked} of {nodes * 8} GPUs booked, "
+        f"{conflicts} lost races"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -174,11 +211,17 @@ def main() -> None:
         "--profile", action="store_true", help="print the top of a cProfile of the placements"
     )
     parser.add_argument("--skip-planner", action="store_true", help="do not run bench/planner.py afterwards")
+    parser.add_argument(
+        "--processes", type=int, default=1,
+        help="placers at once, each with its own index and its share of the models (default 1: one at a time)",
+    )
     args = parser.parse_args()
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
     os.environ["DATABASE_URL"] = bench_database(base)
     os.environ.pop("REDIS_URL", None)
+    # Plain connections: placer processes are forked, and a pool's connections must not cross a fork.
+    os.environ["LLMGW_DB_POOL"] = "false"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
     from django.core.management import call_command
@@ -198,6 +241,9 @@ def main() -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
+    if args.processes > 1:
+        run_concurrently(models, args.processes, args.nodes)
+        return
     timings, built, conflicts, left = place_all(models)
     if args.profile:
         profiler.disable()
