@@ -6,6 +6,19 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
+def _clean_domain_field(obj) -> None:
+    """Model.clean() for a `domain` field: the services' check, as a form error on that field."""
+    from django.core.exceptions import ValidationError
+
+    from facility.services import clean_domain
+    from llmgw.errors import InvalidInput
+
+    try:
+        obj.domain = clean_domain(obj.domain, field="domain")
+    except InvalidInput as exc:
+        raise ValidationError({"domain": exc.message}) from exc
+
+
 class Source(models.TextChoices):
     FILE = "file", "server.yaml"
     API = "api", "API or ctl"
@@ -67,9 +80,7 @@ class Budget(models.Model):
         return f"{self.domain}: {self.cap_watts / 1000:.1f} kW"
 
     def clean(self) -> None:
-        from facility.services import clean_domain
-
-        self.domain = clean_domain(self.domain, field="domain")
+        _clean_domain_field(self)
 
 
 class Hold(models.Model):
@@ -88,6 +99,4 @@ class Hold(models.Model):
         return f"{self.domain} held: {self.reason}"
 
     def clean(self) -> None:
-        from facility.services import clean_domain
-
-        self.domain = clean_domain(self.domain, field="domain")
+        _clean_domain_field(self)
