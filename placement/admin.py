@@ -9,18 +9,7 @@ from llmgw.errors import LlmgwError
 from placement import services
 from placement.models import Model, Replica, Shard
 
-PROFILE_FIELDS = (
-    "gpus",
-    "nodes",
-    "cpu_cores",
-    "memory_gib",
-    "power_watts",
-    "keep_within",
-    "node_selector",
-    "command",
-    "health_path",
-    "min_ready_seconds",
-)
+PROFILE_FIELDS = services.PROFILE_KEYS
 
 
 def document_of(data: dict) -> dict:

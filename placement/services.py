@@ -53,9 +53,6 @@ MAX_ATTEMPTS = 3
 # What a replica keeps of the rejections at the moment it was placed (or found no node).
 KEPT_REJECTIONS = 20
 SUMMARY_GROUPS = 5
-SHARD_STATES = {
-    s.value for s in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
-}
 MODEL_KEYS = ("kind", "name", "replicas", "profile")
 PROFILE_KEYS = (
     "gpus",
