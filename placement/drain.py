@@ -100,11 +100,16 @@ def _nodes_of(replica: Replica) -> set[str]:
 
 
 def _ready_long_enough(replica: Replica, model: Model, now: datetime) -> bool:
-    return (
+    """Ready for min_ready_seconds, on nodes still heartbeating: a replacement whose node went quiet
+    says 'ready' only because nobody has said otherwise, and the old replica must not stop for it."""
+    if not (
         replica.state == ReplicaState.READY
         and replica.ready_since is not None
         and now - replica.ready_since >= timedelta(seconds=model.min_ready_seconds)
-    )
+    ):
+        return False
+    nodes = Node.objects.filter(shards__replica=replica).only("last_heartbeat_at", "heartbeat_interval_seconds")
+    return all(node.is_ready(now) for node in nodes)
 
 
 def _next_ordinal(model: Model) -> int:

@@ -60,7 +60,12 @@ class Replica(models.Model):
 
     class Meta:
         ordering = ["model", "ordinal"]
-        constraints = [models.UniqueConstraint(fields=["model", "ordinal"], name="replica_unique_ordinal")]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "ordinal"], name="replica_unique_ordinal"),
+            # One replacement at a time for a replica being drained.
+            models.UniqueConstraint(fields=["replaces"], condition=models.Q(replaces__isnull=False),
+                                    name="replica_one_replacement"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.model.name}#{self.ordinal}"

@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain
 from facility.domains import KEEP_WITHIN_LEVELS
+from facility.domains import domains_of as domains_of_labels
 from facility.models import Budget, Hold
 from facility.power import Budget as BudgetFigures
 from llmgw.errors import InvalidInput, NotFound
@@ -296,28 +297,43 @@ def _request_reconcile() -> None:
 
 
 @transaction.atomic
-def replica_free(*, replica: Replica) -> None:
-    """Remove a replica and give back what its shards booked, in one transaction."""
-    shards = list(
-        Shard.objects.filter(replica=replica).values("id", "node_id", "cpu_cores", "memory_gib", "draw_watts")
-    )
-    if shards:
-        # Nodes first, by name, as a placement locks them (after budgets: freeing only lowers use).
-        list(
-            Node.objects.select_for_update()
-            .filter(pk__in=[s["node_id"] for s in shards])
-            .order_by("name")
-            .values_list("id", flat=True)
-        )
-        GPU.objects.filter(shard_id__in=[s["id"] for s in shards]).update(shard=None)
-        for shard in shards:
-            Node.objects.filter(pk=shard["node_id"]).update(
-                cpu_cores_allocated=F("cpu_cores_allocated") - shard["cpu_cores"],
-                memory_gib_allocated=F("memory_gib_allocated") - shard["memory_gib"],
-                placed_watts=F("placed_watts") - (shard["draw_watts"] or 0),
+def replica_free(*, replica: Replica) -> bool:
+    """Remove a replica and give back what its shards booked, in one transaction; False if already gone.
+
+    Safe to call twice at once (two reconciles finishing one drain): the replica row is locked, and
+    only the shards this call deletes are given back.
+    """
+    # Nodes first, by name, as a placement locks them (after budgets: freeing only lowers use).
+    node_ids = list(Shard.objects.filter(replica=replica).values_list("node_id", flat=True))
+    locked = set(_lock_nodes(node_ids))
+    if not Replica.objects.select_for_update().filter(pk=replica.pk).exists():
+        return False  # freed meanwhile
+    shard_ids = list(Shard.objects.filter(replica=replica).values_list("id", flat=True))
+    if shard_ids:
+        GPU.objects.filter(shard_id__in=shard_ids).update(shard=None)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {Shard._meta.db_table} WHERE id IN ({_placeholders(shard_ids)}) "
+                f"RETURNING node_id, cpu_cores, memory_gib, draw_watts",
+                shard_ids,
             )
-        Shard.objects.filter(pk__in=[s["id"] for s in shards]).delete()
-    replica.delete()
+            deleted = cursor.fetchall()
+        _lock_nodes([row[0] for row in deleted if row[0] not in locked])  # placed between the two reads
+        for node_id, cores, memory, draw in deleted:
+            Node.objects.filter(pk=node_id).update(
+                cpu_cores_allocated=F("cpu_cores_allocated") - cores,
+                memory_gib_allocated=F("memory_gib_allocated") - memory,
+                placed_watts=F("placed_watts") - (draw or 0),
+            )
+    Replica.objects.filter(pk=replica.pk).delete()
+    return True
+
+
+def _lock_nodes(node_ids: Iterable[int]) -> list[int]:
+    ids = sorted(set(node_ids))
+    if not ids:
+        return []
+    return list(Node.objects.select_for_update().filter(pk__in=ids).order_by("name").values_list("id", flat=True))
 
 
 # -- the guarded commit -----------------------------------------------------------------------------------
@@ -409,10 +425,10 @@ def _locked_state(
     # by name, before the sums are read.
     node_table = Node._meta.db_table
     sql = (
-        f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds "
-        f"FROM {node_table} WHERE name IN ({_placeholders(names)}) ORDER BY name{lock}) "
+        f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
+        f"labels FROM {node_table} WHERE name IN ({_placeholders(names)}) ORDER BY name{lock}) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"CAST(NULL AS text), CAST(NULL AS double precision) FROM locked"
+        f"CAST(labels AS text), CAST(NULL AS double precision) FROM locked"
     )
     params: list[Any] = list(names)
     domains = sorted(budgets)
@@ -440,7 +456,8 @@ def _locked_state(
     use = {domain: budgets[domain][1] for domain in domains}
     for kind, key, a, b, c, d, reason, drawn in cursor.fetchall():
         if kind == "node":
-            nodes[key] = (key, a, b, c, d)
+            # The labels are the locked row's latest: a relabel committed since the plan is seen here.
+            nodes[key] = (key, a, b, c, d, reason)
         elif kind == "hold":
             holds[key] = reason
         else:
@@ -479,6 +496,9 @@ def _commit(
                 raise LostRace(name, f"{name}: cordoned meanwhile")
             if not _is_ready(row[3], row[4], now):
                 raise LostRace(name, f"{name}: not ready any more")
+            labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
+            if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains_of[name]):
+                raise LostRace(name, f"{name}: its location changed meanwhile")
             for domain in domains_of[name]:
                 if domain in held:
                     label = domain.replace(":", " ", 1)
@@ -512,11 +532,18 @@ def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], expl
     cursor.execute(
         f"""
         WITH v(node_id, gpus, cores, mem, draw) AS (VALUES {values}),
+        r AS (
+            -- First, and the rest hangs on it: a replica another placer took meanwhile (this UPDATE
+            -- waits for its commit, then finds it no longer pending) writes nothing at all.
+            UPDATE {Replica._meta.db_table} SET state = %s, reason = '', explain = %s::jsonb, placed_at = %s,
+                ready_since = NULL
+            WHERE id = %s AND state = %s RETURNING id
+        ),
         s AS (
             INSERT INTO {Shard._meta.db_table}
                 (replica_id, node_id, gpu_indices, cpu_cores, memory_gib, draw_watts, state, restarts, message,
                  created_at)
-            SELECT %s, v.node_id, to_jsonb(v.gpus), v.cores, v.mem, v.draw, %s, 0, '', %s FROM v
+            SELECT r.id, v.node_id, to_jsonb(v.gpus), v.cores, v.mem, v.draw, %s, 0, '', %s FROM v, r
             RETURNING id, node_id
         ),
         g AS (
@@ -529,28 +556,22 @@ def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], expl
                 cpu_cores_allocated = node.cpu_cores_allocated + v.cores,
                 memory_gib_allocated = node.memory_gib_allocated + v.mem,
                 placed_watts = node.placed_watts + COALESCE(v.draw, 0)
-            FROM v
+            FROM v, r
             WHERE node.id = v.node_id AND node.cpu_cores >= node.cpu_cores_allocated + v.cores
               AND node.memory_gib >= node.memory_gib_allocated + v.mem - 1e-9
             RETURNING node.id
-        ),
-        r AS (
-            UPDATE {Replica._meta.db_table} SET state = %s, reason = '', explain = %s::jsonb, placed_at = %s,
-                ready_since = NULL
-            WHERE id = %s AND state = %s RETURNING id
         )
         SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT id FROM n), (SELECT COUNT(*) FROM r)
         """,
         [
             *params,
-            replica_id,
-            ReplicaState.PLACED.value,
-            now,
             ReplicaState.PLACED.value,
             json.dumps(explain),
             now,
             replica_id,
             ReplicaState.PENDING.value,
+            ReplicaState.PLACED.value,
+            now,
         ],
     )
     booked, counted, replicas = cursor.fetchone()
@@ -758,7 +779,11 @@ def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
     from placement.drain import replicas_drain
 
     replicas_scale(model=model, run=run)
-    replicas_drain(model=model, run=run, draining=run.draining)
+    with transaction.atomic():
+        # One drain step per model at a time, whichever worker runs it: the model row serialises them
+        # (as it does scaling), so two reconciles never make two replacements for one replica.
+        if Model.objects.select_for_update().filter(pk=model.pk).exists():
+            replicas_drain(model=model, run=run, draining=run.draining)
     replicas_place_pending(model=model, run=run)
 
 
@@ -777,9 +802,10 @@ def reconcile_all(*, model_names: Iterable[str] | None = None) -> ReconcileRun:
     for model in models:
         try:
             model_reconcile(model=model, run=run)
-        except OperationalError:
-            # A deadlock or lock timeout the database broke: the next run picks the model up again.
+        except (OperationalError, IntegrityError):
+            # A deadlock, a lock timeout or a race the database refused: the next run picks it up again.
             log.exception("reconcile of model %s failed; it is retried on the next run", model.name)
+            run._index = None  # what it had planned may not have happened: build the index afresh
     return run
 
 

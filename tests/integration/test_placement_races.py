@@ -1,0 +1,93 @@
+"""Races the guarded commit and the drain must survive: a node relabelled after the plan, a replica freed
+twice at once, a replacement whose node went quiet."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from agents.models import GPU, Node
+from agents.services import labels_set
+from facility.services import budget_set, hold_create
+from placement import services
+from placement.models import Model, Replica, ReplicaState, Shard
+from tests.integration.drive import Cluster
+
+
+def test_a_node_relabelled_into_a_held_full_rack_after_the_plan_is_not_used(join_node, db):
+    join_node("a1", rack="ra", pdu="pa")
+    Node.objects.update(heartbeat_interval_seconds=3600)
+    hold_create(domain="rack:rb", reason="PDU swap")
+    budget_set(domain="rack:rb", cap_watts=1000)
+    model = Model.objects.create(name="m", replicas=1, gpus=8)
+    run = services.ReconcileRun()
+    assert run.index.node("a1").domains  # the plan's view: a1 in rack ra
+    labels_set(node_name="a1", changes={"llmgw.io/rack": "rb"})  # meanwhile: moved into a held, full rack
+    services.replicas_scale(model=model, run=run)
+    services.replicas_place_pending(model=model, run=run)
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    assert not Shard.objects.exists()
+    assert replica.reason.startswith("no node fits (1 node): 1 × rack rb is held: PDU swap")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replica_freed_twice_at_once_gives_its_room_back_once(join_node):
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    join_node("a1", rack="ra")
+    Node.objects.update(heartbeat_interval_seconds=3600)
+    Model.objects.create(name="m", replicas=2, gpus=2, cpu_cores=4, memory_gib=10)
+    services.reconcile_all()
+    assert Shard.objects.count() == 2
+    victim = Replica.objects.order_by("ordinal").first()
+    barrier = threading.Barrier(2)
+
+    def free():
+        barrier.wait()
+        try:
+            services.replica_free(replica=victim)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=free) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    node = Node.objects.get(name="a1")
+    assert (node.cpu_cores_allocated, node.memory_gib_allocated) == (4, 10)
+    assert GPU.objects.filter(shard__isnull=False).count() == 2
+    assert Replica.objects.count() == 1
+
+
+def test_a_drain_does_not_stop_the_old_replica_for_a_replacement_on_a_node_gone_quiet(db):
+    cluster = Cluster({"r1": 1, "r2": 1})
+    cluster.tick()
+    Model.objects.create(name="m", replicas=1, gpus=8, min_ready_seconds=60)
+    for _ in range(5):
+        cluster.tick()
+    old = Replica.objects.get()
+    rack = Shard.objects.get(replica=old).node.labels["llmgw.io/rack"]
+    hold_create(domain=f"rack:{rack}", reason="PDU swap", drain=True)
+    for _ in range(3):  # the replacement is placed, starts and is ready on the other rack
+        cluster.tick()
+        replacement = Replica.objects.filter(replaces=old).first()
+        if replacement and replacement.state == ReplicaState.READY:
+            break
+    replacement = Replica.objects.get(replaces=old)
+    new_node = Shard.objects.get(replica=replacement).node
+    # Ready long enough — but its node went quiet before the drain step runs.
+    Replica.objects.filter(pk=replacement.pk).update(ready_since=timezone.now() - timedelta(minutes=5))
+    Node.objects.filter(pk=new_node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    del cluster.nodes[new_node.name]
+    services.reconcile_all()
+    assert Replica.objects.filter(pk=old.pk).exists()  # the only replica that surely runs stays
+    # Its node back and heartbeating: now the old one stops.
+    Node.objects.filter(pk=new_node.pk).update(last_heartbeat_at=timezone.now())
+    services.reconcile_all()
+    assert not Replica.objects.filter(pk=old.pk).exists()
