@@ -103,7 +103,14 @@ def flush() -> int:
         _timer = None
     if not batch:
         return 0
-    written = _write(batch)
+    try:
+        written = _write(batch)
+    except Exception:
+        # Not stored: these nodes' next heartbeats take the full path, which writes or says why.
+        with _lock:
+            for name in batch:
+                _known.pop(name, None)
+        raise
     missing = set(batch) - written
     if missing:
         # Deleted meanwhile, or another process stored a newer report since this one remembered it:

@@ -87,7 +87,9 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
             StoreLabel.objects.update_or_create(
                 node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
             )
-    node = Node.objects.filter(name=node_name).first()
+    # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
+    # placement's commit (which locks the node) sees the new location.
+    node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
     node_refresh_labels(node)
@@ -102,6 +104,8 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
 
     Uncordoning stops a drain: replicas already moved stay where they are.
     """
+    if len(reason or "") > 500:
+        raise InvalidInput("reason: at most 500 characters", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         raise NotFound(f"node {node_name!r} is not known", field="node")

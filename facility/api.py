@@ -16,10 +16,23 @@ class FacilityView(APIView):
         return Response(selectors.facility_overview())
 
 
-class HoldSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, naming them: a misspelt `drian` must not be silently dropped."""
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: [f"unknown field; this takes {', '.join(self.fields)}"]}
+            )
+        return attrs
+
+
+class HoldSerializer(StrictSerializer):
     domain = serializers.CharField(max_length=300, help_text="level:name, e.g. rack:r12-07")
     reason = serializers.CharField(max_length=500)
-    drain = serializers.BooleanField(default=False)
+    drain = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                     help_text="not given: as it was (false for a new hold)")
 
 
 def hold_body(hold) -> dict:
@@ -48,10 +61,11 @@ class HoldDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class BudgetSerializer(serializers.Serializer):
+class BudgetSerializer(StrictSerializer):
     domain = serializers.CharField(max_length=300)
     cap_watts = serializers.FloatField()
-    other_watts = serializers.FloatField(default=0)
+    other_watts = serializers.FloatField(required=False, allow_null=True, default=None,
+                                         help_text="not given: as it was (0 for a new budget)")
 
 
 class BudgetListView(APIView):

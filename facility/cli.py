@@ -43,7 +43,9 @@ def register(commands) -> None:
     )
     h.add_argument("domain", help="level:name, e.g. rack:r12-07, pdu:r12-07-a, row:12")
     h.add_argument("--reason", required=True, help="why; shown with every refusal it causes")
-    h.add_argument("--drain", action="store_true", help="also move its replicas out, the replacement up first")
+    h.add_argument(
+        "--drain", action="store_true", default=None, help="also move its replicas out, the replacement up first"
+    )
     h.set_defaults(handler=hold)
 
     r = sub.add_parser("release", help="undo a hold and its drain")
@@ -55,7 +57,10 @@ def register(commands) -> None:
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
     s.add_argument("domain")
     s.add_argument("--cap-watts", type=float, required=True)
-    s.add_argument("--other-watts", type=float, default=0, help="switches, storage: what llmgw does not see")
+    s.add_argument(
+        "--other-watts", type=float, default=None,
+        help="switches, storage: what llmgw does not see (not given: kept as it is)",
+    )
     s.set_defaults(handler=budget_set)
     d = bsub.add_parser("delete", help="remove a domain's budget")
     d.add_argument("domain")
@@ -99,7 +104,7 @@ def apply(args) -> int:
         result = services.facility_apply_file(path=args.file)
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
-        f"{result['removed']} removed)"
+        f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''})"
     )
     return 0
 

@@ -61,7 +61,7 @@ def validate_label(key: str, value: str) -> None:
 
     Other keys are free-form (node selectors use them) but must look like a key.
     """
-    if key.startswith(LABEL_PREFIX):
+    if key.lower().startswith(LABEL_PREFIX) or key.lower().startswith(LABEL_PREFIX.rstrip("/") + "."):
         if key not in LOCATION_KEYS:
             raise DomainError(
                 f"unknown label key {key!r}: the llmgw.io/ keys are {', '.join(LOCATION_KEYS)}"

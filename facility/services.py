@@ -116,14 +116,16 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
 def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
 
-    Budgets an earlier apply of a file created and this one no longer names are removed; budgets
-    set through the API or the admin are left alone unless the file names their domain.
-    Nothing is applied unless the whole file is valid.
+    When the file has a `budgets:` list, budgets an earlier apply of a file created and this list no
+    longer names are removed (a file without `budgets:` changes no budget); budgets set through the
+    API or the admin are left alone unless the file names their domain. Nothing is applied unless the
+    whole file is valid.
     """
     docs = load_documents(text, filename)
     if len(docs) != 1:
         raise InvalidInput(f"{filename}: expected one YAML document, found {len(docs)}")
     values, budgets = _parse_facility(docs[0])
+    owns_budgets = isinstance(docs[0].data.get("facility"), dict) and "budgets" in docs[0].data["facility"]
     settings = FacilitySettings.load()
     for key, value in values.items():
         setattr(settings, key, value)
@@ -139,9 +141,13 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
         )
         created += was_created
         updated += not was_created
-    removed, _ = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names).delete()
+    removed: list[str] = []
+    if owns_budgets:
+        gone = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names)
+        removed = sorted(gone.values_list("domain", flat=True))
+        gone.delete()
     _request_reconcile()
-    return {"created": created, "updated": updated, "removed": removed}
+    return {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:
@@ -157,11 +163,15 @@ def facility_apply_file(*, path: str | Path) -> dict[str, int]:
 
 
 @transaction.atomic
-def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = 0, source: str = Source.API) -> Budget:
-    """Create or change one domain's budget."""
+def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: str = Source.API) -> Budget:
+    """Create or change one domain's budget; other_watts not given keeps its value (0 for a new one)."""
     domain = clean_domain(domain)
     cap = _watts(cap_watts, "cap_watts")
-    other = _watts(other_watts, "other_watts")
+    if other_watts is None:
+        existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
+        other = existing or 0.0
+    else:
+        other = _watts(other_watts, "other_watts")
     budget, _ = Budget.objects.update_or_create(
         domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
     )
@@ -182,10 +192,10 @@ def budget_delete(*, domain: str) -> None:
 
 
 @transaction.atomic
-def hold_create(*, domain: str, reason: str, drain: bool = False, created_by: str = "") -> Hold:
+def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_by: str = "") -> Hold:
     """Hold a domain: nothing new is placed in it (nodes labelled into it later included); drain moves out.
 
-    Holding a domain already held updates its reason and drain flag.
+    Holding a domain already held updates its reason, and its drain flag when one is given.
     """
     domain = clean_domain(domain)
     reason = (reason or "").strip()
@@ -193,6 +203,8 @@ def hold_create(*, domain: str, reason: str, drain: bool = False, created_by: st
         raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
     if len(reason) > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
+    if drain is None:
+        drain = bool(Hold.objects.filter(domain=domain).values_list("drain", flat=True).first())
     if not isinstance(drain, bool):
         raise InvalidInput("drain: must be true or false", field="drain")
     hold, _ = Hold.objects.update_or_create(

@@ -61,3 +61,6 @@ def main(argv: list[str]) -> int:
     except LlmgwError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `llmgw ctl nodes | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0

@@ -11,11 +11,22 @@ from llmgw.errors import InvalidInput
 Path = tuple[str | int, ...]
 
 
+class DuplicateKey(Exception):
+    def __init__(self, path: Path, line: int):
+        super().__init__(dotted(path))
+        self.path = path
+        self.line = line
+
+
 def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            if key in seen:  # YAML says the last one wins: a typo'd file would half-apply silently
+                raise DuplicateKey((*path, key), key_node.start_mark.line + 1)
+            seen.add(key)
             lines[(*path, key)] = key_node.start_mark.line + 1
             _walk(value_node, (*path, key), lines)
             lines[(*path, key)] = key_node.start_mark.line + 1
@@ -66,9 +77,14 @@ def load_documents(text: str, filename: str) -> list[Document]:
         raise InvalidInput(f"{filename}{where}: not valid YAML: {problem}") from exc
     docs = []
     for node, data in zip(nodes, datas, strict=True):
-        if node is None:
+        if node is None or data is None:  # an empty document, such as after a trailing ---
             continue
         lines: dict[Path, int] = {}
-        _walk(node, (), lines)
+        try:
+            _walk(node, (), lines)
+        except DuplicateKey as dup:
+            raise InvalidInput(
+                f"{filename} line {dup.line}: {dotted(dup.path)}: given twice", field=dotted(dup.path)
+            ) from None
         docs.append(Document(data, lines, filename))
     return docs

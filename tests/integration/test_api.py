@@ -126,3 +126,24 @@ def test_openapi_schema_is_served(api):
     for p in ("/api/v1/facility", "/api/v1/facility/holds", "/api/v1/nodes", "/api/v1/nodes/{name}/labels",
               "/api/v1/agents/heartbeat"):
         assert p in paths
+
+
+def test_an_unknown_field_is_refused_not_dropped(api):
+    response = api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "x", "drian": True}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "drian"
+    response = api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": 1, "other_wats": 5},
+                        format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "other_wats"
+
+
+def test_what_a_change_does_not_name_stays_as_it_was(api):
+    api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": 16000, "other_watts": 800}, format="json")
+    api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": 20000}, format="json")
+    rack = next(d for d in api.get("/api/v1/facility").json()["domains"] if d["domain"] == "rack:r1")
+    assert (rack["cap_watts"], rack["other_watts"]) == (20000, 800)
+    api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "PDU swap", "drain": True}, format="json")
+    api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "PDU swap, phase 2"}, format="json")
+    rack = next(d for d in api.get("/api/v1/facility").json()["domains"] if d["domain"] == "rack:r1")
+    assert (rack["hold"]["reason"], rack["hold"]["drain"]) == ("PDU swap, phase 2", True)

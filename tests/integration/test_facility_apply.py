@@ -34,8 +34,8 @@ def budgets() -> dict[str, tuple[float, float]]:
 
 
 def test_apply_sets_settings_and_budgets_and_is_idempotent():
-    assert facility_apply(text=GOOD) == {"created": 2, "updated": 0, "removed": 0}
-    assert facility_apply(text=GOOD) == {"created": 0, "updated": 2, "removed": 0}
+    assert facility_apply(text=GOOD) == {"created": 2, "updated": 0, "removed": 0, "removed_domains": []}
+    assert facility_apply(text=GOOD) == {"created": 0, "updated": 2, "removed": 0, "removed_domains": []}
     assert budgets() == {"rack:r12-07": (16000, 800), "pdu:r12-07-a": (7400, 0)}
     settings = FacilitySettings.load()
     assert (settings.margin, settings.gpu_watts, settings.cpu_core_watts, settings.node_watts) == (0.1, 700, 10, 350)
@@ -93,3 +93,23 @@ def test_not_yaml_names_the_line():
     with pytest.raises(InvalidInput) as exc:
         facility_apply(text="facility:\n  margin: [0.1\n")
     assert exc.value.message.startswith("server.yaml line 3: not valid YAML")
+
+
+def test_a_file_without_budgets_changes_no_budget():
+    facility_apply(text=GOOD)
+    result = facility_apply(text="facility:\n  margin: 0.2\n")
+    assert result["removed"] == 0
+    assert budgets() == {"rack:r12-07": (16000, 800), "pdu:r12-07-a": (7400, 0)}
+    assert FacilitySettings.load().margin == 0.2
+
+
+def test_a_key_given_twice_is_refused_with_its_line():
+    with pytest.raises(InvalidInput) as exc:
+        facility_apply(text="facility:\n  margin: 0.1\n  margin: 0.2\n")
+    assert exc.value.message == "server.yaml line 3: facility.margin: given twice"
+
+
+def test_removed_budgets_are_named():
+    facility_apply(text=GOOD)
+    smaller = GOOD.replace("    - domain: pdu:r12-07-a\n      cap_watts: 7400\n", "")
+    assert facility_apply(text=smaller)["removed_domains"] == ["pdu:r12-07-a"]

@@ -118,3 +118,17 @@ def test_node_filter_by_domain(join_node):
     rows = selectors.node_rows()
     assert rows[2].location_text == "-"
     assert rows[0].location_text == "rack=r1 pdu=p1"
+
+
+def test_a_location_key_in_other_case_is_refused_not_taken_as_free_form(join_node):
+    join_node("gpu01")
+    with pytest.raises(InvalidInput) as exc:
+        services.labels_set(node_name="gpu01", changes={"Llmgw.io/rack": "r1"})
+    assert exc.value.message.startswith("labels: unknown label key 'Llmgw.io/rack'")
+
+
+def test_a_long_cordon_reason_is_refused_naming_the_field(join_node):
+    join_node("gpu01")
+    with pytest.raises(InvalidInput) as exc:
+        services.node_cordon(node_name="gpu01", cordoned=True, reason="x" * 501)
+    assert exc.value.message == "reason: at most 500 characters"
