@@ -856,7 +856,7 @@ def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> No
         shard_states[replica_id].append(state)
     replacement_ready_after: list[int] = []
     for replica in Replica.objects.filter(pk__in=touched).select_related("model").only(
-        "id", "state", "ready_since", "replaces_id", "model__min_ready_seconds"
+        "id", "state", "ready_since", "replaces_id", "model__min_ready_seconds", "model__name"
     ):
         state = replica_state_from_shards(replica.state, shard_states[replica.pk])
         if state == replica.state:
@@ -865,6 +865,10 @@ def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> No
         Replica.objects.filter(pk=replica.pk).update(state=state, ready_since=ready_since)
         if replica.replaces_id and state == ReplicaState.READY:
             replacement_ready_after.append(replica.model.min_ready_seconds)
+        if state == ReplicaState.READY and replica.model.name not in (node.weights or []):
+            # It ran here, so the node holds the weights: placement prefers such nodes next time.
+            node.weights = [*(node.weights or []), replica.model.name]
+            Node.objects.filter(pk=node.pk).update(weights=node.weights)
     if replacement_ready_after:
         # A drain's replacement is up: the old replica stops once it has been ready long enough.
         from placement.tasks import reconcile_after

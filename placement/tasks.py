@@ -5,17 +5,38 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.db import transaction
+from django.db import connection, transaction
 
 log = logging.getLogger(__name__)
 
 
+# pg_try_advisory_lock key of the reconcile: one at a time across every worker.
+RECONCILE_LOCK = 0x6C6C6D67  # "llmg"
+
+
 @shared_task(name="placement.tasks.reconcile", acks_late=True, ignore_result=True)
 def reconcile() -> None:
-    """Bring every model to its desired replicas (and move what drains); safe to run any time, twice."""
+    """Bring every model to its desired replicas (and move what drains); safe to run any time, twice.
+
+    On workers one runs at a time (single-flight): a reconcile asked for while another runs is tried
+    again two seconds later, so what changed meanwhile is not left for the next beat.
+    """
+    from llmgw.celery import app
     from placement.services import reconcile_all
 
-    reconcile_all()
+    if app.conf.task_always_eager or connection.vendor != "postgresql":
+        reconcile_all()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
+        if not cursor.fetchone()[0]:
+            reconcile.apply_async(countdown=2, expires=60)
+            return
+    try:
+        reconcile_all()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
 
 
 def _enqueue() -> None:

@@ -91,3 +91,24 @@ def test_a_drain_does_not_stop_the_old_replica_for_a_replacement_on_a_node_gone_
     Node.objects.filter(pk=new_node.pk).update(last_heartbeat_at=timezone.now())
     services.reconcile_all()
     assert not Replica.objects.filter(pk=old.pk).exists()
+
+
+def test_a_node_that_ran_the_model_is_preferred_for_it_next_time(db):
+    from agents.services import node_cordon
+
+    cluster = Cluster({"r1": 2})
+    cluster.tick()
+    node_cordon(node_name="n-r1-0", cordoned=True)
+    model = Model.objects.create(name="m", replicas=1, gpus=8, min_ready_seconds=0)
+    for _ in range(4):
+        cluster.tick()
+    assert Shard.objects.get().node.name == "n-r1-1"
+    assert Node.objects.get(name="n-r1-1").weights == ["m"]
+    Model.objects.filter(pk=model.pk).update(replicas=0)
+    services.reconcile_all()
+    node_cordon(node_name="n-r1-0", cordoned=False)
+    Model.objects.filter(pk=model.pk).update(replicas=1)
+    services.reconcile_all()
+    shard = Shard.objects.get()
+    assert shard.node.name == "n-r1-1"  # by name alone it would be n-r1-0
+    assert "holds the weights" in shard.replica.explain["why"]
