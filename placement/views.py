@@ -13,6 +13,8 @@ from agents.views import require_reader
 from llmgw.errors import NotFound
 from placement import selectors
 
+PENDING_SHOWN = 3
+
 
 @login_required
 def model_list(request: HttpRequest) -> HttpResponse:
@@ -21,6 +23,13 @@ def model_list(request: HttpRequest) -> HttpResponse:
     models = []
     for row in selectors.model_rows():
         explain = selectors.model_explain(row["name"])
+        # A model with thousands waiting would make a page nobody reads: the first few pending ones
+        # stand for the rest (they wait for the same reason: the planner asks each the same question).
+        pending = [r for r in explain["replicas"] if r["state"] == "pending"]
+        if len(pending) > PENDING_SHOWN:
+            hidden = {id(r) for r in pending[PENDING_SHOWN:]}
+            explain["replicas"] = [r for r in explain["replicas"] if id(r) not in hidden]
+            explain["more_pending"] = len(hidden)
         for replica in explain["replicas"]:
             replica["gpus_text"] = "; ".join(
                 f"{s['node']}: {selectors.gpus_text(s['gpus']) or '—'}" for s in replica["shards"]

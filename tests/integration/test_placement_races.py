@@ -112,3 +112,12 @@ def test_a_node_that_ran_the_model_is_preferred_for_it_next_time(db):
     shard = Shard.objects.get()
     assert shard.node.name == "n-r1-1"  # by name alone it would be n-r1-0
     assert "holds the weights" in shard.replica.explain["why"]
+
+
+def test_the_models_page_shows_a_few_pending_replicas_and_counts_the_rest(admin_client, join_node):
+    join_node("a1", rack="ra", gpus=8)
+    Model.objects.create(name="m", replicas=10, gpus=8)
+    services.reconcile_all()
+    page = admin_client.get("/models/").content.decode()
+    assert page.count(">pending<") <= 4
+    assert "… and 6 more pending" in page
