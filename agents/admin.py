@@ -69,6 +69,10 @@ class StoreLabelAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         services.labels_set(node_name=obj.node_name, changes={obj.key: None})
 
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            services.labels_set(node_name=obj.node_name, changes={obj.key: None})
+
 
 @admin.register(NodeToken)
 class NodeTokenAdmin(admin.ModelAdmin):

@@ -48,6 +48,10 @@ class BudgetAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         services.budget_delete(domain=obj.domain)
 
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:  # "delete selected" goes through the service too
+            services.budget_delete(domain=obj.domain)
+
 
 class HoldForm(ServiceForm):
     class Meta:
@@ -74,6 +78,10 @@ class HoldAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         services.hold_release(domain=obj.domain)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:  # "delete selected" releases through the service too
+            services.hold_release(domain=obj.domain)
 
 
 @admin.register(FacilitySettings)

@@ -55,3 +55,17 @@ def test_a_store_label_with_a_misspelt_key_is_refused(admin_client):
     assert response.status_code == 200
     assert "unknown label key" in response.content.decode()
     assert not StoreLabel.objects.exists()
+
+
+def test_delete_selected_holds_releases_them_through_the_service(admin_client, join_node):
+    from agents.selectors import node_rows
+    from facility.services import hold_create
+
+    join_node("gpu01", rack="r1")
+    hold = hold_create(domain="rack:r1", reason="PDU swap")
+    response = admin_client.post(
+        "/admin/facility/hold/", {"action": "delete_selected", "_selected_action": [hold.pk], "post": "yes"}
+    )
+    assert response.status_code == 302
+    assert not Hold.objects.exists()
+    assert [r.state for r in node_rows()] == ["ready"]
