@@ -57,15 +57,20 @@ def test_a_store_label_with_a_misspelt_key_is_refused(admin_client):
     assert not StoreLabel.objects.exists()
 
 
-def test_delete_selected_holds_releases_them_through_the_service(admin_client, join_node):
+def test_delete_selected_holds_releases_them_through_the_service(admin_client, join_node, monkeypatch):
     from agents.selectors import node_rows
+    from facility import services
     from facility.services import hold_create
 
     join_node("gpu01", rack="r1")
     hold = hold_create(domain="rack:r1", reason="PDU swap")
+    released = []
+    real = services.hold_release
+    monkeypatch.setattr(services, "hold_release", lambda **kw: released.append(kw["domain"]) or real(**kw))
     response = admin_client.post(
         "/admin/facility/hold/", {"action": "delete_selected", "_selected_action": [hold.pk], "post": "yes"}
     )
     assert response.status_code == 302
     assert not Hold.objects.exists()
+    assert released == ["rack:r1"]  # the service: a reconcile (a drain stops) and live updates follow
     assert [r.state for r in node_rows()] == ["ready"]
