@@ -205,6 +205,7 @@ def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_
         raise InvalidInput("reason: at most 500 characters", field="reason")
     if drain is None:
         drain = bool(Hold.objects.filter(domain=domain).values_list("drain", flat=True).first())
+    _lock_members(domain)
     if not isinstance(drain, bool):
         raise InvalidInput("drain: must be true or false", field="drain")
     hold, _ = Hold.objects.update_or_create(
@@ -224,6 +225,14 @@ def hold_release(*, domain: str) -> None:
         raise NotFound(f"{domain} is not held", field="domain")
     _request_reconcile()
     _notify_nodes_changed()
+
+
+def _lock_members(domain: str) -> None:
+    """Lock the domain's nodes (by name, as a placement does) before the hold is written: a placement on
+    one of them either commits first, or waits and then sees the hold in its guarded write."""
+    from agents.models import Node
+
+    list(Node.objects.select_for_update().filter(domains__domain=domain).order_by("name").values_list("id", flat=True))
 
 
 def _notify_nodes_changed() -> None:

@@ -519,12 +519,23 @@ def _commit(
                     taken[d] += shard.draw_watts or 0
         ids = {name: nodes[name][1] for name in names}
         if connection.vendor == "postgresql":
-            return _write_postgresql(cursor, replica_id, shards, ids, explain, now)
+            return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)
         return _write_portable(replica_id, shards, ids, explain, now)
 
 
-def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], explain, now: datetime) -> bool:
-    """Shards, GPU bookings, node counters and the replica in one statement; the guards in its WHERE clauses."""
+def _write_postgresql(
+    cursor, replica_id: int, shards, ids: dict[str, int], explain, now: datetime, touched: list[str]
+) -> bool:
+    """Shards, GPU bookings, node counters and the replica in one statement; the guards in its WHERE clauses.
+
+    Holds are checked again here: hold_create locks the domain's nodes before it writes, so a hold that
+    raced the read before the node locks has committed by the time this statement starts, and is seen.
+    """
+    hold_guard = (
+        f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain IN ({_placeholders(touched)}))"
+        if touched
+        else "TRUE"
+    )
     values = ", ".join(["(%s::bigint, %s::int[], %s::int, %s::float8, %s::float8)"] * len(shards))
     params: list[Any] = []
     for s in shards:
@@ -537,7 +548,7 @@ def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], expl
             -- waits for its commit, then finds it no longer pending) writes nothing at all.
             UPDATE {Replica._meta.db_table} SET state = %s, reason = '', explain = %s::jsonb, placed_at = %s,
                 ready_since = NULL
-            WHERE id = %s AND state = %s RETURNING id
+            WHERE id = %s AND state = %s AND {hold_guard} RETURNING id
         ),
         s AS (
             INSERT INTO {Shard._meta.db_table}
@@ -561,7 +572,7 @@ def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], expl
               AND node.memory_gib >= node.memory_gib_allocated + v.mem - 1e-9
             RETURNING node.id
         )
-        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT id FROM n), (SELECT COUNT(*) FROM r)
+        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT id FROM n), (SELECT COUNT(*) FROM r), {hold_guard}
         """,
         [
             *params,
@@ -570,11 +581,16 @@ def _write_postgresql(cursor, replica_id: int, shards, ids: dict[str, int], expl
             now,
             replica_id,
             ReplicaState.PENDING.value,
+            *touched,
             ReplicaState.PLACED.value,
             now,
+            *touched,
         ],
     )
-    booked, counted, replicas = cursor.fetchone()
+    booked, counted, replicas, unheld = cursor.fetchone()
+    if not unheld:
+        node = shards[0].node
+        raise LostRace(node, f"{node}: a domain it is in was held meanwhile")
     if not replicas:
         raise _ReplicaGone()
     per_node = Counter(booked)

@@ -121,3 +121,36 @@ def test_the_models_page_shows_a_few_pending_replicas_and_counts_the_rest(admin_
     page = admin_client.get("/models/").content.decode()
     assert page.count(">pending<") <= 4
     assert "… and 6 more pending" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hold_that_lands_between_the_checks_and_the_write_stops_the_placement(join_node):
+    if connection.vendor != "postgresql":
+        pytest.skip("the guarded write is PostgreSQL's")
+    import psycopg
+
+    join_node("a1", rack="ra")
+    Node.objects.update(heartbeat_interval_seconds=3600)
+    model = Model.objects.create(name="m", replicas=1, gpus=8)
+    settings = connection.settings_dict
+    dsn = f"postgresql://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{settings['NAME']}"
+
+    def hold_after_the_checks(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().startswith("WITH locked"):
+            # Another session's hold commits now: after the checks read holds, before the write.
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute(
+                    "INSERT INTO facility_hold (domain, reason, drain, created_by, created_at) "
+                    "VALUES ('rack:ra', 'PDU swap', false, 'test', now())"
+                )
+        return result
+
+    run = services.ReconcileRun()
+    services.replicas_scale(model=model, run=run)
+    with connection.execute_wrapper(hold_after_the_checks):
+        services.replicas_place_pending(model=model, run=run)
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    assert not Shard.objects.exists()
+    assert "a1: a domain it is in was held meanwhile" in replica.explain["conflicts"]
