@@ -115,15 +115,40 @@ def register_collector() -> NodeSensorsCollector:
 
 
 def metrics_token() -> str:
-    """LLMGW_METRICS_TOKEN: when set, /metrics takes `Authorization: Bearer <it>`; empty, it is open."""
+    """LLMGW_METRICS_TOKEN: when set, /metrics takes `Authorization: Bearer <it>` (and nothing else)."""
     return getattr(settings, "LLMGW_METRICS_TOKEN", None) or os.environ.get("LLMGW_METRICS_TOKEN", "")
 
 
+def _is_viewer(request: HttpRequest) -> bool:
+    """A logged-in viewer, or `Authorization: Token <key>` of a user with the viewer role."""
+    from rest_framework.authtoken.models import Token
+
+    from llmgw.permissions import can_read
+
+    if can_read(getattr(request, "user", None)):
+        return True
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "token" or not key.strip():
+        return False
+    token = Token.objects.select_related("user").filter(key=key.strip()).first()
+    return token is not None and token.user.is_active and can_read(token.user)
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """/metrics: the app's metrics and the node sensors, behind LLMGW_METRICS_TOKEN when it is set."""
+    """/metrics: the app's metrics and the node sensors, for a viewer (a Prometheus job with an API token
+    of the viewer role), or behind LLMGW_METRICS_TOKEN alone when that is set."""
     from django_prometheus.exports import ExportToDjangoView
 
     expected = metrics_token()
+    if not expected and not _is_viewer(request):
+        response = HttpResponse(
+            "/metrics: send Authorization: Token <an API token with the viewer role: llmgw ctl token create "
+            "prometheus --role viewer>, or set LLMGW_METRICS_TOKEN and send it as a Bearer token\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Token realm="metrics"'
+        return response
     if expected:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")

@@ -100,19 +100,39 @@ def test_a_not_ready_node_is_left_out(client):
     assert llmgw_series(client) == {("llmgw_node_cpu_power_watts", (("node", "gpu02"),)): 150.0}
 
 
+@pytest.fixture(autouse=True)
+def _a_viewer_scrapes(client, make_user):
+    """Prometheus scrapes as a viewer; these tests log the client in as one."""
+    user, _ = make_user("prometheus", "viewer")
+    client.force_login(user)
+
+
 @pytest.mark.urls("tests.integration.test_metrics")
-def test_metrics_are_open_without_a_token(client, monkeypatch):
+def test_metrics_need_a_viewer_without_a_metrics_token(client, make_user, monkeypatch):
+    from django.test import Client
+
     monkeypatch.delenv("LLMGW_METRICS_TOKEN", raising=False)
     record("gpu01", {"cpu_power_watts": 150.0})
-    assert llmgw_series(client) == {("llmgw_node_cpu_power_watts", (("node", "gpu01"),)): 150.0}
+    anonymous = Client()
+    response = anonymous.get("/metrics")
+    assert response.status_code == 401
+    assert b"llmgw_" not in response.content
+    _, key = make_user("scraper", "viewer")
+    assert llmgw_series(anonymous, HTTP_AUTHORIZATION=f"Token {key}") == {
+        ("llmgw_node_cpu_power_watts", (("node", "gpu01"),)): 150.0
+    }
+    assert anonymous.get("/metrics", HTTP_AUTHORIZATION="Token nope").status_code == 401
 
 
 @pytest.mark.urls("tests.integration.test_metrics")
 def test_a_metrics_token_is_required_when_set(client, monkeypatch):
     monkeypatch.setenv("LLMGW_METRICS_TOKEN", "s3cret-scrape")
     record("gpu01", {"cpu_power_watts": 150.0})
+    from django.test import Client
+
+    anonymous = Client()
     for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, {"HTTP_AUTHORIZATION": "Token s3cret-scrape"}):
-        response = client.get("/metrics", **headers)
+        response = anonymous.get("/metrics", **headers)
         assert response.status_code == 401
         assert response["WWW-Authenticate"] == 'Bearer realm="metrics"'
         assert b"llmgw_" not in response.content
