@@ -46,9 +46,17 @@ def assignment(replica_id: int = 17, command: str | None = None, gpus: list[int]
 
 @pytest.fixture
 def port_range() -> tuple[int, int]:
-    # A random block, so parallel runs and leftovers from other tests do not collide.
-    low = random.randrange(30000, 60000, 50)
-    return (low, low + 49)
+    # A random block below Linux's ephemeral ports (32768 up), so parallel runs, leftovers from other
+    # tests and outgoing connections do not collide; its first port free now (one test binds it).
+    for _ in range(100):
+        low = random.randrange(20000, 32700, 50)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", low))
+            except OSError:
+                continue
+        return (low, low + 49)
+    raise RuntimeError("no free block of ports for the runtime tests")
 
 
 @pytest.fixture
