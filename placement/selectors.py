@@ -9,6 +9,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from django.utils import timezone
+
 from llmgw.errors import NotFound
 from placement import planner, snapshot
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -113,15 +115,56 @@ def _shards_by_replica(replicas: list[Replica]) -> dict[int, list[dict[str, Any]
     return out
 
 
-def _replica_dict(replica: Replica, model_name: str, shards: list[dict[str, Any]]) -> dict[str, Any]:
+UNREACHABLE = "unreachable"  # shown, never stored: a replica on a node that stopped heartbeating
+
+
+def unreachable_replicas(replica_ids: Iterable[int] | None = None) -> dict[int, list[str]]:
+    """Replica id → its nodes that are not ready. Its stored state is the agent's last word, and an agent
+    that went quiet says nothing more: such a replica may be serving or may be gone."""
+    from agents.models import Node
+
+    now = timezone.now()
+    quiet = {
+        n.pk: n.name
+        for n in Node.objects.filter(shards__isnull=False).distinct().only(
+            "name", "last_heartbeat_at", "heartbeat_interval_seconds"
+        )
+        if not n.is_ready(now)
+    }
+    if not quiet:
+        return {}
+    shards = Shard.objects.filter(node_id__in=quiet)
+    if replica_ids is not None:
+        shards = shards.filter(replica_id__in=list(replica_ids))
+    out: dict[int, list[str]] = defaultdict(list)
+    for replica_id, node_id in shards.values_list("replica_id", "node_id"):
+        out[replica_id].append(quiet[node_id])
+    return dict(out)
+
+
+def shown_state(state: str, replica_id: int, unreachable: dict[int, list[str]]) -> str:
+    """The state people see: a placed, starting or ready replica on a quiet node is `unreachable`."""
+    if replica_id in unreachable and state in (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY):
+        return UNREACHABLE
+    return state
+
+
+def _replica_dict(
+    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]] | None = None
+) -> dict[str, Any]:
+    unreachable = unreachable or {}
+    quiet = unreachable.get(replica.pk, [])
+    reason = replica.reason or None
+    if quiet and shown_state(replica.state, replica.pk, unreachable) == UNREACHABLE:
+        reason = f"{', '.join(sorted(quiet))}: not ready (no heartbeat); last reported {replica.state}"
     return {
         "id": replica.pk,
         "model": model_name,
         "ordinal": replica.ordinal,
-        "state": replica.state,
+        "state": shown_state(replica.state, replica.pk, unreachable),
         "nodes": [s["node"] for s in shards],
         "shards": shards,
-        "reason": replica.reason or None,
+        "reason": reason,
         "placed_at": replica.placed_at.isoformat() if replica.placed_at else None,
         "ready_since": replica.ready_since.isoformat() if replica.ready_since else None,
         "replaces": replica.replaces_id,
@@ -135,7 +178,8 @@ def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
         replicas = replicas.filter(model=_model(model))
     replicas = list(replicas)
     shards = _shards_by_replica(replicas)
-    return [_replica_dict(r, r.model.name, shards.get(r.pk, [])) for r in replicas]
+    unreachable = unreachable_replicas([r.pk for r in replicas])
+    return [_replica_dict(r, r.model.name, shards.get(r.pk, []), unreachable) for r in replicas]
 
 
 def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
@@ -143,10 +187,11 @@ def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
         "name": model.name,
         "replicas": {
             "desired": model.replicas,
-            "placed": sum(states[s] for s in PLACED_STATES),
+            "placed": sum(states[s] for s in PLACED_STATES) + states[UNREACHABLE],
             "ready": states[ReplicaState.READY],
             "pending": states[ReplicaState.PENDING],
             "failed": states[ReplicaState.FAILED],
+            "unreachable": states[UNREACHABLE],
         },
         "profile": profile_dict(model),
         "created_at": model.created_at.isoformat(),
@@ -157,15 +202,20 @@ def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
 def model_rows() -> list[dict[str, Any]]:
     """Every model with its desired, placed, ready and pending replica counts and its profile."""
     states: dict[int, Counter] = defaultdict(Counter)
-    for model_id, state in Replica.objects.values_list("model_id", "state"):
-        states[model_id][state] += 1
+    unreachable = unreachable_replicas()
+    for replica_id, model_id, state in Replica.objects.values_list("id", "model_id", "state"):
+        states[model_id][shown_state(state, replica_id, unreachable)] += 1
     return [_model_dict(m, states[m.pk]) for m in Model.objects.order_by("name")]
 
 
 def model_detail(name: str) -> dict[str, Any]:
     """One model: its counts and profile, and its replicas."""
     model = _model(name)
-    states = Counter(Replica.objects.filter(model=model).values_list("state", flat=True))
+    unreachable = unreachable_replicas()
+    states = Counter(
+        shown_state(state, replica_id, unreachable)
+        for replica_id, state in Replica.objects.filter(model=model).values_list("id", "state")
+    )
     body = _model_dict(model, states)
     body["replica_list"] = replica_rows(model=name)
     return body
@@ -177,10 +227,11 @@ def model_explain(name: str) -> dict[str, Any]:
     model = _model(name)
     replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
     shards = _shards_by_replica(replicas)
+    unreachable = unreachable_replicas([r.pk for r in replicas])
     out = []
     for replica in replicas:
         kept = replica.explain or {}
-        row = _replica_dict(replica, model.name, shards.get(replica.pk, []))
+        row = _replica_dict(replica, model.name, shards.get(replica.pk, []), unreachable)
         if replica.state == ReplicaState.PENDING:
             row.update(
                 {

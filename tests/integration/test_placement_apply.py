@@ -208,7 +208,8 @@ def test_models_json_output(capsys, tmp_path, join_node):
     run(capsys, "apply", "-f", str(write(tmp_path, MODELS)))
     _, out, _ = run(capsys, "models", "-o", "json")
     data = {m["name"]: m for m in json.loads(out)}
-    assert data["llama-70b"]["replicas"] == {"desired": 2, "placed": 1, "ready": 0, "pending": 1, "failed": 0}
+    assert data["llama-70b"]["replicas"] == {"desired": 2, "placed": 1, "ready": 0, "pending": 1, "failed": 0,
+                                              "unreachable": 0}
     assert (
         data["llama-70b"]["profile"]["node_selector"]
         == "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot"

@@ -154,3 +154,21 @@ def test_a_hold_that_lands_between_the_checks_and_the_write_stops_the_placement(
     assert replica.state == ReplicaState.PENDING
     assert not Shard.objects.exists()
     assert "a1: a domain it is in was held meanwhile" in replica.explain["conflicts"]
+
+
+def test_a_replica_on_a_node_gone_quiet_shows_as_unreachable_not_ready(db):
+    from placement import selectors
+
+    cluster = Cluster({"r1": 1, "r2": 1})
+    cluster.tick()
+    Model.objects.create(name="m", replicas=2, gpus=8)
+    for _ in range(4):
+        cluster.tick()
+    assert selectors.model_rows()[0]["replicas"]["ready"] == 2
+    quiet = Shard.objects.order_by("node__name").first().node
+    Node.objects.filter(pk=quiet.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    counts = selectors.model_rows()[0]["replicas"]
+    assert (counts["ready"], counts["unreachable"], counts["placed"]) == (1, 1, 2)
+    rows = {r["nodes"][0]: r for r in selectors.replica_rows(model="m")}
+    assert rows[quiet.name]["state"] == "unreachable"
+    assert rows[quiet.name]["reason"] == f"{quiet.name}: not ready (no heartbeat); last reported ready"
