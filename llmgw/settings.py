@@ -214,6 +214,8 @@ LLMGW_CONFIG = os.environ.get("LLMGW_CONFIG", "")
 LLMGW_METRICS_TOKEN = os.environ.get("LLMGW_METRICS_TOKEN", "")
 # A node is ready while its heartbeats are fresh: three intervals missed and it is not.
 LLMGW_MISSED_HEARTBEATS = 3
+# Replicas on a node silent this long are replaced elsewhere (replacement first); 0 never.
+LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "300"))
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
 LLMGW_HEARTBEAT_MAX_BYTES = int(os.environ.get("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024)))

@@ -18,7 +18,9 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
 from agents.models import Node, NodeDomain
 from facility.models import Hold
@@ -26,7 +28,9 @@ from placement.models import Model, Replica, ReplicaState, Shard
 
 
 def draining_nodes() -> dict[int, str]:
-    """Node id → why it drains: in a domain held with drain (`rack:r12-07`), or drained itself (`node`)."""
+    """Node id → why it drains: in a domain held with drain (`rack:r12-07`), drained itself (`node`), or
+    silent for LLMGW_EVICT_AFTER_SECONDS with replicas on it (`not ready`: they are replaced elsewhere,
+    by the same one-at-a-time, replacement-first steps; if the node comes back first, nothing moves)."""
     holds = dict(Hold.objects.filter(drain=True).values_list("domain", "reason"))
     out: dict[int, str] = {}
     if holds:
@@ -34,6 +38,12 @@ def draining_nodes() -> dict[int, str]:
             out.setdefault(node_id, domain)
     for node_id in Node.objects.filter(draining=True).values_list("id", flat=True):
         out.setdefault(node_id, "node")
+    evict_after = settings.LLMGW_EVICT_AFTER_SECONDS
+    if evict_after:
+        cutoff = timezone.now() - timedelta(seconds=evict_after)
+        silent = Node.objects.filter(last_heartbeat_at__lt=cutoff, shards__isnull=False).distinct()
+        for node_id in silent.values_list("id", flat=True):
+            out.setdefault(node_id, "not ready")
     return out
 
 

@@ -172,3 +172,27 @@ def test_a_replica_on_a_node_gone_quiet_shows_as_unreachable_not_ready(db):
     rows = {r["nodes"][0]: r for r in selectors.replica_rows(model="m")}
     assert rows[quiet.name]["state"] == "unreachable"
     assert rows[quiet.name]["reason"] == f"{quiet.name}: not ready (no heartbeat); last reported ready"
+
+
+def test_replicas_on_a_node_silent_too_long_are_replaced_elsewhere(db, settings):
+    settings.LLMGW_EVICT_AFTER_SECONDS = 120
+    cluster = Cluster({"r1": 1, "r2": 1})
+    cluster.tick()
+    Model.objects.create(name="m", replicas=1, gpus=8, min_ready_seconds=0)
+    for _ in range(4):
+        cluster.tick()
+    old = Replica.objects.get()
+    dead = Shard.objects.get(replica=old).node
+    del cluster.nodes[dead.name]
+    Node.objects.filter(pk=dead.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=60))
+    for _ in range(3):
+        cluster.tick()
+    assert Replica.objects.get().pk == old.pk  # silent, but not for long: nothing moves yet
+    Node.objects.filter(pk=dead.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=600))
+    for _ in range(6):
+        cluster.tick()
+    replica = Replica.objects.get()
+    assert replica.pk != old.pk
+    assert replica.state == ReplicaState.READY
+    assert Shard.objects.get(replica=replica).node.name != dead.name
+    assert not Shard.objects.filter(node=dead).exists()
