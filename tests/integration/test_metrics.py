@@ -149,3 +149,21 @@ def test_a_scrape_reads_the_nodes_in_one_query(client, django_assert_max_num_que
     with django_assert_max_num_queries(1):
         families = list(NodeSensorsCollector().collect())
     assert sum(len(f.samples) for f in families) == 5 * (2 * 4 + 2 * 5 + 3)
+
+
+@pytest.mark.urls("tests.integration.test_metrics")
+def test_domain_power_and_holds_are_series(client, join_node):
+    from facility.services import budget_set, hold_create
+
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r1")
+    budget_set(domain="rack:r1", cap_watts=16000, other_watts=800)
+    hold_create(domain="rack:r1", reason="PDU swap", drain=True)
+    series = llmgw_series(client)
+    rack = (("domain", "rack:r1"), ("level", "rack"))
+    assert series[("llmgw_domain_power_budget_watts", rack)] == 16000
+    assert series[("llmgw_domain_power_limit_watts", rack)] == 14400
+    assert series[("llmgw_domain_use_watts", rack)] == 1500  # two idle nodes at 350 W and the rack's 800 W
+    assert series[("llmgw_domain_reserved_watts", rack)] == 0
+    assert ("llmgw_domain_measured_watts", rack) not in series  # nobody read anything: no series, not 0
+    assert series[("llmgw_domain_held", rack)] == 2

@@ -1,0 +1,57 @@
+"""Domains on /metrics: each domain's budget, limit, reserved, measured and used watts, and its hold.
+
+Read on each scrape through facility.selectors.facility_overview — the figures `llmgw ctl facility` and
+the API show — so the alert rules in deploy/prometheus/alerts.yaml judge what people see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector
+
+LABELS = ["domain", "level"]
+GAUGES = (
+    ("llmgw_domain_power_budget_watts", "cap_watts", "The domain's cap: what one feed carries alone, derated."),
+    ("llmgw_domain_power_limit_watts", "limit_watts", "The cap less the margin: what placement may fill."),
+    ("llmgw_domain_reserved_watts", "reserved_watts", "The draw placed in the domain (declared or derived)."),
+    ("llmgw_domain_measured_watts", "measured_watts", "What the domain's nodes read, where they read it."),
+    ("llmgw_domain_use_watts", "use_watts", "The domain's use as placement counts it against the limit."),
+)
+
+
+class DomainPowerCollector(Collector):
+    """llmgw_domain_* gauges; a figure nobody knows (no budget, no reading) has no series."""
+
+    def collect(self) -> Iterator[Metric]:
+        from facility.selectors import facility_overview
+
+        families = {key: GaugeMetricFamily(name, doc, labels=LABELS) for name, key, doc in GAUGES}
+        held = GaugeMetricFamily("llmgw_domain_held", "1 while the domain is held (2 while it drains).",
+                                 labels=LABELS)
+        for domain in facility_overview()["domains"]:
+            labels = [domain["domain"], domain["level"]]
+            for _, key, _ in GAUGES:
+                if domain[key] is not None:
+                    families[key].add_metric(labels, float(domain[key]))
+            hold = domain["hold"]
+            held.add_metric(labels, 0.0 if hold is None else 2.0 if hold["drain"] else 1.0)
+        yield from families.values()
+        yield held
+
+    def describe(self) -> Iterator[Metric]:
+        for name, _, doc in GAUGES:
+            yield GaugeMetricFamily(name, doc, labels=LABELS)
+        yield GaugeMetricFamily("llmgw_domain_held", "", labels=LABELS)
+
+
+_collector: DomainPowerCollector | None = None
+
+
+def register_collector() -> DomainPowerCollector:
+    global _collector
+    if _collector is None:
+        _collector = DomainPowerCollector()
+        REGISTRY.register(_collector)
+    return _collector
