@@ -22,19 +22,17 @@ from llmgw.permissions import can_read
 MAX_SHOWN = 500
 
 
-class NodesConsumer(WebsocketConsumer):
-    """The Nodes list's socket: re-renders the rows the page shows when their node changes.
+class ReaderConsumer(WebsocketConsumer):
+    """A console socket: only for a user who may read; joins `groups()` and leaves them on close."""
 
-    The page tells which rows it shows (a `ws-send` of `shown`, sent again on every table swap and
-    reconnect), so a heartbeat of a node on another page costs nothing.
-    """
+    def groups_to_join(self) -> list[str]:
+        raise NotImplementedError
 
     def connect(self) -> None:
         if not can_read(self.scope.get("user")):
             self.close(code=4403)
             return
-        self.shown: set[str] = set()
-        self.joined = [NODES_GROUP]
+        self.joined = self.groups_to_join()
         for group in self.joined:
             async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
         self.accept()
@@ -42,6 +40,20 @@ class NodesConsumer(WebsocketConsumer):
     def disconnect(self, code: int) -> None:
         for group in getattr(self, "joined", []):
             async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+
+
+class NodesConsumer(ReaderConsumer):
+    """The Nodes list's socket: re-renders the rows the page shows when their node changes.
+
+    The page tells which rows it shows (a `ws-send` of `shown`, sent again on every table swap and
+    reconnect), so a heartbeat of a node on another page costs nothing.
+    """
+
+    shown: set[str]
+
+    def groups_to_join(self) -> list[str]:
+        self.shown = set()
+        return [NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -70,22 +82,12 @@ class NodesConsumer(WebsocketConsumer):
             self.send(text_data=html)
 
 
-class NodeConsumer(WebsocketConsumer):
+class NodeConsumer(ReaderConsumer):
     """A node page's socket: re-renders the page's live panel and location when the node (or a hold) changes."""
 
-    def connect(self) -> None:
-        if not can_read(self.scope.get("user")):
-            self.close(code=4403)
-            return
+    def groups_to_join(self) -> list[str]:
         self.node_name = self.scope["url_route"]["kwargs"]["name"]
-        self.joined = [node_group(self.node_name), NODES_GROUP]
-        for group in self.joined:
-            async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
-        self.accept()
-
-    def disconnect(self, code: int) -> None:
-        for group in getattr(self, "joined", []):
-            async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+        return [node_group(self.node_name), NODES_GROUP]
 
     def node_changed(self, event: dict) -> None:
         if event.get("node") == self.node_name:

@@ -232,10 +232,3 @@ def _record_gpus(node: Node, gpus: list[Mapping[str, Any]]) -> bool:
         GPU.objects.filter(pk__in=gone).update(present=False)
         changed = True
     return changed
-
-
-def node_get(name: str) -> Node:
-    node = Node.objects.filter(name=name).first()
-    if node is None:
-        raise NotFound(f"node {name!r} is not known", field="node")
-    return node

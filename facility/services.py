@@ -14,7 +14,7 @@ from django.db import transaction
 from facility.domains import DomainError, parse_domain
 from facility.models import Budget, FacilitySettings, Hold, Source
 from llmgw.errors import InvalidInput, NotFound
-from llmgw.yamldoc import Document, load_documents
+from llmgw.yamldoc import Document, load_documents, read_text
 
 SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
 BUDGET_KEYS = ("domain", "cap_watts", "other_watts")
@@ -151,12 +151,7 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
-    return facility_apply(text=text, filename=str(path))
+    return facility_apply(text=read_text(path), filename=str(path))
 
 
 # -- budgets and settings one at a time -------------------------------------------------------------------

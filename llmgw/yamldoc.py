@@ -65,6 +65,16 @@ def dotted(path: Path) -> str:
     return out
 
 
+def read_text(path) -> str:
+    """A file given on the command line (or LLMGW_CONFIG), or InvalidInput saying why it cannot be read."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
+
+
 def load_documents(text: str, filename: str) -> list[Document]:
     """Every document of a YAML stream, or InvalidInput naming the line where it does not parse."""
     try:

@@ -41,7 +41,7 @@ from facility.domains import domains_of as domains_of_labels
 from facility.models import Budget, Hold
 from facility.power import Budget as BudgetFigures
 from llmgw.errors import InvalidInput, NotFound
-from llmgw.yamldoc import Document, dotted, load_documents
+from llmgw.yamldoc import Document, dotted, load_documents, read_text
 from placement import snapshot
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -252,12 +252,7 @@ def models_apply(*, text: str, filename: str = "models.yaml") -> list[Applied]:
 
 def models_apply_file(*, path: str | Path) -> list[Applied]:
     """``llmgw ctl apply -f models.yaml``."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
-    return models_apply(text=text, filename=str(path))
+    return models_apply(text=read_text(path), filename=str(path))
 
 
 @transaction.atomic

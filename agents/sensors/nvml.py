@@ -54,11 +54,6 @@ class NvmlSession:
             if cls is not None
         )
 
-    @property
-    def needs_reinit(self) -> bool:
-        """Whether the next poll starts with a fresh nvmlInit."""
-        return self._needs_reinit
-
     def inventory(self) -> list[dict[str, Any]]:
         """Each GPU's index, uuid, name, memory and enforced power limit."""
         return self._each_gpu(self._gpu_inventory)
