@@ -1,0 +1,263 @@
+"""Facility data sources that are not the agents: Prometheus instant queries and replayed scenarios.
+
+Pure of Django: each source turns its input into readings per domain, ``{Domain: {signal: Reading}}``,
+and says whether it is up. A source that is down is a fact to show, never a block: its readings
+simply go missing and age out.
+
+- **prometheus**: configured instant queries, each a signal whose result label names a domain
+  (``max by (rack) (dcim_rack_inlet_temperature_celsius)`` with ``domain_label: rack``).
+- **simulated**: a scenario file of signals over time (linear between points), replayed from a start
+  time at a speed, for tests and for rehearsing a thermal event on the demo.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from facility.conditions import SIGNALS, Reading
+from facility.domains import LEVELS, Domain, DomainError, parse_domain
+
+_DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
+# A query result beyond these is a mistake, not a measurement.
+MAX_ABS_VALUE = 1e9
+MAX_QUERY_LENGTH = 4000
+MAX_SERIES = 20_000
+
+
+def parse_duration(value: Any) -> float:
+    """``90``, ``"90s"``, ``"2m"``, ``"1h30m"`` → seconds; ValueError on anything else."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or text like 90s, 2m, 1h")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a duration is a number of seconds of at least 0")
+        return float(value)
+    if isinstance(value, str) and value:
+        match = _DURATION_RE.match(value.strip())
+        if match and any(match.groups()):
+            hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+            return hours * 3600 + minutes * 60 + seconds
+    raise ValueError(f"{value!r} is not a duration: write seconds, or text like 90s, 2m, 1h30m")
+
+
+@dataclass(frozen=True, slots=True)
+class QuerySignal:
+    """One configured Prometheus query: which signal it gives, and which label names the domain."""
+
+    signal: str
+    query: str
+    domain_label: str
+    stale_after: float = 120.0
+
+    @property
+    def level(self) -> str:
+        return self.domain_label
+
+
+@dataclass
+class Poll:
+    """What one poll of a source gave: readings per domain, and the errors met (empty when up)."""
+
+    readings: dict[Domain, dict[str, Reading]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def up(self) -> bool:
+        return not self.errors
+
+
+def parse_query_signals(raw: Mapping[str, Any]) -> list[QuerySignal]:
+    """``{inlet_temp_c: {query, domain_label, stale_after}}`` → QuerySignals; ValueError names the key."""
+    found: list[QuerySignal] = []
+    for signal, spec in raw.items():
+        if signal not in SIGNALS:
+            raise ValueError(f"{signal}: unknown signal; signals are {', '.join(SIGNALS)}")
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{signal}: write query, domain_label and stale_after")
+        unknown = set(spec) - {"query", "domain_label", "stale_after"}
+        if unknown:
+            raise ValueError(f"{signal}.{sorted(unknown)[0]}: unknown key")
+        query = spec.get("query")
+        if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_LENGTH:
+            raise ValueError(f"{signal}.query: a PromQL query of 1 to {MAX_QUERY_LENGTH} characters")
+        label = spec.get("domain_label")
+        if label not in LEVELS:
+            raise ValueError(f"{signal}.domain_label: one of {', '.join(LEVELS)}")
+        try:
+            stale = parse_duration(spec.get("stale_after", 120))
+        except ValueError as exc:
+            raise ValueError(f"{signal}.stale_after: {exc}") from None
+        found.append(QuerySignal(signal, query, label, stale))
+    return found
+
+
+def readings_from_vector(
+    signal: QuerySignal, result: Any, *, now: float, source: str = "prometheus"
+) -> tuple[dict[Domain, Reading], list[str]]:
+    """Readings from one instant query's ``data.result``; series without the label are named as errors."""
+    readings: dict[Domain, Reading] = {}
+    errors: list[str] = []
+    if not isinstance(result, list):
+        return readings, [f"{signal.signal}: the answer is not a vector"]
+    for item in result[:MAX_SERIES]:
+        try:
+            labels = item["metric"]
+            stamp, text = item["value"]
+            value = float(text)
+            stamp = float(stamp)
+        except (KeyError, TypeError, ValueError):
+            errors.append(f"{signal.signal}: a series without a value")
+            continue
+        name = labels.get(signal.domain_label) if isinstance(labels, Mapping) else None
+        if not name:
+            errors.append(f"{signal.signal}: a series has no {signal.domain_label!r} label")
+            continue
+        if not math.isfinite(value) or abs(value) > MAX_ABS_VALUE:
+            continue  # NaN from a division by zero, say: no reading rather than a wrong one
+        try:
+            domain = parse_domain(f"{signal.domain_label}:{name}")
+        except DomainError:
+            errors.append(f"{signal.signal}: {signal.domain_label}={name!r} is not a domain name")
+            continue
+        at = min(stamp, now)
+        previous = readings.get(domain)
+        if previous is None or value > previous.value:  # two series for one domain: the worse one
+            readings[domain] = Reading(value, at, signal.stale_after, source)
+    return readings, errors
+
+
+def poll_prometheus(url: str, signals: list[QuerySignal], *, client: Any, now: float) -> Poll:
+    """Run each query against ``url`` (an httpx.Client-like ``client``); never raises for a bad answer."""
+    poll = Poll()
+    base = url.rstrip("/")
+    for signal in signals:
+        try:
+            response = client.get(f"{base}/api/v1/query", params={"query": signal.query})
+            body = response.json()
+        except Exception as exc:  # a source that is down is a fact, never a crash
+            poll.errors.append(f"{signal.signal}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else None
+            poll.errors.append(f"{signal.signal}: HTTP {response.status_code} {str(error or '')[:200]}".rstrip())
+            continue
+        data = body.get("data") or {}
+        found, errors = readings_from_vector(signal, data.get("result"), now=now)
+        poll.errors.extend(errors)
+        for domain, reading in found.items():
+            poll.readings.setdefault(domain, {})[signal.signal] = reading
+    return poll
+
+
+# --- simulated: a scenario replayed in time ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """One signal of one or more domains over time: (seconds, value) points, linear between them."""
+
+    domains: tuple[Domain, ...]
+    signal: str
+    points: tuple[tuple[float, float], ...]
+    stale_after: float = 120.0
+
+    def value_at(self, elapsed: float) -> float | None:
+        """The value ``elapsed`` seconds into the scenario; the last point holds after the end."""
+        if not self.points or elapsed < self.points[0][0]:
+            return None
+        for (t0, v0), (t1, v1) in zip(self.points, self.points[1:], strict=False):
+            if t0 <= elapsed <= t1:
+                return v0 if t1 == t0 else v0 + (v1 - v0) * (elapsed - t0) / (t1 - t0)
+        return self.points[-1][1]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named list of tracks: ``deploy/scenarios/crac-failure.yaml``."""
+
+    name: str
+    tracks: tuple[Track, ...]
+    duration: float
+
+    def readings_at(self, elapsed: float, now: float) -> dict[Domain, dict[str, Reading]]:
+        """Every track's reading at ``elapsed`` seconds into the scenario, stamped ``now``."""
+        found: dict[Domain, dict[str, Reading]] = {}
+        for track in self.tracks:
+            value = track.value_at(elapsed)
+            if value is None:
+                continue
+            for domain in track.domains:
+                found.setdefault(domain, {})[track.signal] = Reading(value, now, track.stale_after, "simulated")
+        return found
+
+
+MAX_TRACKS = 1000
+MAX_POINTS = 10_000
+
+
+def parse_scenario(data: Any) -> Scenario:
+    """A scenario from its YAML data; ValueError names the path that is wrong (``tracks.0.points.2``)."""
+    if not isinstance(data, Mapping):
+        raise ValueError("a scenario is a mapping with name and tracks")
+    unknown = set(data) - {"kind", "name", "tracks"}
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: unknown key; a scenario has kind, name and tracks")
+    if data.get("kind", "FacilityScenario") != "FacilityScenario":
+        raise ValueError("kind: a scenario's kind is FacilityScenario")
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name):
+        raise ValueError("name: 1 to 100 letters, digits, '.', '_' or '-'")
+    raw_tracks = data.get("tracks")
+    if not isinstance(raw_tracks, list) or not raw_tracks or len(raw_tracks) > MAX_TRACKS:
+        raise ValueError(f"tracks: a list of 1 to {MAX_TRACKS} tracks")
+    tracks: list[Track] = []
+    for i, raw in enumerate(raw_tracks):
+        where = f"tracks.{i}"
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: a track has domains, signal and points")
+        unknown = set(raw) - {"domains", "signal", "points", "stale_after"}
+        if unknown:
+            raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        names = raw.get("domains")
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, list) or not names or len(names) > MAX_SERIES:
+            raise ValueError(f"{where}.domains: one domain (rack:r1-01) or a list of them")
+        domains = []
+        for j, text in enumerate(names):
+            try:
+                domains.append(parse_domain(text))
+            except DomainError as exc:
+                raise ValueError(f"{where}.domains.{j}: {exc}") from None
+        signal = raw.get("signal")
+        if signal not in SIGNALS:
+            raise ValueError(f"{where}.signal: one of {', '.join(SIGNALS)}")
+        points_raw = raw.get("points")
+        if not isinstance(points_raw, list) or not points_raw or len(points_raw) > MAX_POINTS:
+            raise ValueError(f"{where}.points: a list of [time, value] pairs, 1 to {MAX_POINTS}")
+        points: list[tuple[float, float]] = []
+        for j, point in enumerate(points_raw):
+            if not isinstance(point, list | tuple) or len(point) != 2:
+                raise ValueError(f"{where}.points.{j}: write [time, value], e.g. [5m, 31.5]")
+            try:
+                at = parse_duration(point[0])
+            except ValueError as exc:
+                raise ValueError(f"{where}.points.{j}: {exc}") from None
+            value = point[1]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or abs(value) > MAX_ABS_VALUE:
+                raise ValueError(f"{where}.points.{j}: the value is a number within ±{MAX_ABS_VALUE:g}")
+            if points and at < points[-1][0]:
+                raise ValueError(f"{where}.points.{j}: times go forward")
+            points.append((at, float(value)))
+        try:
+            stale = parse_duration(raw.get("stale_after", 120))
+        except ValueError as exc:
+            raise ValueError(f"{where}.stale_after: {exc}") from None
+        tracks.append(Track(tuple(domains), signal, tuple(points), stale))
+    duration = max(t.points[-1][0] for t in tracks)
+    return Scenario(name, tuple(tracks), duration)
