@@ -37,6 +37,18 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# Prometheus and promtool (Debian's prometheus package) for the alert-rule tests and the Prometheus
+# facility source, when missing.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "make test: installing Debian's prometheus for the rule tests and the Prometheus source"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null) || { echo "make test: could not install prometheus (apt-get install prometheus)" >&2; exit 2; }
+  else
+    echo "make test: prometheus is missing; install it: sudo apt-get install prometheus" >&2; exit 2
+  fi
+fi
+
 echo "== ruff"
 "$BIN/ruff" check .
 echo "== migrations"
