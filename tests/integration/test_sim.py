@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents.models import Node
-from agents.sim import SimNode, load_cluster, run_round
+from agents.simulator.nodes import SimNode, load_cluster, run_round
 from llmgw.errors import InvalidInput
 
 CLUSTER = """\

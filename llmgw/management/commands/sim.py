@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from agents.sim import (
+from agents.simulator.nodes import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_READY_DELAY_SECONDS,
     SimNode,

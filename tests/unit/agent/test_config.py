@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import AgentConfigError, RuntimeSettings, default_config, load_config, parse_config
+from agents.node.config import AgentConfigError, RuntimeSettings, default_config, load_config, parse_config
 
 GOOD = """\
 server: https://llmgw.example.net/

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import parse_config
-from agents.daemon import Agent, build_heartbeat, main
+from agents.node.config import parse_config
+from agents.node.daemon import Agent, build_heartbeat, main
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE_SERVER = REPO / "tests" / "fakes" / "model_server.py"
@@ -390,7 +390,7 @@ def test_the_agent_runs_assigned_replicas_and_stops_them_on_sigterm(plane, tmp_p
         + "runtime:\n  port_range: [41000, 41099]\n  grace_seconds: 2\n"
     )
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agents.daemon", "--config", str(config_path)],
+        [sys.executable, "-m", "agents.node.daemon", "--config", str(config_path)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
