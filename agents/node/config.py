@@ -1,9 +1,9 @@
 """agent.yaml: what one node's agent needs to know, loaded and checked before anything runs.
 
-Pure: no Django. Every refusal names the field and the line of the file it is on, so an operator
-fixing a node's file at 3 a.m. goes straight to it::
+Pure: no Django. Read with llmgw.yamldoc, the one reader of the files people write; every refusal names
+the file, the line and the field, so an operator fixing a node's file at 3 a.m. goes straight to it::
 
-    agent.yaml, line 7: interval_seconds: at most 10 seconds, got 30
+    agent.yaml line 7: interval_seconds: at most 10 seconds (…), got 30
 
 The file::
 
@@ -34,19 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agents.node.protocol import is_node_name, node_name_problem
 from facility.domains import DomainError, validate_label
+from llmgw.errors import InvalidInput
+from llmgw.yamldoc import Document, is_number, is_whole_number, load_documents, read_text
 
 # The control plane marks a node not-ready after three missed intervals; a longer interval would
 # make a healthy node flap, so the seed caps it.
 MAX_INTERVAL_SECONDS = 10.0
 DEFAULT_INTERVAL_SECONDS = 10.0
-_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 class AgentConfigError(ValueError):
-    """agent.yaml refused; the text names the file, the line and the field."""
+    """agent.yaml refused; the text names the file, the line and the field (`FILE line N: path: …`)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def default_config(*, sys_root: str = "/") -> AgentConfig:
     return AgentConfig(server=None, node=socket.gethostname(), sys_root=sys_root)
 
 
-_TOP_KEYS = (
+TOP_KEYS = (
     "server",
     "node",
     "token",
@@ -97,7 +97,7 @@ _TOP_KEYS = (
     "runtime",
     "sys_root",
 )
-_RUNTIME_KEYS = (
+RUNTIME_KEYS = (
     "port_range",
     "grace_seconds",
     "health_path",
@@ -107,143 +107,76 @@ _RUNTIME_KEYS = (
 )
 
 
-class _Reader:
-    """Walks the composed YAML document, so every value keeps the line it came from."""
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self._loader = yaml.SafeLoader(text)
-
-    def close(self) -> None:
-        self._loader.dispose()
-
-    def error(self, node: yaml.Node | None, field_name: str, problem: str) -> AgentConfigError:
-        line = node.start_mark.line + 1 if node is not None else 1
-        return AgentConfigError(f"{self.path}, line {line}: {field_name}: {problem}")
-
-    def root(self) -> yaml.MappingNode | None:
-        try:
-            node = self._loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark else 1
-            raise AgentConfigError(f"{self.path}, line {line}: not valid YAML: {exc.problem}") from None
-        except yaml.YAMLError as exc:
-            raise AgentConfigError(f"{self.path}: not valid YAML: {exc}") from None
-        if node is None:
-            return None
-        if not isinstance(node, yaml.MappingNode):
-            raise self.error(node, "(document)", "the file must be a mapping of keys to values")
-        return node
-
-    def pairs(
-        self, node: yaml.MappingNode, where: str, allowed: tuple[str, ...] | None
-    ) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        """The mapping's keys, with their key and value nodes; unknown and repeated keys refused."""
-        found: dict[str, tuple[yaml.Node, yaml.Node]] = {}
-        for key_node, value_node in node.value:
-            key = self.value(key_node)
-            name = f"{where}.{key}" if where else str(key)
-            if not isinstance(key, str):
-                raise self.error(key_node, name, "a key must be text")
-            if allowed is not None and key not in allowed:
-                raise self.error(key_node, name, f"unknown key; known keys are {', '.join(allowed)}")
-            if key in found:
-                first = found[key][0].start_mark.line + 1
-                raise self.error(key_node, name, f"given twice (first on line {first})")
-            found[key] = (key_node, value_node)
-        return found
-
-    def value(self, node: yaml.Node) -> Any:
-        try:
-            return self._loader.construct_object(node, deep=True)
-        except yaml.MarkedYAMLError as exc:
-            raise self.error(node, "(value)", f"not valid YAML: {exc.problem}") from None
-
-
-def _is_number(value: Any) -> bool:
-    # YAML's `yes` is a bool, and bool is an int in Python: refuse it as a number.
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:
     """Read and check agent.yaml; raises AgentConfigError naming the field and line."""
-    path_text = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise AgentConfigError(f"{path_text}: cannot read: {exc.strerror or exc}") from None
-    return parse_config(text, path=path_text)
+        text = read_text(path)
+    except InvalidInput as exc:
+        raise AgentConfigError(exc.message) from None
+    return parse_config(text, path=str(path))
 
 
 def parse_config(text: str, *, path: str = "agent.yaml") -> AgentConfig:
     """Check agent.yaml's text; `path` is used in messages and to find a relative token_file."""
-    reader = _Reader(path, text)
     try:
-        return _parse(reader, path)
-    finally:
-        reader.close()
+        return _parse(text, path)
+    except InvalidInput as exc:
+        raise AgentConfigError(exc.message) from None
 
 
-def _parse(reader: _Reader, path: str) -> AgentConfig:
-    root = reader.root()
-    if root is None:
-        raise AgentConfigError(f"{path}, line 1: the file is empty; server, node and token are required")
-    top = reader.pairs(root, "", _TOP_KEYS)
-    base_dir = Path(path).resolve().parent
+def _parse(text: str, path: str) -> AgentConfig:
+    docs = load_documents(text, path)
+    if not docs:
+        raise InvalidInput(f"{path} line 1: the file is empty; server, node and token are required")
+    doc = docs[0]
+    if len(docs) > 1:
+        raise docs[1].error((), "agent.yaml is one YAML document; remove the second")
+    top = doc.data
+    if not isinstance(top, dict):
+        raise doc.error((), "the file must be a mapping of keys to values")
+    doc.check_keys((), top, TOP_KEYS, "agent.yaml")
 
-    def required(name: str) -> tuple[yaml.Node, Any]:
+    def required(name: str) -> Any:
         if name not in top:
-            raise reader.error(root, name, "required")
-        node = top[name][1]
-        return node, reader.value(node)
+            raise doc.error((name,), "required")
+        return top[name]
 
-    node, server = required("server")
-    if not isinstance(server, str) or not re.match(r"^https?://[^\s/]+", server):
-        raise reader.error(node, "server", f"an http:// or https:// URL of the control plane, got {server!r}")
+    server = required("server")
+    if not isinstance(server, str) or not re.match(r"https?://[^\s/]+", server):
+        raise doc.error(("server",), f"an http:// or https:// URL of the control plane, got {server!r}")
     server = server.rstrip("/")
 
-    node, name = required("node")
-    if not isinstance(name, str) or not _NODE_RE.match(name):
-        raise reader.error(
-            node, "node", f"a node name takes letters, digits, '.', '_' and '-' only, got {name!r}"
-        )
+    name = required("node")
+    if not is_node_name(name):
+        raise doc.error(("node",), node_name_problem(name))
 
-    token = _token(reader, root, top, base_dir)
+    token = _token(doc, top, Path(path).resolve().parent)
 
     interval = DEFAULT_INTERVAL_SECONDS
     if "interval_seconds" in top:
-        node = top["interval_seconds"][1]
-        interval = reader.value(node)
-        if not _is_number(interval) or interval != interval:
-            raise reader.error(node, "interval_seconds", f"a number of seconds, got {interval!r}")
+        interval = top["interval_seconds"]
+        if not is_number(interval):
+            raise doc.error(("interval_seconds",), f"a number of seconds, got {interval!r}")
         if interval <= 0:
-            raise reader.error(node, "interval_seconds", f"must be more than 0, got {interval}")
+            raise doc.error(("interval_seconds",), f"must be more than 0, got {interval}")
         if interval > MAX_INTERVAL_SECONDS:
-            raise reader.error(
-                node,
-                "interval_seconds",
+            raise doc.error(
+                ("interval_seconds",),
                 f"at most {MAX_INTERVAL_SECONDS:g} seconds (three missed intervals make a node not-ready), "
                 f"got {interval}",
             )
         interval = float(interval)
 
-    fabric = None
-    if "fabric" in top:
-        node = top["fabric"][1]
-        fabric = reader.value(node)
-        if fabric is not None and (not isinstance(fabric, str) or not fabric.strip()):
-            raise reader.error(node, "fabric", f"the name of the node's fabric (text), got {fabric!r}")
+    fabric = top.get("fabric")
+    if fabric is not None and (not isinstance(fabric, str) or not fabric.strip()):
+        raise doc.error(("fabric",), f"the name of the node's fabric (text), got {fabric!r}")
 
-    labels = _labels(reader, top["labels"][1]) if "labels" in top else {}
-    runtime = _runtime(reader, top["runtime"][1]) if "runtime" in top else RuntimeSettings()
+    labels = _labels(doc, top.get("labels"))
+    runtime = _runtime(doc, top.get("runtime"))
 
-    sys_root = "/"
-    if "sys_root" in top:
-        node = top["sys_root"][1]
-        sys_root = reader.value(node)
-        if not isinstance(sys_root, str) or not os.path.isdir(sys_root):
-            raise reader.error(node, "sys_root", f"an existing directory, got {sys_root!r}")
+    sys_root = top.get("sys_root", "/")
+    if not isinstance(sys_root, str) or not os.path.isdir(sys_root):
+        raise doc.error(("sys_root",), f"an existing directory, got {sys_root!r}")
 
     return AgentConfig(
         server=server,
@@ -258,78 +191,67 @@ def _parse(reader: _Reader, path: str) -> AgentConfig:
     )
 
 
-def _token(
-    reader: _Reader, root: yaml.Node, top: dict[str, tuple[yaml.Node, yaml.Node]], base_dir: Path
-) -> str:
+def _token(doc: Document, top: dict[str, Any], base_dir: Path) -> str:
     if "token" in top and "token_file" in top:
-        raise reader.error(top["token_file"][0], "token_file", "give token or token_file, not both")
+        raise doc.error(("token_file",), "give token or token_file, not both")
     if "token" in top:
-        node = top["token"][1]
-        token = reader.value(node)
+        token = top["token"]
         if not isinstance(token, str) or not token.strip():
-            raise reader.error(node, "token", "the node's token (text) is required")
+            raise doc.error(("token",), "the node's token (text) is required")
         return token.strip()
     if "token_file" in top:
-        node = top["token_file"][1]
-        token_path = reader.value(node)
+        token_path = top["token_file"]
         if not isinstance(token_path, str) or not token_path:
-            raise reader.error(node, "token_file", f"a file path, got {token_path!r}")
+            raise doc.error(("token_file",), f"a file path, got {token_path!r}")
         resolved = base_dir / token_path  # a relative path is taken from the config file's folder
         try:
             token = resolved.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise reader.error(
-                node, "token_file", f"cannot read {str(resolved)!r}: {exc.strerror or exc}"
+            raise doc.error(
+                ("token_file",), f"cannot read {str(resolved)!r}: {exc.strerror or exc}"
             ) from None
         if not token:
-            raise reader.error(node, "token_file", f"{str(resolved)!r} is empty")
+            raise doc.error(("token_file",), f"{str(resolved)!r} is empty")
         return token
-    raise reader.error(root, "token", "required (or token_file); get one with `llmgw ctl node token <node>`")
+    raise doc.error(("token",), "required (or token_file); get one with `llmgw ctl node token <node>`")
 
 
-def _labels(reader: _Reader, node: yaml.Node) -> dict[str, str]:
-    if reader.value(node) is None:
+def _labels(doc: Document, given: Any) -> dict[str, str]:
+    if given is None:
         return {}
-    if not isinstance(node, yaml.MappingNode):
-        raise reader.error(node, "labels", "a mapping of label keys to values")
+    if not isinstance(given, dict):
+        raise doc.error(("labels",), "a mapping of label keys to values")
     labels: dict[str, str] = {}
-    for key, (_key_node, value_node) in reader.pairs(node, "labels", None).items():
-        value = reader.value(value_node)
+    for key, value in given.items():
+        path = ("labels", str(key))
+        if not isinstance(key, str):
+            raise doc.error(path, "a label key is text")
         if not isinstance(value, str):
-            raise reader.error(
-                value_node, f"labels.{key}", f'a label value is text; write it in quotes: {key}: "{value}"'
-            )
+            raise doc.error(path, f'a label value is text; write it in quotes: {key}: "{value}"')
         try:
             validate_label(key, value)
         except DomainError as exc:
-            raise reader.error(value_node, f"labels.{key}", str(exc)) from None
+            raise doc.error(path, str(exc)) from None
         labels[key] = value
     return labels
 
 
-def _runtime(reader: _Reader, node: yaml.Node) -> RuntimeSettings:
-    if reader.value(node) is None:
+def _runtime(doc: Document, given: Any) -> RuntimeSettings:
+    if given is None:
         return RuntimeSettings()
-    if not isinstance(node, yaml.MappingNode):
-        raise reader.error(node, "runtime", "a mapping of runtime settings")
-    given = reader.pairs(node, "runtime", _RUNTIME_KEYS)
+    if not isinstance(given, dict):
+        raise doc.error(("runtime",), "a mapping of runtime settings")
+    doc.check_keys(("runtime",), given, RUNTIME_KEYS, "runtime")
     values: dict[str, Any] = {}
 
     if "port_range" in given:
-        value_node = given["port_range"][1]
-        ports = reader.value(value_node)
-        if (
-            not isinstance(ports, list)
-            or len(ports) != 2
-            or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports)
-        ):
-            raise reader.error(
-                value_node, "runtime.port_range", f"two port numbers [low, high], got {ports!r}"
-            )
+        ports = given["port_range"]
+        if not isinstance(ports, list) or len(ports) != 2 or not all(is_whole_number(p) for p in ports):
+            raise doc.error(("runtime", "port_range"), f"two port numbers [low, high], got {ports!r}")
         low, high = ports
         if not (1 <= low <= high <= 65535):
-            raise reader.error(
-                value_node, "runtime.port_range", f"ports between 1 and 65535 with low <= high, got {ports!r}"
+            raise doc.error(
+                ("runtime", "port_range"), f"ports between 1 and 65535 with low <= high, got {ports!r}"
             )
         values["port_range"] = (low, high)
 
@@ -340,35 +262,29 @@ def _runtime(reader: _Reader, node: yaml.Node) -> RuntimeSettings:
     ):
         if name not in given:
             continue
-        value_node = given[name][1]
-        value = reader.value(value_node)
-        if not _is_number(value) or value != value or value < 0 or (value == 0 and not allow_zero):
+        value = given[name]
+        if not is_number(value) or value < 0 or (value == 0 and not allow_zero):
             bound = "0 or more" if allow_zero else "more than 0"
-            raise reader.error(value_node, f"runtime.{name}", f"a number of seconds, {bound}, got {value!r}")
+            raise doc.error(("runtime", name), f"a number of seconds, {bound}, got {value!r}")
         values[name] = float(value)
 
     if "health_path" in given:
-        value_node = given["health_path"][1]
-        value = reader.value(value_node)
+        value = given["health_path"]
         if not isinstance(value, str) or not value.startswith("/"):
-            raise reader.error(
-                value_node, "runtime.health_path", f"a URL path starting with '/', got {value!r}"
-            )
+            raise doc.error(("runtime", "health_path"), f"a URL path starting with '/', got {value!r}")
         values["health_path"] = value
 
     if "workdir" in given:
-        value_node = given["workdir"][1]
-        value = reader.value(value_node)
+        value = given["workdir"]
         if value is not None and (not isinstance(value, str) or not os.path.isdir(value)):
-            raise reader.error(value_node, "runtime.workdir", f"an existing directory, got {value!r}")
+            raise doc.error(("runtime", "workdir"), f"an existing directory, got {value!r}")
         values["workdir"] = value
 
     settings = RuntimeSettings(**values)
     if settings.restart_backoff_seconds > settings.restart_backoff_max_seconds:
-        value_node = given.get("restart_backoff_seconds", given.get("restart_backoff_max_seconds"))[1]
-        raise reader.error(
-            value_node,
-            "runtime.restart_backoff_seconds",
+        named = "restart_backoff_seconds" if "restart_backoff_seconds" in given else "restart_backoff_max_seconds"
+        raise doc.error(
+            ("runtime", named),
             f"the first delay ({settings.restart_backoff_seconds:g} s) is longer than "
             f"restart_backoff_max_seconds ({settings.restart_backoff_max_seconds:g} s)",
         )
