@@ -10,7 +10,7 @@ export LLMGW_DATA_DIR ?= $(CURDIR)/var
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[server,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/llmgw makemigrations --check --dry-run
 
 test: $(STAMP)

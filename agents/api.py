@@ -14,8 +14,8 @@ from rest_framework.views import APIView
 
 from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
-from agents.heartbeat import HeartbeatError, validate_heartbeat
 from agents.models import Node
+from agents.node.protocol import HeartbeatError, validate_heartbeat
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
 
@@ -108,7 +108,7 @@ class IsNode(BasePermission):
 
 
 class HeartbeatRequestSchema(serializers.Serializer):
-    """For the OpenAPI schema only: the checks are agents.heartbeat.validate_heartbeat."""
+    """For the OpenAPI schema only: the checks are agents.node.protocol.validate_heartbeat."""
 
     node = serializers.CharField()
     agent_version = serializers.CharField(required=False)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from agents import readings
 from agents.authentication import cached_node_for
-from agents.heartbeat import HeartbeatError, validate_heartbeat
+from agents.node.protocol import HeartbeatError, validate_heartbeat
 
 HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
 

@@ -51,8 +51,8 @@ class NodeSensorsCollector(Collector):
     """llmgw_gpu_* and llmgw_node_* gauges from ready nodes' latest sensors, read on each scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from agents.heartbeat import THROTTLE_REASONS
         from agents.models import Node
+        from agents.node.protocol import THROTTLE_REASONS
 
         now = timezone.now()
         gpu_families = {

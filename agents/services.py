@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,10 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
+from agents.node.protocol import is_node_name, node_name_problem
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
-
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
 def _request_reconcile() -> None:
@@ -25,10 +23,8 @@ def _request_reconcile() -> None:
 
 
 def clean_node_name(name: Any, field: str = "node") -> str:
-    if not isinstance(name, str) or not NODE_NAME_RE.match(name):
-        raise InvalidInput(
-            f"{field}: {name!r} is not a node name (letters, digits, '.', '_' and '-', at most 253)", field=field
-        )
+    if not is_node_name(name):
+        raise InvalidInput(f"{field}: {node_name_problem(name)}", field=field)
     return name
 
 

@@ -172,7 +172,7 @@ def main() -> None:
 
     django.setup()
     from agents.services import node_token_create
-    from agents.sim import SimNode
+    from agents.simulator.nodes import SimNode
     from tests.conftest import node_spec
 
     specs = [node_spec(f"bench{i:05}", rack=f"r{i // 16:03}", pdu=f"r{i // 16:03}-a,r{i // 16:03}-b")

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "agent":
-        from agents.daemon import main as agent_main
+        from agents.node.daemon import main as agent_main
 
         return agent_main(rest)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")

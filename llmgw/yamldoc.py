@@ -1,7 +1,14 @@
-"""YAML documents with line numbers, so an error in a file names the line as well as the field."""
+"""YAML documents with line numbers, so an error in a file names the line as well as the field.
+
+The one reader of the files people write: server.yaml, models.yaml, the simulator's cluster file and
+agent.yaml. Every refusal reads the same: `FILE line N: path: what is wrong`. Pure: no Django (the node
+agent reads agent.yaml with it).
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -50,6 +57,13 @@ class Document:
         where = f"{self.filename} line {line}: " if line else f"{self.filename}: "
         return InvalidInput(f"{where}{field}: {message}" if field else f"{where}{message}", field=field)
 
+    def check_keys(self, path: Path, mapping: Mapping[Any, Any], allowed: Iterable[str], what: str) -> None:
+        """Refuse a key of `mapping` (found at `path`) that is not in `allowed`: a typo must not be ignored."""
+        allowed = tuple(allowed)
+        for key in mapping:
+            if key not in allowed:
+                raise self.error((*path, str(key)), f"unknown key; {what} takes: {', '.join(allowed)}")
+
     def line(self, path: Path) -> int | None:
         while path:
             if path in self.lines:
@@ -63,6 +77,16 @@ def dotted(path: Path) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float; YAML's `yes` is a bool, and a bool is an int in Python: it is no number."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_whole_number(value: Any) -> bool:
+    """An int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_text(path) -> str:

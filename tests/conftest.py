@@ -71,7 +71,7 @@ def node_spec(name: str, *, rack: str | None = None, pdu: str | None = None, gpu
 def join_node(db):
     """Record a node's first heartbeat through the service (what its agent's first POST does)."""
     from agents.services import heartbeat_record
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     def join(name: str, **kw):
         return heartbeat_record(node_name=name, heartbeat=heartbeat_for(node_spec(name, **kw)))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.browser
 def join(name: str, *, rack: str, pdu: str | None = None, sensors: dict | None = None):
     """A node's heartbeat through the service (its agent's first POST)."""
     from agents.services import heartbeat_record
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     body = heartbeat_for(node_spec(name, rack=rack, pdu=pdu, labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "12"}))
     body["sensors"] = sensors or {}
@@ -100,7 +100,7 @@ def test_hold_a_rack_and_see_its_nodes_held(racks, page):
 
 def test_a_heartbeat_changes_the_open_page_without_a_reload(racks, page, server):
     from agents.services import node_token_create
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     token = node_token_create(node_name="gpu01")
 

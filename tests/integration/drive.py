@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from agents.services import heartbeat_record
-from agents.sim import SimNode
+from agents.simulator.nodes import SimNode
 from placement.models import Replica, ReplicaState
 from placement.selectors import node_assignments
 from tests.conftest import node_spec

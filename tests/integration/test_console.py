@@ -33,7 +33,7 @@ def login(client, make_user):
 def heartbeat(name: str, *, rack: str | None = None, pdu: str | None = None, sensors: dict | None = None, **kw):
     """Record a heartbeat through the service, as the agent's POST does, with sensor readings."""
     from agents.services import heartbeat_record
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     body = heartbeat_for(node_spec(name, rack=rack, pdu=pdu, **kw))
     body["sensors"] = sensors or {}

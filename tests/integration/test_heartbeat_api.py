@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from agents.models import GPU, Node
 from agents.selectors import node_rows
-from agents.sim import heartbeat_for
+from agents.simulator.cluster import heartbeat_for
 from tests.conftest import node_spec
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from channels.testing import HttpCommunicator
 
 from agents.models import Node
 from agents.services import node_token_create
-from agents.sim import SimNode
+from agents.simulator.nodes import SimNode
 from tests.conftest import node_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.metrics import metrics_view
 from agents.models import Node
 from agents.services import heartbeat_record
-from agents.sim import heartbeat_for
+from agents.simulator.cluster import heartbeat_for
 from tests.conftest import node_spec
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agents.services import heartbeat_record
-from agents.sim import heartbeat_for
+from agents.simulator.cluster import heartbeat_for
 from facility.services import budget_set, hold_create
 from llmgw.ctl import main as ctl
 from placement import selectors, services, snapshot

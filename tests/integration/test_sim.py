@@ -8,7 +8,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents.models import Node
-from agents.sim import SimNode, load_cluster, run_round
+from agents.simulator.client import run_round
+from agents.simulator.cluster import load_cluster
+from agents.simulator.nodes import SimNode
 from llmgw.errors import InvalidInput
 
 CLUSTER = """\

@@ -23,14 +23,15 @@ DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 
 
 def demo_nodes() -> list[dict]:
-    from agents.sim import load_cluster_file
+    from agents.simulator.cluster import load_cluster_file
 
     return load_cluster_file(DEMO_DIR / "cluster.yaml")
 
 
 def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> threading.Thread:
     """Run the demo nodes' simulated agents in a daemon thread, once the server at `server` answers."""
-    from agents.sim import SimNode, run_nodes
+    from agents.simulator.client import run_nodes
+    from agents.simulator.nodes import SimNode
     from llmgw.management.commands.sim import sim_tokens
 
     specs = demo_nodes()
@@ -55,7 +56,7 @@ def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> thread
 def load_demo() -> None:
     """The demo's budgets, and each node as its first heartbeat would make it."""
     from agents.services import heartbeat_record
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
     from facility.services import facility_apply_file
     from placement.services import models_apply_file
 

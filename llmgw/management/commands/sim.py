@@ -10,14 +10,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from agents.sim import (
-    DEFAULT_INTERVAL_SECONDS,
-    DEFAULT_READY_DELAY_SECONDS,
-    SimNode,
-    load_cluster_file,
-    run_nodes,
-    run_round,
-)
+from agents.simulator.client import run_nodes, run_round
+from agents.simulator.cluster import DEFAULT_INTERVAL_SECONDS, load_cluster_file
+from agents.simulator.nodes import DEFAULT_READY_DELAY_SECONDS, SimNode
 from llmgw.errors import InvalidInput
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import AgentConfigError, RuntimeSettings, default_config, load_config, parse_config
+from agents.node.config import AgentConfigError, RuntimeSettings, default_config, load_config, parse_config
 
 GOOD = """\
 server: https://llmgw.example.net/
@@ -83,7 +83,7 @@ def test_workdir_and_sys_root_must_exist(tmp_path: Path):
     assert config.runtime.workdir == str(tmp_path)
     with pytest.raises(AgentConfigError) as excinfo:
         parse_config(f"{MINIMAL}sys_root: {tmp_path}/nope\n")
-    assert str(excinfo.value) == f"agent.yaml, line 4: sys_root: an existing directory, got '{tmp_path}/nope'"
+    assert str(excinfo.value) == f"agent.yaml line 4: sys_root: an existing directory, got '{tmp_path}/nope'"
 
 
 @pytest.mark.parametrize(
@@ -91,87 +91,88 @@ def test_workdir_and_sys_root_must_exist(tmp_path: Path):
     [
         (
             MINIMAL + "interval_seconds: 30\n",
-            "agent.yaml, line 4: interval_seconds: at most 10 seconds "
+            "agent.yaml line 4: interval_seconds: at most 10 seconds "
             "(three missed intervals make a node not-ready), got 30",
         ),
         (
             MINIMAL + "interval_seconds: 0\n",
-            "agent.yaml, line 4: interval_seconds: must be more than 0, got 0",
+            "agent.yaml line 4: interval_seconds: must be more than 0, got 0",
         ),
         (
             MINIMAL + "interval_seconds: yes\n",
-            "agent.yaml, line 4: interval_seconds: a number of seconds, got True",
+            "agent.yaml line 4: interval_seconds: a number of seconds, got True",
         ),
         (
             MINIMAL + "intervall_seconds: 5\n",
-            "agent.yaml, line 4: intervall_seconds: unknown key; known keys are server, node, token, "
+            "agent.yaml line 4: intervall_seconds: unknown key; agent.yaml takes: server, node, token, "
             "token_file, interval_seconds, fabric, labels, runtime, sys_root",
         ),
-        ("node: gpu01\ntoken: t\n", "agent.yaml, line 1: server: required"),
+        ("node: gpu01\ntoken: t\n", "agent.yaml line 1: server: required"),
         (
             "server: cp:8000\nnode: gpu01\ntoken: t\n",
-            "agent.yaml, line 1: server: an http:// or https:// URL of the control plane, got 'cp:8000'",
+            "agent.yaml line 1: server: an http:// or https:// URL of the control plane, got 'cp:8000'",
         ),
         (
             "server: http://cp\nnode: gpu 01\ntoken: t\n",
-            "agent.yaml, line 2: node: a node name takes letters, digits, '.', '_' and '-' only, got 'gpu 01'",
+            "agent.yaml line 2: node: 'gpu 01' is not a node name (letters, digits, '.', '_' and '-', "
+            "starting and ending with a letter or digit, at most 253)",
         ),
         (
             "server: http://cp\nnode: gpu01\n",
-            "agent.yaml, line 1: token: required (or token_file); get one with `llmgw ctl node token <node>`",
+            "agent.yaml line 1: token: required (or token_file); get one with `llmgw ctl node token <node>`",
         ),
         (
             MINIMAL + "token_file: /etc/llmgw/token\n",
-            "agent.yaml, line 4: token_file: give token or token_file, not both",
+            "agent.yaml line 4: token_file: give token or token_file, not both",
         ),
-        (MINIMAL + "node: gpu02\n", "agent.yaml, line 4: node: given twice (first on line 2)"),
+        (MINIMAL + "node: gpu02\n", "agent.yaml line 4: node: given twice"),
         (
             MINIMAL + "labels:\n  llmgw.io/row: 12\n",
-            'agent.yaml, line 5: labels.llmgw.io/row: a label value is text; write it in quotes: llmgw.io/row: "12"',
+            'agent.yaml line 5: labels.llmgw.io/row: a label value is text; write it in quotes: llmgw.io/row: "12"',
         ),
         (
             MINIMAL + "labels:\n  llmgw.io/rak: r12-07\n",
-            "agent.yaml, line 5: labels.llmgw.io/rak: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are "
+            "agent.yaml line 5: labels.llmgw.io/rak: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are "
             "llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu",
         ),
         (
             MINIMAL + "labels:\n  llmgw.io/rack: r12 07\n",
-            "agent.yaml, line 5: labels.llmgw.io/rack: llmgw.io/rack='r12 07': a value takes letters, digits, "
+            "agent.yaml line 5: labels.llmgw.io/rack: llmgw.io/rack='r12 07': a value takes letters, digits, "
             "'.', '_' and '-' only",
         ),
-        (MINIMAL + "labels: [a, b]\n", "agent.yaml, line 4: labels: a mapping of label keys to values"),
+        (MINIMAL + "labels: [a, b]\n", "agent.yaml line 4: labels: a mapping of label keys to values"),
         (
             MINIMAL + "runtime:\n  port_range: [9000, 8000]\n",
-            "agent.yaml, line 5: runtime.port_range: ports between 1 and 65535 with low <= high, got [9000, 8000]",
+            "agent.yaml line 5: runtime.port_range: ports between 1 and 65535 with low <= high, got [9000, 8000]",
         ),
         (
             MINIMAL + "runtime:\n  port_range: 8100\n",
-            "agent.yaml, line 5: runtime.port_range: two port numbers [low, high], got 8100",
+            "agent.yaml line 5: runtime.port_range: two port numbers [low, high], got 8100",
         ),
         (
             MINIMAL + "runtime:\n  grace: 5\n",
-            "agent.yaml, line 5: runtime.grace: unknown key; known keys are port_range, grace_seconds, "
+            "agent.yaml line 5: runtime.grace: unknown key; runtime takes: port_range, grace_seconds, "
             "health_path, workdir, restart_backoff_seconds, restart_backoff_max_seconds",
         ),
         (
             MINIMAL + "runtime:\n  grace_seconds: -1\n",
-            "agent.yaml, line 5: runtime.grace_seconds: a number of seconds, 0 or more, got -1",
+            "agent.yaml line 5: runtime.grace_seconds: a number of seconds, 0 or more, got -1",
         ),
         (
             MINIMAL + "runtime:\n  health_path: health\n",
-            "agent.yaml, line 5: runtime.health_path: a URL path starting with '/', got 'health'",
+            "agent.yaml line 5: runtime.health_path: a URL path starting with '/', got 'health'",
         ),
         (
             MINIMAL + "runtime:\n  restart_backoff_seconds: 10\n  restart_backoff_max_seconds: 5\n",
-            "agent.yaml, line 5: runtime.restart_backoff_seconds: the first delay (10 s) is longer than "
+            "agent.yaml line 5: runtime.restart_backoff_seconds: the first delay (10 s) is longer than "
             "restart_backoff_max_seconds (5 s)",
         ),
         (
             "server: [http://cp\nnode: gpu01\n",
-            "agent.yaml, line 2: not valid YAML: expected ',' or ']', but got ':'",
+            "agent.yaml line 2: not valid YAML: expected ',' or ']', but got ':'",
         ),
-        ("- server\n", "agent.yaml, line 1: (document): the file must be a mapping of keys to values"),
-        ("", "agent.yaml, line 1: the file is empty; server, node and token are required"),
+        ("- server\n", "agent.yaml line 1: the file must be a mapping of keys to values"),
+        ("", "agent.yaml line 1: the file is empty; server, node and token are required"),
     ],
 )
 def test_bad_values_are_refused_naming_field_and_line(text: str, message: str):
@@ -192,7 +193,7 @@ def test_the_message_names_the_file(tmp_path: Path):
     with pytest.raises(AgentConfigError) as excinfo:
         load_config(path)
     assert str(excinfo.value) == (
-        f"{path}, line 3: token_file: cannot read '{tmp_path / 'missing-token'}': No such file or directory"
+        f"{path} line 3: token_file: cannot read '{tmp_path / 'missing-token'}': No such file or directory"
     )
 
 

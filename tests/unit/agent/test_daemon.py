@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shlex
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-from agents.config import parse_config
-from agents.daemon import Agent, build_heartbeat, main
-
-REPO = Path(__file__).resolve().parents[3]
-FAKE_SERVER = REPO / "tests" / "fakes" / "model_server.py"
-DEADLINE_SECONDS = 10.0
+from agents.node.config import parse_config
+from agents.node.daemon import Agent, build_heartbeat, main
+from tests.fakes.control_plane import DEADLINE_SECONDS, REPLICA, ControlPlane, agent_yaml, wait_until
 
 INVENTORY = {
     "gpus": [
@@ -43,14 +30,6 @@ INVENTORY = {
 SENSORS = {
     "gpus": [{"uuid": "GPU-1", "temperature_celsius": 41.0, "power_watts": 72.5, "throttle_reasons": []}],
     "cpu_temperature_celsius": 61.0,
-}
-REPLICA = {
-    "id": 17,
-    "model": "llama-70b",
-    "command": "python -m http.server {port}",
-    "gpus": [0, 1],
-    "cpu_cores": 16,
-    "memory_gib": 256,
 }
 
 
@@ -101,75 +80,11 @@ class FixedJitter:
         return high
 
 
-class ControlPlane:
-    """A tiny stand-in for the heartbeat endpoint: records requests, answers from a script."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.script: list[tuple[int, object]] = []
-        self.answer: object = {"node": "gpu01", "interval_seconds": 10, "replicas": [REPLICA]}
-        plane = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 — http.server's name
-                length = int(self.headers.get("Content-Length", 0))
-                plane.requests.append(
-                    {
-                        "path": self.path,
-                        "authorization": self.headers.get("Authorization"),
-                        "body": json.loads(self.rfile.read(length)),
-                    }
-                )
-                status, body = plane.script.pop(0) if plane.script else (200, plane.answer)
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def plane():
     control_plane = ControlPlane()
     yield control_plane
     control_plane.close()
-
-
-def agent_yaml(server: str, **extra: object) -> str:
-    lines = [
-        f"server: {server}",
-        "node: gpu01",
-        "token: node_secret",
-        "fabric: ib-a",
-        "labels:",
-        "  llmgw.io/rack: r12-07",
-    ]
-    lines += [f"{key}: {value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
-
-
-def wait_until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not reached within {DEADLINE_SECONDS} s")
 
 
 def closed_port() -> int:
@@ -273,7 +188,7 @@ def test_a_bad_config_is_refused_with_its_line(tmp_path, capsys):
     config_path.write_text(agent_yaml("http://cp", interval_seconds=60))
     assert main(["--config", str(config_path)], reader_factory=lambda sys_root: StubReader()) == 2
     assert capsys.readouterr().err == (
-        f"llmgw agent: {config_path}, line 7: interval_seconds: at most 10 seconds "
+        f"llmgw agent: {config_path} line 7: interval_seconds: at most 10 seconds "
         "(three missed intervals make a node not-ready), got 60\n"
     )
 
@@ -375,49 +290,6 @@ def test_the_loop_beats_polls_and_stops(plane):
     assert not thread.is_alive()
     assert runtime.polls >= 3
     assert runtime.synced[:3] == [[REPLICA]] * 3
-
-
-# -- the whole agent, as a process -------------------------------------------------------------
-
-
-def test_the_agent_runs_assigned_replicas_and_stops_them_on_sigterm(plane, tmp_path):
-    command = " ".join(shlex.quote(p) for p in (sys.executable, str(FAKE_SERVER))) + " --port {port}"
-    plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": [{**REPLICA, "command": command}]}
-    (tmp_path / "root").mkdir()  # an empty machine: no sensors at all
-    config_path = tmp_path / "agent.yaml"
-    config_path.write_text(
-        agent_yaml(plane.url, interval_seconds=0.2, sys_root=tmp_path / "root")
-        + "runtime:\n  port_range: [41000, 41099]\n  grace_seconds: 2\n"
-    )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "agents.daemon", "--config", str(config_path)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        wait_until(
-            lambda: any(
-                r["body"]["replicas"] and r["body"]["replicas"][0]["state"] == "ready" for r in plane.requests
-            )
-        )
-        port = next(r for r in plane.requests if r["body"]["replicas"])["body"]["replicas"][0]["port"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/env", timeout=5) as response:
-            replica_pid = json.loads(response.read())["pid"]
-        agent.send_signal(signal.SIGTERM)
-        assert agent.wait(DEADLINE_SECONDS) == 0
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-    output = agent.stdout.read().decode()
-    assert "replica 17 (llama-70b): ready on port" in output
-    assert "replica 17 (llama-70b): stopping, the agent is shutting down" in output
-    assert (
-        not Path(f"/proc/{replica_pid}").exists()
-        or "Z" in Path(f"/proc/{replica_pid}/stat").read_text().split()[2]
-    )
 
 
 def test_the_heartbeat_reports_the_interval_the_control_plane_set(plane):

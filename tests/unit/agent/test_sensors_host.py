@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.sensors import SensorReader, read_file_once
+from agents.node.sensors import SensorReader, read_file_once
 from tests.fakes.fake_nvml import library_missing
 from tests.fakes.fixture_trees import copy_tree, tree
 

@@ -6,7 +6,7 @@ import threading
 
 import pynvml
 
-from agents.sensors import SensorReader
+from agents.node.sensors import SensorReader
 from tests.fakes.fake_nvml import fake_nvml, h100_sxm, l4, library_missing
 from tests.fakes.fixture_trees import tree
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.sensors import SensorReader, read_file_once
+from agents.node.sensors import SensorReader, read_file_once
 from tests.fakes.fake_nvml import library_missing
 from tests.fakes.fixture_trees import FakeClock, copy_tree, tree
 

@@ -24,8 +24,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from agents.config import MAX_INTERVAL_SECONDS, AgentConfig, AgentConfigError, default_config, load_config
-from agents.runtime import Runtime
+from agents.node.config import (
+    MAX_INTERVAL_SECONDS,
+    AgentConfig,
+    AgentConfigError,
+    default_config,
+    load_config,
+)
+from agents.node.runtime import Runtime
 
 logger = logging.getLogger("llmgw.agent")
 
@@ -36,7 +42,7 @@ REPLICA_FIELDS = ("id", "state", "port", "restarts", "message")
 
 
 class Reader(Protocol):
-    """What the agent needs from agents.sensors.SensorReader."""
+    """What the agent needs from agents.node.sensors.SensorReader."""
 
     def inventory(self) -> dict: ...
     def read(self) -> dict: ...
@@ -348,7 +354,7 @@ def machine_root(path: str) -> str:
 
 
 def _default_reader(sys_root: str) -> Reader:
-    from agents.sensors import SensorReader  # NVML is loaded only when sensors are read
+    from agents.node.sensors import SensorReader  # NVML is loaded only when sensors are read
 
     return SensorReader(sys_root=machine_root(sys_root))
 

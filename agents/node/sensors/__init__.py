@@ -17,9 +17,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agents.sensors import host, hwmon
-from agents.sensors.nvml import THROTTLE_REASONS, NvmlSession
-from agents.sensors.rapl import PackagePower
+from agents.node.sensors import host, hwmon
+from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession
+from agents.node.sensors.rapl import PackagePower
 
 __all__ = ["THROTTLE_REASONS", "SensorReader", "read_file_once"]
 

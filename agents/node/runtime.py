@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from agents.config import RuntimeSettings
+from agents.node.config import RuntimeSettings
 
 logger = logging.getLogger("llmgw.agent.runtime")
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import RuntimeSettings
-from agents.runtime import Runtime, exit_message
+from agents.node.config import RuntimeSettings
+from agents.node.runtime import Runtime, exit_message
 
-FAKE_SERVER = Path(__file__).resolve().parents[2] / "fakes" / "model_server.py"
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "fakes" / "model_server.py"
 DEADLINE_SECONDS = 10.0
 
 

@@ -8,6 +8,7 @@ this is plain code rather than nested serializers; a refusal names the field by 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,22 @@ MAX_REPLICAS = 1024
 MAX_LABELS = 256
 GPU_WATTS_MAX = 5000  # no card draws 5 kW; a larger figure is a unit error (mW sent as W)
 TEMP_MIN, TEMP_MAX = -40.0, 150.0
+
+# A node's name, wherever one is given: agent.yaml, the heartbeat, `ctl node token`, the cluster file.
+# A DNS-like name: it starts and ends with a letter or digit, so `gpu01-` is refused everywhere.
+NODE_NAME_MAX_LENGTH = 253
+NODE_NAME_RULE = f"letters, digits, '.', '_' and '-', starting and ending with a letter or digit, at most {NODE_NAME_MAX_LENGTH}"
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")  # 253 at most
+
+
+def is_node_name(name: Any) -> bool:
+    """Whether `name` is a node's name; the whole text must match (a trailing newline does not pass)."""
+    return isinstance(name, str) and _NODE_NAME_RE.fullmatch(name) is not None
+
+
+def node_name_problem(name: Any) -> str:
+    """What is wrong with a name that is_node_name refused, in the words every reader uses."""
+    return f"{name!r} is not a node name ({NODE_NAME_RULE})"
 
 
 class HeartbeatError(ValueError):
@@ -211,7 +228,9 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
     _only(hb, "", HEARTBEAT_KEYS)
     if not hb.get("node"):
         raise HeartbeatError("node", "is required")
-    out: dict[str, Any] = {"node": _text(hb["node"], "node")}
+    if not is_node_name(hb["node"]):
+        raise HeartbeatError("node", node_name_problem(hb["node"]))
+    out: dict[str, Any] = {"node": hb["node"]}
     if hb.get("agent_version") is not None:
         out["agent_version"] = _text(hb["agent_version"], "agent_version", 50)
     if hb.get("interval_seconds") is not None:
