@@ -15,9 +15,9 @@ from agents.views import require_operator, require_reader
 from facility import services
 from facility.domains import LABEL_PREFIX, LEVELS
 from facility.power import kw
-from facility.selectors import facility_overview
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
+from placement.selectors import facility_overview
 
 # Headroom (share of the limit still free) under which a rack is shown as near its cap, then tight.
 NEAR_CAP = 0.10

@@ -308,3 +308,23 @@ def all_assignments() -> dict[str, list[dict]]:
     for node, item in _assignment_rows(Shard.objects.all()):
         out.setdefault(node, []).append(item)
     return out
+
+
+def facility_overview() -> dict[str, Any]:
+    """The facility's overview (:func:`facility.selectors.facility_overview`) with each hold's drain
+    progress (``drain_progress``, ``drain_text``: None when nothing drains there)."""
+    from facility.selectors import facility_overview as overview_of_facility
+    from placement.drain import drain_progress
+
+    overview = overview_of_facility()
+    drains = drain_progress()
+    for row in overview["domains"]:
+        hold = row["hold"]
+        if hold is not None:
+            progress = drains.get(row["domain"])
+            hold["drain_progress"] = progress.as_dict() if progress is not None else None
+            hold["drain_text"] = progress.text if progress is not None else None
+    overview["node_drains"] = {
+        key.split(":", 1)[1]: progress.as_dict() for key, progress in drains.items() if key.startswith("node:")
+    }
+    return overview
