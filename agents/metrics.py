@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Iterator
-from datetime import timedelta
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -52,7 +51,7 @@ class NodeSensorsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         from agents.heartbeat import THROTTLE_REASONS
-        from agents.models import Node
+        from agents.models import Node, heartbeat_is_fresh
 
         now = timezone.now()
         gpu_families = {
@@ -70,8 +69,7 @@ class NodeSensorsCollector(Collector):
             .values_list("name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors")
         )
         for name, last_at, interval, sensors in rows:
-            window = timedelta(seconds=interval * settings.LLMGW_MISSED_HEARTBEATS)
-            if now - last_at > window or not isinstance(sensors, dict):
+            if not heartbeat_is_fresh(last_at, interval, now) or not isinstance(sensors, dict):
                 continue  # not ready: its readings are stale, so no series
             for key, family in node_families.items():
                 value = _number(sensors.get(key))

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 log = logging.getLogger(__name__)
@@ -64,12 +63,13 @@ def buffer_readings(
     """
     global _timer
     from agents.events import remember_server_loop
+    from agents.models import ready_window_seconds
 
     remember_server_loop()
     now = time.monotonic()
     with _lock:
         known = _known.get(node_name)
-        window = interval * settings.LLMGW_MISSED_HEARTBEATS
+        window = ready_window_seconds(interval)
         if known is None or known[0] != digest or now - known[1] > window:
             return False
         _known[node_name] = (digest, now)

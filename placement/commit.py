@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agents.models import GPU, Node, NodeDomain
+from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
 from facility.domains import domains_of as domains_of_labels
 from facility.models import Budget, Hold
 from facility.power import Budget as BudgetFigures
+from facility.power import node_draw_sql
 from placement import snapshot
 from placement.explain import pending_explain, placed_explain
 from placement.index import PlacementIndex
@@ -100,12 +100,11 @@ def _locked_state(
         )
         params += touched
     if domains:
-        # node_watts + the larger of placed and fresh measured draw (facility.power.node_use_watts).
-        fresh_after = now - timedelta(seconds=snapshot.fresh_seconds())
+        # node_watts (added below, per member) + the larger of placed and fresh measured draw: the rule
+        # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
+        fresh_after = now - timedelta(seconds=measured_fresh_seconds())
         sql += (
-            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM(CASE WHEN "
-            f"n.measured_watts IS NOT NULL AND n.sensors_at >= %s AND n.measured_watts > n.placed_watts "
-            f"THEN n.measured_watts ELSE n.placed_watts END) "
+            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM({node_draw_sql('n')}) "
             f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
             f"WHERE nd.domain IN ({placeholders(domains)}) GROUP BY nd.domain"
         )
@@ -126,16 +125,13 @@ def _locked_state(
     return nodes, budgets, holds, use
 
 
-def _is_ready(last_heartbeat_at: datetime | None, interval: float, now: datetime) -> bool:
-    """Node.is_ready on the locked row's columns."""
-    if last_heartbeat_at is None:
-        return False
-    if isinstance(last_heartbeat_at, str):  # SQLite answers raw SQL with text
+def _is_ready(last_heartbeat_at: datetime | str | None, interval: float, now: datetime) -> bool:
+    """Node.is_ready on the locked row's columns (raw SQL: SQLite answers with naive text)."""
+    if isinstance(last_heartbeat_at, str):
         last_heartbeat_at = datetime.fromisoformat(last_heartbeat_at)
-    if timezone.is_naive(last_heartbeat_at):
+    if last_heartbeat_at is not None and timezone.is_naive(last_heartbeat_at):
         last_heartbeat_at = timezone.make_aware(last_heartbeat_at, UTC)
-    window = interval * django_settings.LLMGW_MISSED_HEARTBEATS
-    return (now - last_heartbeat_at).total_seconds() <= window
+    return heartbeat_is_fresh(last_heartbeat_at, interval, now)
 
 
 def _commit(

@@ -131,14 +131,6 @@ class NoFit:
     rejections: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Headroom:
-    """How many more replicas fit, and why the next does not (None when the count hit the limit)."""
-
-    fits: int
-    why_not: str | None
-
-
 # --- pieces the plain path and the index share, so the two cannot disagree ---------------------------
 
 
@@ -498,26 +490,3 @@ def _plan_multi(
         why=f"{wanted} nodes in {where}; {first.name}: {why_text(first, request, spread)}",
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
     )
-
-
-def headroom(
-    request: ReplicaRequest,
-    nodes: Sequence[NodeView],
-    facility: FacilityView,
-    *,
-    limit: int = 1000,
-) -> Headroom:
-    """How many more replicas of the request fit: the same pipeline as a dry run on a copy."""
-    from placement.index import PlacementIndex  # the index builds on this module
-
-    index = PlacementIndex(nodes, facility)
-    existing = list(request.existing)
-    fits = 0
-    while fits < limit:
-        result = index.plan(dataclasses.replace(request, existing=tuple(existing)))
-        if isinstance(result, NoFit):
-            return Headroom(fits=fits, why_not=result.summary)
-        index.apply(result)
-        existing.append(result.nodes)
-        fits += 1
-    return Headroom(fits=fits, why_not=None)

@@ -12,7 +12,7 @@ from typing import Any
 from django.utils import timezone
 
 from llmgw.errors import NotFound
-from placement import planner, snapshot
+from placement import index, snapshot
 from placement.models import Model, Replica, ReplicaState, Shard
 
 HEADROOM_LIMIT = 1000
@@ -268,7 +268,7 @@ def model_headroom(name: str, *, limit: int = HEADROOM_LIMIT) -> dict[str, Any]:
     """How many more replicas of the model fit now, and why the next does not: a dry run, nothing written."""
     model = _model(name)
     request = snapshot.replica_request(model)
-    result = planner.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
+    result = index.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
     return {
         "model": model.name,
         "existing": len(request.existing),
