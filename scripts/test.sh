@@ -39,6 +39,8 @@ fi
 
 echo "== ruff"
 "$BIN/ruff" check .
+echo "== lint-imports"
+"$BIN/lint-imports"
 echo "== migrations"
 LLMGW_DATA_DIR=$(mktemp -d) "$BIN/llmgw" makemigrations --check --dry-run >/dev/null || {
   echo "make test: a model changed without its migration (llmgw makemigrations)" >&2; exit 1; }
