@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from placement.planner import NoFit, Plan
+from placement.planner import NoFit, Plan, reasons_grouped
 
 # What a replica keeps of the rejections at the moment it was placed (or found no node).
 KEPT_REJECTIONS = 20
-SUMMARY_GROUPS = 5
 
 
 def passed_over_summary(rejections: Mapping[str, str]) -> str:
     """``passed over (3 nodes): 2 × gpu: 8 requested, 0 free; 1 × …`` (at most five groups), or ``""``."""
     if not rejections:
         return ""
-    counts = Counter(rejections.values())
-    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
-    listed = "; ".join(f"{count} × {reason}" for reason, count in groups)
     total = len(rejections)
-    return f"passed over ({total} node{'' if total == 1 else 's'}): {listed}"
+    return f"passed over ({total} node{'' if total == 1 else 's'}): {reasons_grouped(rejections)}"
 
 
 def placed_explain(plan: Plan, *, attempts: int, conflicts: list[str]) -> dict[str, Any]:

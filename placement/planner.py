@@ -351,14 +351,18 @@ def why_text(node: NodeView, request: ReplicaRequest, spread: frozenset[Domain])
     return "; ".join(parts)
 
 
+def reasons_grouped(rejections: Mapping[str, str]) -> str:
+    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups."""
+    counts = Counter(rejections.values())
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
+    return "; ".join(f"{count} × {reason}" for reason, count in groups)
+
+
 def nofit_summary(rejections: Mapping[str, str]) -> str:
     """``no node fits (12 nodes): 7 × gpu: 8 requested, 0 free; 3 × …`` (at most five groups)."""
     if not rejections:
         return "no nodes"
-    counts = Counter(rejections.values())
-    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
-    listed = "; ".join(f"{count} × {reason}" for reason, count in groups)
-    return f"no node fits ({_plural(len(rejections), 'node')}): {listed}"
+    return f"no node fits ({_plural(len(rejections), 'node')}): {reasons_grouped(rejections)}"
 
 
 def ahead_rejections(
