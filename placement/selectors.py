@@ -313,11 +313,16 @@ def all_assignments() -> dict[str, list[dict]]:
 def facility_overview() -> dict[str, Any]:
     """The facility's overview (:func:`facility.selectors.facility_overview`) with each hold's drain
     progress (``drain_progress``, ``drain_text``: None when nothing drains there)."""
+    from facility.models import Hold
     from facility.selectors import facility_overview as overview_of_facility
     from placement.drain import drain_progress
 
     overview = overview_of_facility()
-    drains = drain_progress()
+    # The holds the overview read already, so drain progress does not read them again.
+    holds = [
+        Hold(domain=row["domain"], drain=row["hold"]["drain"]) for row in overview["domains"] if row["hold"]
+    ]
+    drains = drain_progress(holds)
     for row in overview["domains"]:
         hold = row["hold"]
         if hold is not None:
