@@ -16,6 +16,7 @@ from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat
+from facility import nodes as facility_nodes
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
 
@@ -36,11 +37,11 @@ class NodeListView(APIView):
                 domain = str(parse_domain(domain))
             except DomainError as exc:
                 raise InvalidInput(f"domain: {exc}", field="domain") from exc
-        return Response([row.as_dict() for row in selectors.node_rows(domain=domain)])
+        return Response([row.as_dict() for row in facility_nodes.node_rows(domain=domain)])
 
 
 def node_detail(node: Node) -> dict:
-    row = selectors.node_rows(selectors.node_queryset().filter(pk=node.pk))[0]
+    row = facility_nodes.node_rows(selectors.node_queryset().filter(pk=node.pk))[0]
     body = row.as_dict()
     body.update(
         {

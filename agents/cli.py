@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agents import selectors, services
+from agents import services
+from facility import nodes as facility_nodes
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
@@ -66,7 +67,7 @@ def nodes(args) -> int:
             domain = str(parse_domain(args.domain))
         except DomainError as exc:
             raise InvalidInput(f"--domain: {exc}", field="domain") from exc
-    rows = selectors.node_rows(domain=domain)
+    rows = facility_nodes.node_rows(domain=domain)
     if args.output == "json":
         print_json([r.as_dict() for r in rows])
         return 0

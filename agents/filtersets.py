@@ -12,8 +12,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
-from agents.selectors import held_domains, node_state
 from facility.domains import DomainError, parse_domain
+from facility.nodes import held_domains, node_state
 
 STATES = ("ready", "not-ready", "cordoned", "held")
 

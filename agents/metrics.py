@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Iterator
-from datetime import timedelta
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -51,7 +50,7 @@ class NodeSensorsCollector(Collector):
     """llmgw_gpu_* and llmgw_node_* gauges from ready nodes' latest sensors, read on each scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from agents.models import Node
+        from agents.models import Node, heartbeat_is_fresh
         from agents.node.protocol import THROTTLE_REASONS
 
         now = timezone.now()
@@ -70,8 +69,7 @@ class NodeSensorsCollector(Collector):
             .values_list("name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors")
         )
         for name, last_at, interval, sensors in rows:
-            window = timedelta(seconds=interval * settings.LLMGW_MISSED_HEARTBEATS)
-            if now - last_at > window or not isinstance(sensors, dict):
+            if not heartbeat_is_fresh(last_at, interval, now) or not isinstance(sensors, dict):
                 continue  # not ready: its readings are stale, so no series
             for key, family in node_families.items():
                 value = _number(sensors.get(key))

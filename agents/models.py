@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from facility.domains import LABEL_PREFIX
+from facility.power import fresh_measured_watts
+
+
+def ready_window_seconds(interval_seconds: float) -> float:
+    """How long a node stays ready after a heartbeat: LLMGW_MISSED_HEARTBEATS of its intervals."""
+    return interval_seconds * settings.LLMGW_MISSED_HEARTBEATS
+
+
+def heartbeat_is_fresh(last_heartbeat_at: datetime | None, interval_seconds: float, now: datetime) -> bool:
+    """The one rule of node readiness: a heartbeat within the ready window (never heard of: not ready)."""
+    if last_heartbeat_at is None:
+        return False
+    return (now - last_heartbeat_at).total_seconds() <= ready_window_seconds(interval_seconds)
+
+
+def measured_fresh_seconds() -> float:
+    """How long a node's measured draw counts for power accounting (LLMGW_MEASURED_FRESH_SECONDS)."""
+    return settings.LLMGW_MEASURED_FRESH_SECONDS
 
 
 class Node(models.Model):
@@ -51,20 +69,14 @@ class Node(models.Model):
         return self.name
 
     def is_ready(self, now=None) -> bool:
-        """Ready while heartbeats are fresh: three intervals missed and it is not."""
-        if self.last_heartbeat_at is None:
-            return False
-        now = now or timezone.now()
-        window = self.heartbeat_interval_seconds * settings.LLMGW_MISSED_HEARTBEATS
-        return now - self.last_heartbeat_at <= timedelta(seconds=window)
+        """Ready while heartbeats are fresh (:func:`heartbeat_is_fresh`)."""
+        return heartbeat_is_fresh(self.last_heartbeat_at, self.heartbeat_interval_seconds, now or timezone.now())
 
     def fresh_measured_watts(self, now=None) -> float | None:
-        if self.measured_watts is None or self.sensors_at is None:
-            return None
-        now = now or timezone.now()
-        if now - self.sensors_at > timedelta(seconds=settings.LLMGW_MEASURED_FRESH_SECONDS):
-            return None
-        return self.measured_watts
+        """The measured draw while it counts (:func:`facility.power.fresh_measured_watts`), else None."""
+        return fresh_measured_watts(
+            self.measured_watts, self.sensors_at, now or timezone.now(), measured_fresh_seconds()
+        )
 
     def location(self) -> dict[str, str]:
         return {k: v for k, v in self.labels.items() if k.startswith(LABEL_PREFIX)}

@@ -15,11 +15,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 log = logging.getLogger(__name__)
@@ -64,12 +63,13 @@ def buffer_readings(
     """
     global _timer
     from agents.events import remember_server_loop
+    from agents.models import ready_window_seconds
 
     remember_server_loop()
     now = time.monotonic()
     with _lock:
         known = _known.get(node_name)
-        window = interval * settings.LLMGW_MISSED_HEARTBEATS
+        window = ready_window_seconds(interval)
         if known is None or known[0] != digest or now - known[1] > window:
             return False
         _known[node_name] = (digest, now)
@@ -157,6 +157,16 @@ _assignments: dict[str, list[dict]] = {}
 _assignments_at = -1e9
 _assignments_generation = 0  # moved on by every invalidation, so a read begun before one is not kept
 _assignments_lock = threading.Lock()
+# Who answers "what must each node run": registered by the layer that owns assignments (placement, in
+# its AppConfig.ready), so the node layer never imports it. None: nothing to run anywhere.
+_assignments_provider: Callable[[], dict[str, list[dict]]] | None = None
+
+
+def register_assignments_provider(provider: Callable[[], dict[str, list[dict]]]) -> None:
+    """Set the function that reads every node's assignments in one go (node name → list)."""
+    global _assignments_provider
+    _assignments_provider = provider
+    invalidate_assignments()
 
 
 def invalidate_assignments(**_: Any) -> None:
@@ -182,11 +192,9 @@ def assignments(node_name: str) -> list[dict]:
     """
     global _assignments, _assignments_at
     if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
-        from placement.selectors import all_assignments
-
         generation = _assignments_generation
         read_at = time.monotonic()
-        fresh = all_assignments()
+        fresh = _assignments_provider() if _assignments_provider is not None else {}
         with _assignments_lock:
             if generation == _assignments_generation:
                 _assignments, _assignments_at = fresh, read_at

@@ -1,71 +1,13 @@
-"""Reads of nodes: the rows the CLI, the API and the console list, with state and location."""
+"""Reads of nodes alone: the list query and where each label comes from. Node rows with their holds
+are the facility's (:mod:`facility.nodes`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Count, Prefetch, Q, QuerySet
-from django.utils import timezone
 
 from agents.models import Node, NodeDomain, StoreLabel
-from facility.domains import LABEL_PREFIX, LEVELS, location_text
-from facility.models import Hold
-
-
-@dataclass
-class NodeRow:
-    """One node as people see it in a list."""
-
-    node: Node
-    state: str
-    gpus_free: int
-    gpus_total: int
-    domains: list[str]
-    hold: Hold | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.node.name
-
-    @property
-    def location(self) -> dict[str, str]:
-        return {level: self.node.labels[LABEL_PREFIX + level] for level in LEVELS if self.node.labels.get(LABEL_PREFIX + level)}
-
-    @property
-    def location_text(self) -> str:
-        return location_text(self.node.labels)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.node.name,
-            "state": self.state,
-            "ready": self.state != "not-ready" and self.node.last_heartbeat_at is not None,
-            "cordoned": self.node.cordoned,
-            "held": {"domain": self.hold.domain, "reason": self.hold.reason} if self.hold else None,
-            "gpus": {"free": self.gpus_free, "total": self.gpus_total},
-            "location": self.location,
-            "domains": self.domains,
-            "fabric": self.node.fabric or None,
-            "last_heartbeat_at": self.node.last_heartbeat_at.isoformat() if self.node.last_heartbeat_at else None,
-        }
-
-
-def held_domains() -> dict[str, Hold]:
-    return {h.domain: h for h in Hold.objects.all()}
-
-
-def node_state(node: Node, domains: list[str], holds: dict[str, Hold], now) -> tuple[str, Hold | None]:
-    """ready, not-ready, cordoned or held — the first that applies, in that order of urgency reversed."""
-    hold = next((holds[d] for d in domains if d in holds), None)
-    if not node.is_ready(now):
-        return "not-ready", hold
-    if node.cordoned:
-        return "cordoned", hold
-    if hold is not None:
-        return "held", hold
-    return "ready", None
 
 
 def node_queryset() -> QuerySet[Node]:
@@ -73,21 +15,6 @@ def node_queryset() -> QuerySet[Node]:
         gpus_total=Count("gpus", filter=Q(gpus__present=True), distinct=True),
         gpus_free=Count("gpus", filter=Q(gpus__present=True, gpus__shard__isnull=True), distinct=True),
     ).prefetch_related(Prefetch("domains", queryset=NodeDomain.objects.order_by("domain")))
-
-
-def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = None) -> list[NodeRow]:
-    """Nodes with their state, free GPUs and domains; `domain` keeps those in it (`rack:r12-07`)."""
-    qs = queryset if queryset is not None else node_queryset()
-    if domain:
-        qs = qs.filter(domains__domain=domain)
-    holds = held_domains()
-    now = timezone.now()
-    rows = []
-    for node in qs:
-        domains = [d.domain for d in node.domains.all()]
-        state, hold = node_state(node, domains, holds, now)
-        rows.append(NodeRow(node, state, node.gpus_free, node.gpus_total, domains, hold))
-    return rows
 
 
 def node_label_sources(node_name: str, agent_labels: dict[str, str]) -> list[dict[str, Any]]:

@@ -10,16 +10,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
 from agents.node.protocol import is_node_name, node_name_problem
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
 
 
-def _request_reconcile() -> None:
-    from placement.tasks import request_reconcile
-
-    request_reconcile()
+def _nodes_changed(*node_names: str) -> None:
+    """Tell the layers above (placement reconciles) that nodes it depends on changed."""
+    signals.nodes_changed.send(sender=Node, node_names=node_names)
 
 
 def clean_node_name(name: Any, field: str = "node") -> str:
@@ -89,7 +89,7 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
     node_refresh_labels(node)
-    _request_reconcile()
+    _nodes_changed(node.name)
     _notify(node.name)
     return node.labels
 
@@ -109,7 +109,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
     node.cordon_reason = reason if cordoned else ""
     node.draining = cordoned and (drain or node.draining)
     node.save(update_fields=["cordoned", "cordon_reason", "draining"])
-    _request_reconcile()
+    _nodes_changed(node.name)
     _notify(node.name)
     return node
 
@@ -190,11 +190,9 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
     inventory_changed = _record_gpus(node, inventory.get("gpus") or [])
     if labels_changed:
         node_refresh_labels(node)
-    from placement.services import shard_states_report
-
-    shard_states_report(node=node, states=heartbeat.get("replicas") or [], now=now)
+    signals.node_reported.send(sender=Node, node=node, states=heartbeat.get("replicas") or [], now=now)
     if created or not was_ready or labels_changed or inventory_changed:
-        _request_reconcile()
+        _nodes_changed(node.name)
     _notify(node.name)
     return node
 

@@ -21,10 +21,10 @@ from django.views.decorators.http import require_POST
 from agents import selectors, services
 from agents.filtersets import STATES, NodeFilterSet, node_state_lines
 from agents.models import Node, NodeDomain, StoreLabel
-from agents.selectors import NodeRow
 from facility import services as facility_services
 from facility.domains import LABEL_PREFIX, LEVELS
 from facility.models import Hold
+from facility.nodes import NodeRow, node_rows
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
 
@@ -102,7 +102,7 @@ def decorate(rows: Sequence[NodeRow]) -> list[NodeRow]:
 def rows_for(names_or_ids: Sequence[Any], *, by: str = "pk") -> list[NodeRow]:
     """Rows of the given nodes in the given order (a page of the list, or what a live update renders)."""
     qs = selectors.node_queryset().filter(**{f"{by}__in": list(names_or_ids)})
-    rows = {getattr(row.node, by): row for row in selectors.node_rows(qs)}
+    rows = {getattr(row.node, by): row for row in node_rows(qs)}
     return decorate([rows[key] for key in names_or_ids if key in rows])
 
 

@@ -4,7 +4,7 @@ Makes its own database (``llmgw_bench_placements`` on the server of DATABASE_URL
 ``postgres://postgres@127.0.0.1:5432/llmgw``), migrates it, and bulk-loads 1,000 ready nodes × 8 GPUs
 over 40 racks (25 nodes each) and 80 PDUs (two per rack), with power budgets on every rack and PDU that
 bind near 85% of the cards. Twenty models with 8-, 4-, 2- and 1-GPU profiles take turns: each turn
-places one pending replica through ``placement.services.replica_place`` — the path a reconcile takes:
+places one pending replica through ``placement.commit.replica_place`` — the path a reconcile takes:
 plan on the index, then lock budgets and nodes, re-check, write shards, book GPUs — until none fits.
 
 Prints placements/s and p50/p99 latency of plan + commit, then the planner alone (bench/planner.py).
@@ -135,8 +135,8 @@ def place_all(models: list) -> tuple[list[float], float, int, int]:
     import dataclasses
 
     from placement import snapshot
+    from placement.commit import replica_place
     from placement.index import PlacementIndex
-    from placement.services import replica_place
 
     started = time.perf_counter()
     index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())

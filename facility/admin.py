@@ -98,6 +98,4 @@ class FacilitySettingsAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         obj.source = Source.ADMIN
         super().save_model(request, obj, form, change)
-        from placement.tasks import request_reconcile
-
-        request_reconcile()
+        services.facility_changed_send()

@@ -7,13 +7,14 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from facility import selectors, services
+from facility import services
+from placement import selectors as placement_selectors
 
 
 class FacilityView(APIView):
     @extend_schema(responses={200: dict}, summary="Every domain: nodes, use, limit, reserved and measured draw, hold")
     def get(self, request):
-        return Response(selectors.facility_overview())
+        return Response(placement_selectors.facility_overview())
 
 
 class StrictSerializer(serializers.Serializer):

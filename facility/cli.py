@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from facility import selectors, services
+from facility import services
 from llmgw.output import kw, print_json, print_table
+from placement import selectors as placement_selectors
 
 
 def register(commands) -> None:
@@ -68,7 +69,7 @@ def register(commands) -> None:
 
 
 def overview(args) -> int:
-    data = selectors.facility_overview()
+    data = placement_selectors.facility_overview()
     if args.output == "json":
         print_json(data)
         return 0

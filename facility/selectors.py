@@ -28,7 +28,10 @@ def budgets() -> dict[Domain, power.Budget]:
 
 
 def facility_overview() -> dict[str, Any]:
-    """Every domain that has nodes, a budget or a hold: nodes, use, limit, reserved and measured draw, hold."""
+    """Every domain that has nodes, a budget or a hold: nodes, use, limit, reserved and measured draw, hold.
+
+    A hold's drain progress is placement's: :func:`placement.selectors.facility_overview` adds it.
+    """
     settings = facility_settings()
     budget_by_domain = budgets()
     holds = {h.domain: h for h in Hold.objects.all()}
@@ -42,9 +45,6 @@ def facility_overview() -> dict[str, Any]:
         members[domain].append(node_id)
     all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds)
     order = {level: i for i, level in enumerate(LEVELS)}
-    from placement.drain import drain_progress
-
-    drains = drain_progress(list(holds.values()))
     rows = []
     for text in sorted(all_domains, key=lambda t: (order.get(t.split(":")[0], 99), t)):
         domain = parse_domain(text)
@@ -70,8 +70,6 @@ def facility_overview() -> dict[str, Any]:
                         "drain": hold.drain,
                         "created_by": hold.created_by,
                         "created_at": hold.created_at.isoformat(),
-                        "drain_progress": drains[text].as_dict() if text in drains else None,
-                        "drain_text": drains[text].text if text in drains else None,
                     }
                     if hold
                     else None
@@ -86,7 +84,4 @@ def facility_overview() -> dict[str, Any]:
             "node_watts": settings.node_watts,
         },
         "domains": rows,
-        "node_drains": {
-            key.split(":", 1)[1]: progress.as_dict() for key, progress in drains.items() if key.startswith("node:")
-        },
     }

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from facility.domains import DomainError, parse_domain
 from facility.models import Budget, FacilitySettings, Hold, Source
+from facility.signals import facility_changed
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.yamldoc import Document, load_documents, read_text
 
@@ -20,10 +21,9 @@ SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
 BUDGET_KEYS = ("domain", "cap_watts", "other_watts")
 
 
-def _request_reconcile() -> None:
-    from placement.tasks import request_reconcile
-
-    request_reconcile()
+def facility_changed_send(*, sender: type = FacilitySettings) -> None:
+    """Tell the layers above (placement reconciles) that a budget, a hold or the settings changed."""
+    facility_changed.send(sender=sender)
 
 
 def clean_domain(text: Any, *, field: str = "domain") -> str:
@@ -146,7 +146,7 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
         gone = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names)
         removed = sorted(gone.values_list("domain", flat=True))
         gone.delete()
-    _request_reconcile()
+    facility_changed_send()
     return {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
 
 
@@ -170,7 +170,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
     budget, _ = Budget.objects.update_or_create(
         domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
     )
-    _request_reconcile()
+    facility_changed_send()
     return budget
 
 
@@ -180,7 +180,7 @@ def budget_delete(*, domain: str) -> None:
     deleted, _ = Budget.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} has no budget", field="domain")
-    _request_reconcile()
+    facility_changed_send()
 
 
 # -- holds -----------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_
     hold, _ = Hold.objects.update_or_create(
         domain=domain, defaults={"reason": reason, "drain": drain, "created_by": created_by}
     )
-    _request_reconcile()
+    facility_changed_send()
     _notify_nodes_changed()
     return hold
 
@@ -218,7 +218,7 @@ def hold_release(*, domain: str) -> None:
     deleted, _ = Hold.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} is not held", field="domain")
-    _request_reconcile()
+    facility_changed_send()
     _notify_nodes_changed()
 
 

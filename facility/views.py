@@ -14,25 +14,25 @@ from agents.models import Node
 from agents.views import require_operator, require_reader
 from facility import services
 from facility.domains import LABEL_PREFIX, LEVELS
-from facility.power import kw
-from facility.selectors import facility_overview
+from facility.power import NEAR_LIMIT_SHARE, kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
+from placement.selectors import facility_overview
 
 # Headroom (share of the limit still free) under which a rack is shown as near its cap, then tight.
-NEAR_CAP = 0.10
 TIGHT = 0.25
 
 
 def headroom_class(domain: dict[str, Any]) -> str:
-    """The colour a rack tile or bar takes: over, near (≤10% of its limit left), tight (≤25%), ok, or none."""
+    """The colour a rack tile or bar takes: over, near (at most 1 − NEAR_LIMIT_SHARE of its limit left),
+    tight (≤25%), ok, or none."""
     limit = domain["limit_watts"]
     if limit is None:
         return "none"
     if domain["over_limit"]:
         return "over"
     left = (limit - domain["use_watts"]) / limit if limit else 0
-    if left <= NEAR_CAP:
+    if left <= round(1 - NEAR_LIMIT_SHARE, 9):
         return "near"
     if left <= TIGHT:
         return "tight"

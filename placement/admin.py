@@ -6,10 +6,10 @@ from django import forms
 from django.contrib import admin
 
 from llmgw.errors import LlmgwError
-from placement import services
+from placement import documents, services
 from placement.models import Model, Replica, Shard
 
-PROFILE_FIELDS = services.PROFILE_KEYS
+PROFILE_FIELDS = documents.PROFILE_KEYS
 
 
 def document_of(data: dict) -> dict:
@@ -27,8 +27,8 @@ class ModelForm(forms.ModelForm):
     def clean(self):
         data = super().clean()
         try:
-            services.parse_model_document(document_of(data))
-        except services._Bad as bad:  # noqa: SLF001 - the service's own refusal, shown on the form
+            documents.parse_model_document(document_of(data))
+        except documents.DocumentError as bad:  # the document's own refusal, shown on the form
             field = bad.path[-1] if bad.path and bad.path[-1] in self.fields else None
             self.add_error(field, bad.whole or bad.message)
         return data

@@ -4,3 +4,19 @@ from django.apps import AppConfig
 class PlacementConfig(AppConfig):
     name = "placement"
     verbose_name = "Placement"
+
+    def ready(self) -> None:
+        # Placement listens to the layers below it; they never import placement (README, Architecture).
+        from agents import readings
+        from agents.signals import node_reported, nodes_changed
+        from facility.signals import facility_changed
+        from placement import receivers
+        from placement.selectors import all_assignments
+        from placement.signals import placement_changed
+
+        facility_changed.connect(receivers.reconcile_on_change, dispatch_uid="placement-reconcile-on-facility")
+        nodes_changed.connect(receivers.reconcile_on_change, dispatch_uid="placement-reconcile-on-nodes")
+        node_reported.connect(receivers.record_report, dispatch_uid="placement-record-report")
+        # The heartbeat's answer: what each node must run comes from placement, cached by the node layer.
+        readings.register_assignments_provider(all_assignments)
+        placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")

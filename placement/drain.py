@@ -24,7 +24,10 @@ from django.utils import timezone
 
 from agents.models import Node, NodeDomain
 from facility.models import Hold
+from placement import snapshot
+from placement.commit import replica_place
 from placement.models import Model, Replica, ReplicaState, Shard
+from placement.services import replica_free
 
 
 def draining_nodes() -> dict[int, str]:
@@ -55,9 +58,10 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
-    """One step of the model's drain: finish a replacement that is ready, or start the next one."""
-    from placement import services, snapshot
+    """One step of the model's drain: finish a replacement that is ready, or start the next one.
 
+    ``run`` is the :class:`placement.reconcile.ReconcileRun` this step belongs to.
+    """
     draining = draining_nodes() if draining is None else draining
     on_draining = _replicas_on(set(draining), model) if draining else set()
     replacements = list(Replica.objects.filter(model=model, replaces__isnull=False).select_related("replaces"))
@@ -67,7 +71,7 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     for replacement in replacements:
         if replacement.replaces_id not in on_draining:
             freed |= _nodes_of(replacement)
-            services.replica_free(replica=replacement)
+            replica_free(replica=replacement)
             run.removed += 1
     replacements = [r for r in replacements if r.replaces_id in on_draining]
 
@@ -75,12 +79,11 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     for replacement in replacements:
         if _ready_long_enough(replacement, model, run.now):
             freed |= _nodes_of(replacement.replaces)
-            services.replica_free(replica=replacement.replaces)  # the old one stops; the new one takes over
+            replica_free(replica=replacement.replaces)  # the old one stops; the new one takes over
             run.removed += 1
         else:
             in_flight = replacement
-    if freed and run._index is not None:
-        services._refresh(run, freed)
+    run.refresh(freed)
     if in_flight is not None:
         return  # one at a time per model: the replacement is placed (or pending) and not yet ready
 
@@ -98,7 +101,7 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     )
     run.created += 1
     request = snapshot.replica_request(model)
-    outcome = services.replica_place(replica=replacement, request=request, index=run.index, now=run.now)
+    outcome = replica_place(replica=replacement, request=request, index=run.index, now=run.now)
     if outcome.plan is not None:
         run.placed += 1
     elif not outcome.gone:

@@ -16,9 +16,11 @@ reports every node), go through ``plan_replica`` on the indexed views.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from facility.domains import Domain
 from facility.power import Budget, node_use_watts
@@ -336,3 +338,32 @@ class PlacementIndex:
                 for name in merged:
                     if name not in holders:
                         yield nodes[name]
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """How many more replicas fit, and why the next does not (None when the count hit the limit)."""
+
+    fits: int
+    why_not: str | None
+
+
+def headroom(
+    request: ReplicaRequest,
+    nodes: Sequence[NodeView],
+    facility: FacilityView,
+    *,
+    limit: int = 1000,
+) -> Headroom:
+    """How many more replicas of the request fit: the same pipeline as a dry run on a copy."""
+    index = PlacementIndex(nodes, facility)
+    existing = list(request.existing)
+    fits = 0
+    while fits < limit:
+        result = index.plan(dataclasses.replace(request, existing=tuple(existing)))
+        if isinstance(result, NoFit):
+            return Headroom(fits=fits, why_not=result.summary)
+        index.apply(result)
+        existing.append(result.nodes)
+        fits += 1
+    return Headroom(fits=fits, why_not=None)

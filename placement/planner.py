@@ -131,14 +131,6 @@ class NoFit:
     rejections: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Headroom:
-    """How many more replicas fit, and why the next does not (None when the count hit the limit)."""
-
-    fits: int
-    why_not: str | None
-
-
 # --- pieces the plain path and the index share, so the two cannot disagree ---------------------------
 
 
@@ -359,14 +351,18 @@ def why_text(node: NodeView, request: ReplicaRequest, spread: frozenset[Domain])
     return "; ".join(parts)
 
 
+def reasons_grouped(rejections: Mapping[str, str]) -> str:
+    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups."""
+    counts = Counter(rejections.values())
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
+    return "; ".join(f"{count} × {reason}" for reason, count in groups)
+
+
 def nofit_summary(rejections: Mapping[str, str]) -> str:
     """``no node fits (12 nodes): 7 × gpu: 8 requested, 0 free; 3 × …`` (at most five groups)."""
     if not rejections:
         return "no nodes"
-    counts = Counter(rejections.values())
-    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
-    listed = "; ".join(f"{count} × {reason}" for reason, count in groups)
-    return f"no node fits ({_plural(len(rejections), 'node')}): {listed}"
+    return f"no node fits ({_plural(len(rejections), 'node')}): {reasons_grouped(rejections)}"
 
 
 def ahead_rejections(
@@ -498,26 +494,3 @@ def _plan_multi(
         why=f"{wanted} nodes in {where}; {first.name}: {why_text(first, request, spread)}",
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
     )
-
-
-def headroom(
-    request: ReplicaRequest,
-    nodes: Sequence[NodeView],
-    facility: FacilityView,
-    *,
-    limit: int = 1000,
-) -> Headroom:
-    """How many more replicas of the request fit: the same pipeline as a dry run on a copy."""
-    from placement.index import PlacementIndex  # the index builds on this module
-
-    index = PlacementIndex(nodes, facility)
-    existing = list(request.existing)
-    fits = 0
-    while fits < limit:
-        result = index.plan(dataclasses.replace(request, existing=tuple(existing)))
-        if isinstance(result, NoFit):
-            return Headroom(fits=fits, why_not=result.summary)
-        index.apply(result)
-        existing.append(result.nodes)
-        fits += 1
-    return Headroom(fits=fits, why_not=None)

@@ -12,7 +12,7 @@ from typing import Any
 from django.utils import timezone
 
 from llmgw.errors import NotFound
-from placement import planner, snapshot
+from placement import index, snapshot
 from placement.models import Model, Replica, ReplicaState, Shard
 
 HEADROOM_LIMIT = 1000
@@ -268,7 +268,7 @@ def model_headroom(name: str, *, limit: int = HEADROOM_LIMIT) -> dict[str, Any]:
     """How many more replicas of the model fit now, and why the next does not: a dry run, nothing written."""
     model = _model(name)
     request = snapshot.replica_request(model)
-    result = planner.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
+    result = index.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
     return {
         "model": model.name,
         "existing": len(request.existing),
@@ -308,3 +308,28 @@ def all_assignments() -> dict[str, list[dict]]:
     for node, item in _assignment_rows(Shard.objects.all()):
         out.setdefault(node, []).append(item)
     return out
+
+
+def facility_overview() -> dict[str, Any]:
+    """The facility's overview (:func:`facility.selectors.facility_overview`) with each hold's drain
+    progress (``drain_progress``, ``drain_text``: None when nothing drains there)."""
+    from facility.models import Hold
+    from facility.selectors import facility_overview as overview_of_facility
+    from placement.drain import drain_progress
+
+    overview = overview_of_facility()
+    # The holds the overview read already, so drain progress does not read them again.
+    holds = [
+        Hold(domain=row["domain"], drain=row["hold"]["drain"]) for row in overview["domains"] if row["hold"]
+    ]
+    drains = drain_progress(holds)
+    for row in overview["domains"]:
+        hold = row["hold"]
+        if hold is not None:
+            progress = drains.get(row["domain"])
+            hold["drain_progress"] = progress.as_dict() if progress is not None else None
+            hold["drain_text"] = progress.text if progress is not None else None
+    overview["node_drains"] = {
+        key.split(":", 1)[1]: progress.as_dict() for key, progress in drains.items() if key.startswith("node:")
+    }
+    return overview

@@ -11,16 +11,16 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from agents.models import GPU, Node, NodeDomain
+from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
 from facility import selectors as facility_selectors
 from facility.domains import LEVELS, Domain, parse_domain
 from facility.models import Hold
+from facility.power import fresh_measured_watts
 from placement.models import Model, Replica, Shard
 from placement.planner import FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
@@ -88,18 +88,11 @@ def facility_view() -> FacilityView:
 
 
 def _measured(row: dict, now: datetime) -> float | None:
-    if row["measured_watts"] is None or row["sensors_at"] is None:
-        return None
-    if now - row["sensors_at"] > timedelta(seconds=settings.LLMGW_MEASURED_FRESH_SECONDS):
-        return None
-    return row["measured_watts"]
+    return fresh_measured_watts(row["measured_watts"], row["sensors_at"], now, measured_fresh_seconds())
 
 
 def _ready(row: dict, now: datetime) -> bool:
-    if row["last_heartbeat_at"] is None:
-        return False
-    window = row["heartbeat_interval_seconds"] * settings.LLMGW_MISSED_HEARTBEATS
-    return now - row["last_heartbeat_at"] <= timedelta(seconds=window)
+    return heartbeat_is_fresh(row["last_heartbeat_at"], row["heartbeat_interval_seconds"], now)
 
 
 def node_views(*, names: Iterable[str] | None = None, now: datetime | None = None) -> list[NodeView]:
@@ -186,11 +179,6 @@ def replica_request(model: Model) -> ReplicaRequest:
 def pending_replicas(model: Model) -> list[Replica]:
     """The model's replicas still waiting for a node, oldest first."""
     return list(Replica.objects.filter(model=model, state="pending").order_by("ordinal"))
-
-
-def fresh_seconds() -> float:
-    """How long a node's measured draw counts for power accounting."""
-    return settings.LLMGW_MEASURED_FRESH_SECONDS
 
 
 def domain_of(text: str) -> Domain:

@@ -22,7 +22,7 @@ def reconcile() -> None:
     again two seconds later, so what changed meanwhile is not left for the next beat.
     """
     from llmgw.celery import app
-    from placement.services import reconcile_all
+    from placement.reconcile import reconcile_all
 
     if app.conf.task_always_eager or connection.vendor != "postgresql":
         reconcile_all()

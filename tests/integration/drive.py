@@ -35,7 +35,7 @@ class Cluster:
 
     def tick(self, seconds: float = 1.0) -> None:
         """Advance simulated time; every node reports and takes the replicas it must run."""
-        from placement.services import reconcile_all
+        from placement.reconcile import reconcile_all
 
         self.clock += seconds
         for name, node in self.nodes.items():

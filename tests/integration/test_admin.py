@@ -41,7 +41,7 @@ def test_a_hold_made_in_the_admin_names_who_and_holds_the_nodes(admin_client, jo
     assert response.status_code == 302
     hold = Hold.objects.get()
     assert (hold.domain, hold.reason, hold.created_by) == ("rack:r1", "PDU swap", "admin")
-    from agents.selectors import node_rows
+    from facility.nodes import node_rows
 
     assert [r.state for r in node_rows()] == ["held"]
 
@@ -58,8 +58,8 @@ def test_a_store_label_with_a_misspelt_key_is_refused(admin_client):
 
 
 def test_delete_selected_holds_releases_them_through_the_service(admin_client, join_node, monkeypatch):
-    from agents.selectors import node_rows
     from facility import services
+    from facility.nodes import node_rows
     from facility.services import hold_create
 
     join_node("gpu01", rack="r1")

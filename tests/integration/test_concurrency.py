@@ -31,7 +31,7 @@ REPLICAS_PER_MODEL = 20
 SCRIPT = """
 import sys, django
 django.setup()
-from placement.services import reconcile_all
+from placement.reconcile import reconcile_all
 names = sys.argv[1].split(",")
 run = reconcile_all(model_names=names)
 print(run.placed, run.pending, run.created)

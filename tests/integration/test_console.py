@@ -453,7 +453,8 @@ def test_the_node_socket_sends_its_panels_and_refuses_a_stranger(make_user):
 
 
 def test_models_page_shows_replicas_where_and_why_and_the_pending_reason(login):
-    from placement.services import model_apply, reconcile_all
+    from placement.reconcile import reconcile_all
+    from placement.services import model_apply
 
     heartbeat("gpu01", rack="r1", gpus=8)
     model_apply(data={"kind": "Model", "name": "llama-70b", "replicas": 2, "profile": {"gpus": 8}})

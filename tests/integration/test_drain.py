@@ -7,11 +7,12 @@ import textwrap
 import pytest
 
 from agents.models import Node
-from facility.selectors import facility_overview
 from facility.services import hold_create, hold_release
 from placement.drain import drain_progress
 from placement.models import Replica, Shard
-from placement.services import models_apply, reconcile_all
+from placement.reconcile import reconcile_all
+from placement.selectors import facility_overview
+from placement.services import models_apply
 from tests.integration.drive import Cluster, ready_counts
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from agents.models import GPU, Node
-from agents.selectors import node_rows
 from agents.simulator.cluster import heartbeat_for
+from facility.nodes import node_rows
 from tests.conftest import node_spec
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents import selectors, services
+from agents import services
 from agents.models import Node
+from facility import nodes as selectors
 from facility.services import hold_create, hold_release
 from llmgw.errors import InvalidInput, NotFound
 

@@ -10,7 +10,7 @@ from agents.services import heartbeat_record
 from agents.simulator.cluster import heartbeat_for
 from facility.services import budget_set, hold_create
 from llmgw.ctl import main as ctl
-from placement import selectors, services, snapshot
+from placement import commit, reconcile, selectors, services, snapshot
 from placement.index import PlacementIndex
 from placement.models import Model, Replica
 from tests.conftest import node_spec
@@ -118,9 +118,9 @@ def test_a_lost_race_for_gpus_replans_on_another_node(join_node):
     Replica.objects.create(model=x, ordinal=1)
     replica = Replica.objects.create(model=y, ordinal=1)
     stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    services.reconcile_all(model_names=["x"])  # another process, as far as `stale` knows
+    reconcile.reconcile_all(model_names=["x"])  # another process, as far as `stale` knows
     assert nodes_of("x") == [["gpu01"]]
-    outcome = services.replica_place(replica=replica, request=snapshot.replica_request(y), index=stale)
+    outcome = commit.replica_place(replica=replica, request=snapshot.replica_request(y), index=stale)
     assert outcome.plan is not None and outcome.plan.nodes == {"gpu02"}
     row = selectors.model_explain("y")["replicas"][0]
     assert (row["nodes"], row["attempts"], row["conflicts"]) == (
@@ -140,8 +140,8 @@ def test_two_shards_in_one_rack_do_not_both_take_its_last_kilowatts(join_node):
     Replica.objects.create(model=x, ordinal=1)
     replica = Replica.objects.create(model=y, ordinal=1)
     stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    services.reconcile_all(model_names=["x"])
-    outcome = services.replica_place(replica=replica, request=snapshot.replica_request(y), index=stale)
+    reconcile.reconcile_all(model_names=["x"])
+    outcome = commit.replica_place(replica=replica, request=snapshot.replica_request(y), index=stale)
     assert outcome.plan is None
     replica.refresh_from_db()
     assert replica.state == "pending"

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agents.models import GPU, Node
 from agents.services import labels_set
 from facility.services import budget_set, hold_create
-from placement import services
+from placement import reconcile, services
 from placement.models import Model, Replica, ReplicaState, Shard
 from tests.integration.drive import Cluster
 
@@ -24,11 +24,11 @@ def test_a_node_relabelled_into_a_held_full_rack_after_the_plan_is_not_used(join
     hold_create(domain="rack:rb", reason="PDU swap")
     budget_set(domain="rack:rb", cap_watts=1000)
     model = Model.objects.create(name="m", replicas=1, gpus=8)
-    run = services.ReconcileRun()
+    run = reconcile.ReconcileRun()
     assert run.index.node("a1").domains  # the plan's view: a1 in rack ra
     labels_set(node_name="a1", changes={"llmgw.io/rack": "rb"})  # meanwhile: moved into a held, full rack
-    services.replicas_scale(model=model, run=run)
-    services.replicas_place_pending(model=model, run=run)
+    reconcile.replicas_scale(model=model, run=run)
+    reconcile.replicas_place_pending(model=model, run=run)
     replica = Replica.objects.get()
     assert replica.state == ReplicaState.PENDING
     assert not Shard.objects.exists()
@@ -42,7 +42,7 @@ def test_a_replica_freed_twice_at_once_gives_its_room_back_once(join_node):
     join_node("a1", rack="ra")
     Node.objects.update(heartbeat_interval_seconds=3600)
     Model.objects.create(name="m", replicas=2, gpus=2, cpu_cores=4, memory_gib=10)
-    services.reconcile_all()
+    reconcile.reconcile_all()
     assert Shard.objects.count() == 2
     victim = Replica.objects.order_by("ordinal").first()
     barrier = threading.Barrier(2)
@@ -85,11 +85,11 @@ def test_a_drain_does_not_stop_the_old_replica_for_a_replacement_on_a_node_gone_
     Replica.objects.filter(pk=replacement.pk).update(ready_since=timezone.now() - timedelta(minutes=5))
     Node.objects.filter(pk=new_node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
     del cluster.nodes[new_node.name]
-    services.reconcile_all()
+    reconcile.reconcile_all()
     assert Replica.objects.filter(pk=old.pk).exists()  # the only replica that surely runs stays
     # Its node back and heartbeating: now the old one stops.
     Node.objects.filter(pk=new_node.pk).update(last_heartbeat_at=timezone.now())
-    services.reconcile_all()
+    reconcile.reconcile_all()
     assert not Replica.objects.filter(pk=old.pk).exists()
 
 
@@ -105,10 +105,10 @@ def test_a_node_that_ran_the_model_is_preferred_for_it_next_time(db):
     assert Shard.objects.get().node.name == "n-r1-1"
     assert Node.objects.get(name="n-r1-1").weights == ["m"]
     Model.objects.filter(pk=model.pk).update(replicas=0)
-    services.reconcile_all()
+    reconcile.reconcile_all()
     node_cordon(node_name="n-r1-0", cordoned=False)
     Model.objects.filter(pk=model.pk).update(replicas=1)
-    services.reconcile_all()
+    reconcile.reconcile_all()
     shard = Shard.objects.get()
     assert shard.node.name == "n-r1-1"  # by name alone it would be n-r1-0
     assert "holds the weights" in shard.replica.explain["why"]
@@ -117,7 +117,7 @@ def test_a_node_that_ran_the_model_is_preferred_for_it_next_time(db):
 def test_the_models_page_shows_a_few_pending_replicas_and_counts_the_rest(admin_client, join_node):
     join_node("a1", rack="ra", gpus=8)
     Model.objects.create(name="m", replicas=10, gpus=8)
-    services.reconcile_all()
+    reconcile.reconcile_all()
     page = admin_client.get("/models/").content.decode()
     assert page.count(">pending<") <= 4
     assert "… and 6 more pending" in page
@@ -146,10 +146,10 @@ def test_a_hold_that_lands_between_the_checks_and_the_write_stops_the_placement(
                 )
         return result
 
-    run = services.ReconcileRun()
-    services.replicas_scale(model=model, run=run)
+    run = reconcile.ReconcileRun()
+    reconcile.replicas_scale(model=model, run=run)
     with connection.execute_wrapper(hold_after_the_checks):
-        services.replicas_place_pending(model=model, run=run)
+        reconcile.replicas_place_pending(model=model, run=run)
     replica = Replica.objects.get()
     assert replica.state == ReplicaState.PENDING
     assert not Shard.objects.exists()

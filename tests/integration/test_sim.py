@@ -186,6 +186,7 @@ def test_sim_once_with_a_wrong_token_fails_saying_why(live_server, tmp_path, cap
 def test_a_placed_replica_is_reported_ready_and_its_gpus_draw(live_server):
     from agents.services import node_token_create
     from placement.models import Model, Replica, Shard
+    from placement.signals import placement_changed
 
     nodes = [SimNode(spec("sim01"), ready_delay=0)]
     tokens = {"sim01": node_token_create(node_name="sim01")}
@@ -195,6 +196,8 @@ def test_a_placed_replica_is_reported_ready_and_its_gpus_draw(live_server):
     replica = Replica.objects.create(model=model, ordinal=0, state="placed")
     shard = Shard.objects.create(replica=replica, node=node, gpu_indices=[2, 3])
     node.gpus.filter(index__in=[2, 3]).update(shard=shard)
+    # Written here past placement's services: say so as they do, so the heartbeat reads assignments again.
+    placement_changed.send(sender=Shard)
 
     assert all(r.ok for r in run_round(nodes, tokens, live_server.url))  # the answer assigns the replica
     assert all(r.ok for r in run_round(nodes, tokens, live_server.url))  # which now runs, ready

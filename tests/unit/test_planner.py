@@ -6,17 +6,15 @@ import pytest
 
 from facility.domains import Domain, domains_of
 from facility.power import Budget, FacilitySettings
-from placement.index import PlacementIndex
+from placement.index import Headroom, PlacementIndex, headroom
 from placement.planner import (
     FacilityView,
-    Headroom,
     NodeView,
     NoFit,
     Plan,
     Profile,
     ReplicaRequest,
     ShardPlan,
-    headroom,
     nofit_summary,
     plan_replica,
 )

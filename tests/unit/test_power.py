@@ -138,3 +138,17 @@ def test_refusal_text_with_a_fractional_margin_and_a_pdu():
 def test_refusal_of_an_unknown_draw_in_a_domain_already_past_its_limit():
     text = power_refusal(Budget(RACK, 16000), use_watts=15000, need_watts=None, margin=0.1)
     assert text == "rack r12-07: 15.0 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, already past it"
+
+
+def test_the_near_limit_alert_fires_on_the_share_the_console_calls_near():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from facility.power import NEAR_LIMIT_SHARE
+
+    rules = yaml.safe_load((Path(__file__).parents[2] / "deploy/prometheus/alerts.yaml").read_text())
+    near = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "LlmgwDomainNearPowerLimit")
+    share = float(re.search(r">\s*([0-9.]+)\s*$", near["expr"]).group(1))
+    assert share == NEAR_LIMIT_SHARE

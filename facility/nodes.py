@@ -1,0 +1,89 @@
+"""Nodes as the facility sees them: the rows the CLI, the API and the console list, with state
+(ready, not-ready, cordoned, held), the hold that applies and location.
+
+Here, not in agents: holds are the facility's, and the node layer never reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from agents.models import Node
+from agents.selectors import node_queryset
+from facility.domains import LABEL_PREFIX, LEVELS, location_text
+from facility.models import Hold
+
+
+@dataclass
+class NodeRow:
+    """One node as people see it in a list."""
+
+    node: Node
+    state: str
+    gpus_free: int
+    gpus_total: int
+    domains: list[str]
+    hold: Hold | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def location(self) -> dict[str, str]:
+        return {level: self.node.labels[LABEL_PREFIX + level] for level in LEVELS if self.node.labels.get(LABEL_PREFIX + level)}
+
+    @property
+    def location_text(self) -> str:
+        return location_text(self.node.labels)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.node.name,
+            "state": self.state,
+            "ready": self.state != "not-ready" and self.node.last_heartbeat_at is not None,
+            "cordoned": self.node.cordoned,
+            "held": {"domain": self.hold.domain, "reason": self.hold.reason} if self.hold else None,
+            "gpus": {"free": self.gpus_free, "total": self.gpus_total},
+            "location": self.location,
+            "domains": self.domains,
+            "fabric": self.node.fabric or None,
+            "last_heartbeat_at": self.node.last_heartbeat_at.isoformat() if self.node.last_heartbeat_at else None,
+        }
+
+
+def held_domains() -> dict[str, Hold]:
+    """Every hold by its domain's text."""
+    return {h.domain: h for h in Hold.objects.all()}
+
+
+def node_state(node: Node, domains: list[str], holds: dict[str, Hold], now) -> tuple[str, Hold | None]:
+    """ready, not-ready, cordoned or held — the first that applies, in that order of urgency reversed."""
+    hold = next((holds[d] for d in domains if d in holds), None)
+    if not node.is_ready(now):
+        return "not-ready", hold
+    if node.cordoned:
+        return "cordoned", hold
+    if hold is not None:
+        return "held", hold
+    return "ready", None
+
+
+def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = None) -> list[NodeRow]:
+    """Nodes with their state, free GPUs and domains; `domain` keeps those in it (`rack:r12-07`)."""
+    qs = queryset if queryset is not None else node_queryset()
+    if domain:
+        qs = qs.filter(domains__domain=domain)
+    holds = held_domains()
+    now = timezone.now()
+    rows = []
+    for node in qs:
+        domains = [d.domain for d in node.domains.all()]
+        state, hold = node_state(node, domains, holds, now)
+        rows.append(NodeRow(node, state, node.gpus_free, node.gpus_total, domains, hold))
+    return rows

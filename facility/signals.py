@@ -1,0 +1,10 @@
+"""What the facility tells the layers above it: sent by facility.services, connected in their AppConfig.ready.
+
+The facility never imports placement; placement listens here instead (placement.apps).
+"""
+
+from django.dispatch import Signal
+
+# A budget, a hold or the facility settings changed (sent inside the writing transaction; a receiver that
+# acts defers to its commit). Arguments: ``sender`` (the model class written).
+facility_changed = Signal()

@@ -1,0 +1,185 @@
+"""Model documents (``kind: Model``, models.yaml and the API's JSON): parsing and validation, no writes.
+
+A document is checked whole; a refusal (:class:`DocumentError`) names the field, and
+:func:`refusal` words it for the interface (file and line for a file, the field alone for JSON).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from facility.domains import KEEP_WITHIN_LEVELS
+from llmgw.errors import InvalidInput
+from llmgw.yamldoc import Document, dotted, load_documents
+from placement.selector import SelectorError, parse_selector
+
+MODEL_KEYS = ("kind", "name", "replicas", "profile")
+PROFILE_KEYS = (
+    "gpus",
+    "nodes",
+    "cpu_cores",
+    "memory_gib",
+    "power_watts",
+    "keep_within",
+    "node_selector",
+    "command",
+    "health_path",
+    "min_ready_seconds",
+)
+# The order the issue names them in; KEEP_WITHIN_LEVELS is the same set.
+KEEP_WITHIN_CHOICES = ("rack", "row", "room", "site")
+assert set(KEEP_WITHIN_CHOICES) == set(KEEP_WITHIN_LEVELS)
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
+MAX_REPLICAS = 10_000
+
+class DocumentError(Exception):
+    """A refusal found while reading a document: the path of the field and what is wrong with it."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str, *, whole: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        # A message that already names the field its own way (a selector's parse error).
+        self.whole = whole
+
+
+def _count(value: Any, path: tuple[str, ...], *, minimum: int = 0, maximum: int = 100_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DocumentError(path, f"must be a whole number, not {value!r}")
+    if value < minimum:
+        if minimum == 0:
+            raise DocumentError(path, f"must not be negative (got {value})")
+        raise DocumentError(path, f"must be at least {minimum} (got {value})")
+    if value > maximum:
+        raise DocumentError(path, f"must be at most {maximum} (got {value})")
+    return value
+
+
+def _number(value: Any, path: tuple[str, ...], unit: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise DocumentError(path, f"must be a number of {unit}, not {value!r}")
+    if value < 0:
+        raise DocumentError(path, f"must not be negative (got {value:g})")
+    return float(value)
+
+
+def _text(value: Any, path: tuple[str, ...], *, max_length: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DocumentError(path, f"must be text, not {value!r}")
+    if len(value) > max_length:
+        raise DocumentError(path, f"at most {max_length} characters")
+    return value
+
+
+def parse_model_document(data: Any) -> dict[str, Any]:
+    """Check one ``kind: Model`` document whole; the values to store, or DocumentError naming the field."""
+    if not isinstance(data, Mapping):
+        raise DocumentError((), "a model document is a mapping with kind: Model, name, replicas and profile")
+    for key in data:
+        if key not in MODEL_KEYS:
+            raise DocumentError((str(key),), f"unknown key; a Model takes: {', '.join(MODEL_KEYS)}")
+    if "kind" not in data:
+        raise DocumentError(("kind",), "required; write kind: Model")
+    if data["kind"] != "Model":
+        raise DocumentError(("kind",), f"unknown kind {data['kind']!r}; llmgw ctl apply takes kind: Model")
+    name = data.get("name")
+    if name is None:
+        raise DocumentError(("name",), "required")
+    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+        raise DocumentError(
+            ("name",), f"{name!r} is not a model name (letters, digits, '.', '_' and '-', at most 200)"
+        )
+    replicas = _count(data.get("replicas", 1), ("replicas",), maximum=MAX_REPLICAS)
+    profile = data.get("profile")
+    if profile is None:
+        raise DocumentError(("profile",), "required: gpus per node at least (gpus: 0 for a CPU-only profile)")
+    if not isinstance(profile, Mapping):
+        raise DocumentError(("profile",), "must be a mapping")
+    for key in profile:
+        if key not in PROFILE_KEYS:
+            raise DocumentError(("profile", str(key)), f"unknown key; a profile takes: {', '.join(PROFILE_KEYS)}")
+    if "gpus" not in profile:
+        raise DocumentError(("profile", "gpus"), "required (0 for a CPU-only profile)")
+    values: dict[str, Any] = {
+        "name": name,
+        "replicas": replicas,
+        "gpus": _count(profile["gpus"], ("profile", "gpus"), maximum=64),
+        "nodes": _count(profile.get("nodes", 1), ("profile", "nodes"), minimum=1, maximum=1024),
+        "cpu_cores": _count(profile.get("cpu_cores", 0), ("profile", "cpu_cores"), maximum=16384),
+        "memory_gib": _number(profile.get("memory_gib", 0), ("profile", "memory_gib"), "GiB"),
+        "power_watts": _number(
+            profile.get("power_watts"), ("profile", "power_watts"), "watts", allow_none=True
+        ),
+        "command": _text(profile.get("command"), ("profile", "command"), max_length=2000),
+        "health_path": _text(
+            profile.get("health_path", "/health"), ("profile", "health_path"), max_length=200
+        )
+        or "/health",
+        "min_ready_seconds": _count(
+            profile.get("min_ready_seconds", 10), ("profile", "min_ready_seconds"), maximum=86_400
+        ),
+    }
+    keep_within = profile.get("keep_within")
+    if keep_within is not None and keep_within not in KEEP_WITHIN_CHOICES:
+        raise DocumentError(
+            ("profile", "keep_within"),
+            f"must be one of {', '.join(KEEP_WITHIN_CHOICES)}, not {keep_within!r}",
+        )
+    values["keep_within"] = keep_within or ""
+    selector = _text(profile.get("node_selector"), ("profile", "node_selector"), max_length=2000)
+    try:
+        parse_selector(selector)
+    except SelectorError as exc:
+        raise DocumentError(("profile", "node_selector"), str(exc), whole=f"profile.{exc}") from exc
+    values["node_selector"] = selector
+    return values
+
+
+def refusal(bad: DocumentError, doc: Document | None) -> InvalidInput:
+    """The refusal in the words of the interface: with file and line for a file, the field alone for JSON."""
+    field_name = dotted(bad.path)
+    if doc is None:
+        text = bad.whole or (f"{field_name}: {bad.message}" if field_name else bad.message)
+        return InvalidInput(text, field=field_name or None)
+    if bad.whole:
+        line = doc.line(bad.path)
+        where = f"{doc.filename} line {line}: " if line else f"{doc.filename}: "
+        return InvalidInput(where + bad.whole, field=field_name)
+    return doc.error(bad.path, bad.message)
+
+
+def models_parse(*, text: str, filename: str = "models.yaml") -> list[dict[str, Any]]:
+    """Every ``kind: Model`` document of a multi-document YAML file checked: the values to store, or
+    InvalidInput with file and line. A name given twice in one file is refused."""
+    docs = load_documents(text, filename)
+    if not docs:
+        raise InvalidInput(f"{filename}: no documents; write kind: Model documents separated by ---")
+    parsed: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, doc in enumerate(docs, start=1):
+        try:
+            values = parse_model_document(doc.data)
+        except DocumentError as bad:
+            raise refusal(bad, doc) from None
+        if values["name"] in seen:
+            raise doc.error(
+                ("name",), f"{values['name']!r} is already in document {seen[values['name']]} of this file"
+            )
+        seen[values["name"]] = number
+        parsed.append(values)
+    return parsed
+
+
+def model_parse(*, data: Any) -> dict[str, Any]:
+    """One model document given as data (the API's JSON body) checked: the values, or InvalidInput."""
+    try:
+        return parse_model_document(data)
+    except DocumentError as bad:
+        raise refusal(bad, None) from None

@@ -1,0 +1,144 @@
+"""Reconcile: every model to its desired replicas — scale, move what drains, place what waits.
+
+Safe to run in several processes at once: scaling locks the model row, and every placement goes
+through the guarded commit (:mod:`placement.commit`), so a race costs a replan, never a double booking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, OperationalError, transaction
+from django.utils import timezone
+
+from placement import snapshot
+from placement.commit import replica_pending, replica_place
+from placement.drain import draining_nodes, replicas_drain
+from placement.index import PlacementIndex
+from placement.models import Model, Replica, ReplicaState, Shard
+from placement.services import replica_free
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileRun:
+    """One reconcile pass: the time, and one index of the cluster built on first need and kept current."""
+
+    now: datetime = field(default_factory=timezone.now)
+    placed: int = 0
+    pending: int = 0
+    removed: int = 0
+    created: int = 0
+    _index: PlacementIndex | None = None
+    _draining: dict[int, str] | None = None
+
+    @property
+    def draining(self) -> dict[int, str]:
+        """Node id → why it drains, read once per run."""
+        if self._draining is None:
+            self._draining = draining_nodes()
+        return self._draining
+
+    @property
+    def index(self) -> PlacementIndex:
+        """The cluster's index, built on first need."""
+        if self._index is None:
+            self._index = PlacementIndex(snapshot.node_views(now=self.now), snapshot.facility_view())
+        return self._index
+
+    def refresh(self, names: Iterable[str]) -> None:
+        """The index takes the named nodes' fresh views (after a free); nothing to do before it is built."""
+        if self._index is None or not names:
+            return
+        for view in snapshot.node_views(names=names, now=self.now):
+            self._index.update_node(view)
+
+    def forget_index(self) -> None:
+        """What was planned may not have happened (a failed model): the next need builds the index afresh."""
+        self._index = None
+
+
+def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
+    """Create pending replicas up to the desired count, or remove the newest beyond it."""
+    freed: set[str] = set()
+    with transaction.atomic():
+        # The model row serialises scaling: two reconciles never both create ordinal N.
+        locked = Model.objects.select_for_update().filter(pk=model.pk).first()
+        if locked is None:
+            return
+        # A drain's replacement takes the place of the replica it replaces: it is not one more.
+        replicas = list(Replica.objects.filter(model=locked, replaces__isnull=True).order_by("ordinal"))
+        missing = locked.replicas - len(replicas)
+        if missing > 0:
+            last = Replica.objects.filter(model=locked).order_by("-ordinal").values_list("ordinal", flat=True).first()
+            start = (last or 0) + 1
+            Replica.objects.bulk_create(
+                [Replica(model=locked, ordinal=start + i, state=ReplicaState.PENDING) for i in range(missing)]
+            )
+            run.created += missing
+        elif missing < 0:
+            for replica in reversed(replicas[locked.replicas :]):
+                freed.update(Shard.objects.filter(replica=replica).values_list("node__name", flat=True))
+                replica_free(replica=replica)
+                run.removed += 1
+    run.refresh(freed)
+
+
+def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
+    """Place the model's pending replicas, oldest first, each through the guarded commit."""
+    pending = snapshot.pending_replicas(model)
+    if not pending:
+        return
+    request = snapshot.replica_request(model)
+    for number, replica in enumerate(pending):
+        outcome = replica_place(replica=replica, request=request, index=run.index, now=run.now)
+        if outcome.plan is not None:
+            run.placed += 1
+            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
+        elif not outcome.gone:
+            run.pending += 1
+            if not outcome.reason.startswith("Unschedulable"):
+                # Nothing fits this replica; the model's later ones ask the same and get the same answer.
+                explain = replica.explain
+                for later in pending[number + 1 :]:
+                    replica_pending(later, outcome.reason, explain)
+                    run.pending += 1
+                return
+
+
+def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
+    """One model to its desired replicas: scale, move a replica off a draining domain, place what waits."""
+    replicas_scale(model=model, run=run)
+    with transaction.atomic():
+        # One drain step per model at a time, whichever worker runs it: the model row serialises them
+        # (as it does scaling), so two reconciles never make two replacements for one replica.
+        if Model.objects.select_for_update().filter(pk=model.pk).exists():
+            replicas_drain(model=model, run=run, draining=run.draining)
+    replicas_place_pending(model=model, run=run)
+
+
+def reconcile_all(*, model_names: Iterable[str] | None = None) -> ReconcileRun:
+    """Every model (or the named ones, in that order) to its desired replicas; idempotent.
+
+    Safe to run in several processes at once: scaling locks the model row, and every placement goes
+    through the guarded commit, so a race costs a replan, never a double booking.
+    """
+    run = ReconcileRun()
+    if model_names is None:
+        models = list(Model.objects.order_by("name"))
+    else:
+        by_name = {m.name: m for m in Model.objects.filter(name__in=list(model_names))}
+        models = [by_name[n] for n in model_names if n in by_name]
+    for model in models:
+        try:
+            model_reconcile(model=model, run=run)
+        except (OperationalError, IntegrityError):
+            # A deadlock, a lock timeout or a race the database refused: the next run picks it up again.
+            log.exception("reconcile of model %s failed; it is retried on the next run", model.name)
+            run.forget_index()  # what it had planned may not have happened: build the index afresh
+    return run
