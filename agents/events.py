@@ -56,20 +56,25 @@ SENSOR_FLUSH_SECONDS = 1.0
 _pending_sensors: set[str] = set()
 _pending_lock = threading.Lock()
 _last_flush = 0.0
-_trailing_armed = False
+# When the armed flush should have run (monotonic), or 0 when none is armed. A flush armed on a loop
+# that stopped before running it never clears this itself, so one overdue by a second counts as gone.
+_trailing_due = 0.0
 
 
 def sensors_changed(name: str) -> None:
     """A node's readings changed (and nothing else): the console hears of it within about a second."""
-    global _trailing_armed
+    global _trailing_due
     with _pending_lock:
         _pending_sensors.add(name)
-        wait = SENSOR_FLUSH_SECONDS - (time.monotonic() - _last_flush)
+        now = time.monotonic()
+        wait = SENSOR_FLUSH_SECONDS - (now - _last_flush)
         if wait > 0:
             # Within the second: gathered, and sent by a flush armed for its end (the last readings of a
             # burst must not wait for the next heartbeat). With no event loop to arm it on, sent now.
-            if _trailing_armed or _arm_flush(wait):
-                _trailing_armed = True
+            armed = bool(_trailing_due) and now < _trailing_due + SENSOR_FLUSH_SECONDS
+            if not armed and _arm_flush(wait):
+                _trailing_due, armed = now + wait, True
+            if armed:
                 return
         names = _take_pending()
     _send_sensors(names)
@@ -85,9 +90,9 @@ def _take_pending() -> list[str]:
 
 
 def _flush_pending() -> None:
-    global _trailing_armed
+    global _trailing_due
     with _pending_lock:
-        _trailing_armed = False
+        _trailing_due = 0.0
         names = _take_pending()
     _send_sensors(names)
 

@@ -107,3 +107,17 @@ def _heartbeat_readings_written_at_once():
     readings.invalidate_assignments()
     yield
     readings.forget()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_in_memory_channel_layer():
+    """Each test gets an empty in-memory channel layer: a socket an earlier test left behind would hold
+    a queue waiting on that test's closed event loop, and a group send to it would fail."""
+    try:
+        from channels.layers import channel_layers
+    except Exception:  # pure unit tests run without Django's stack
+        yield
+        return
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
