@@ -15,10 +15,17 @@ from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
 
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+# \Z, not $: `$` also matches before a trailing newline ("gpu01\n").
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?\Z")
 
 
-def _request_reconcile() -> None:
+def _request_reconcile(*, heartbeat: bool = False) -> None:
+    from llmgw import inprocess
+
+    if heartbeat and inprocess.running():
+        # The embedded server: its reconcile thread, once for a burst of nodes joining.
+        transaction.on_commit(inprocess.wake)
+        return
     from placement.tasks import request_reconcile
 
     request_reconcile()
@@ -198,7 +205,7 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
 
     shard_states_report(node=node, states=heartbeat.get("replicas") or [], now=now)
     if created or not was_ready or labels_changed or inventory_changed:
-        _request_reconcile()
+        _request_reconcile(heartbeat=True)
     _notify(node.name)
     return node
 
