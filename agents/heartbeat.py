@@ -26,7 +26,8 @@ MAX_LABELS = 256
 # hold tabs and newlines): they break tables, logs and the database, never carry meaning.
 MAX_NAME_LENGTH = 253  # node, hostname, fabric: a DNS name's length
 MAX_AGENT_VERSION_LENGTH = 50
-MAX_GPU_TEXT_LENGTH = 200  # a GPU's uuid and model name
+MAX_GPU_UUID_LENGTH = 100
+MAX_GPU_NAME_LENGTH = 200  # the GPU's model name
 MAX_LABEL_KEY_LENGTH = 253
 MAX_LABEL_VALUE_LENGTH = MAX_VALUE_LENGTH  # 253
 MAX_MESSAGE_LENGTH = 1000  # a replica's message
@@ -159,9 +160,9 @@ def _inventory(raw: Any) -> dict[str, Any]:
             if gpu["index"] in seen:
                 raise HeartbeatError(f"{f}.index", f"two GPUs with index {gpu['index']}")
             seen.add(gpu["index"])
-            for key in ("uuid", "name"):
+            for key, longest in (("uuid", MAX_GPU_UUID_LENGTH), ("name", MAX_GPU_NAME_LENGTH)):
                 if g.get(key) is not None:
-                    gpu[key] = _text(g[key], f"{f}.{key}", MAX_GPU_TEXT_LENGTH)
+                    gpu[key] = _text(g[key], f"{f}.{key}", longest)
             if g.get("memory_gib") is not None:
                 gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, GPU_MEMORY_GIB_MAX, "GiB")
             if g.get("power_limit_watts") is not None:
@@ -192,7 +193,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
                 raise HeartbeatError(f"{f}.index", "is required")
             gpu: dict[str, Any] = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
             if g.get("uuid") is not None:
-                gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_TEXT_LENGTH)
+                gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_UUID_LENGTH)
             _temperature(g, "temperature_celsius", f, gpu)
             _temperature(g, "memory_temperature_celsius", f, gpu)
             for key in ("power_watts", "power_limit_watts"):

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/embedded.py [--nodes 1000] [--interval 10] [--rounds 3] [--port 18300]
 
-Starts `llmgw demo ADDR --no-sim` in a fresh data directory (SQLite, tasks in-process, nothing else), makes a
+Starts `llmgw demo ADDR` in a fresh data directory (SQLite, tasks in-process, its own 32 simulated nodes), makes a
 token per node the way `llmgw sim` does, then runs every node's simulated agent (agents.sim, httpx, at most
 100 connections, starts spread over one interval, as `llmgw sim up` does) for `--rounds` intervals and
 prints how many heartbeats were sent and how many failed, with the first errors. Round one is the nodes
@@ -67,7 +67,7 @@ def main() -> None:
     env.update(LLMGW_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="llmgw.settings", LOG_LEVEL="WARNING")
     addr = f"127.0.0.1:{args.port}"
     log = open(Path(data_dir) / "demo.log", "w")  # noqa: SIM115 - closed with the server
-    server = subprocess.Popen([str(Path(sys.executable).with_name("llmgw")), "demo", addr, "--no-sim"], cwd=ROOT,
+    server = subprocess.Popen([str(Path(sys.executable).with_name("llmgw")), "demo", "--addr", addr], cwd=ROOT,
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         import httpx
