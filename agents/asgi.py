@@ -20,7 +20,7 @@ from django.utils import timezone
 from agents import readings
 from agents.authentication import cached_node_for
 from agents.heartbeat import HeartbeatError, validate_heartbeat
-from llmgw.bodies import HEARTBEAT_PATH, BodyRefused, Disconnected, read_body, send_json, whole
+from llmgw.bodies import HEARTBEAT_PATH, bounded_body, send_json, whole
 from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
 
 
@@ -37,11 +37,8 @@ class HeartbeatFastLane:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != HEARTBEAT_PATH or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        try:
-            body = await read_body(scope, receive)
-        except BodyRefused as refused:
-            return await send_json(send, refused.status, refused.body, close=True)
-        except Disconnected:
+        body = await bounded_body(scope, receive, send)
+        if body is None:
             return None
         answer = self.answer(scope, body)
         if answer is None:

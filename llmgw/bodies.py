@@ -98,6 +98,17 @@ def whole(body: bytes, receive):
     return replayed
 
 
+async def bounded_body(scope, receive, send) -> bytes | None:
+    """The whole body; None when there is nothing more to do (refused and answered, or the client gone)."""
+    try:
+        return await read_body(scope, receive)
+    except BodyRefused as refused:
+        await send_json(send, refused.status, refused.body, close=True)
+    except Disconnected:
+        pass
+    return None
+
+
 class BoundedBodies:
     """ASGI middleware: read each HTTP body within its limits, then hand it to `app` whole."""
 
@@ -107,10 +118,6 @@ class BoundedBodies:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        try:
-            body = await read_body(scope, receive)
-        except BodyRefused as refused:
-            return await send_json(send, refused.status, refused.body, close=True)
-        except Disconnected:
-            return None
-        return await self.app(scope, whole(body, receive), send)
+        body = await bounded_body(scope, receive, send)
+        if body is not None:
+            await self.app(scope, whole(body, receive), send)
