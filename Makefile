@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# make demo ADDR=127.0.0.1:8001 serves elsewhere when 8000 is taken.
+ADDR ?= 127.0.0.1:8000
 demo: $(STAMP)
-	$(BIN)/llmgw demo
+	$(BIN)/llmgw demo --addr $(ADDR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,7 +6,6 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -19,6 +18,7 @@ from agents.node.protocol import HeartbeatError, validate_heartbeat
 from facility import nodes as facility_nodes
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
+from llmgw.parsers import BoundedJSONParser
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class HeartbeatView(APIView):
 
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
 
     @extend_schema(request=HeartbeatRequestSchema, responses={200: dict}, summary="An agent's heartbeat")

@@ -15,18 +15,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from agents import readings
 from agents.authentication import cached_node_for
 from agents.node.protocol import HeartbeatError, validate_heartbeat
-
-HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
+from llmgw.bodies import HEARTBEAT_PATH, bounded_body, send_json, whole
+from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
 
 
 class HeartbeatFastLane:
-    """ASGI middleware: take the fast heartbeats, pass everything else to `app` untouched."""
+    """ASGI middleware: take the fast heartbeats, pass everything else to `app` untouched.
+
+    Behind llmgw.bodies.BoundedBodies, a body comes whole and within its limits; in front of anything
+    else the lane bounds it the same way (413 too large, 408 too slow) rather than wait for more.
+    """
 
     def __init__(self, app):
         self.app = app
@@ -34,28 +37,26 @@ class HeartbeatFastLane:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != HEARTBEAT_PATH or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        body, complete = await _read_body(receive, settings.LLMGW_HEARTBEAT_MAX_BYTES)
-        answer = self.answer(scope, body) if complete else None
+        body = await bounded_body(scope, receive, send)
+        if body is None:
+            return None
+        answer = self.answer(scope, body)
         if answer is None:
-            return await self.app(scope, _replay(body, receive, complete), send)
-        payload = json.dumps(answer).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+            return await self.app(scope, whole(body, receive), send)
+        await send_json(send, 200, answer)
 
     def answer(self, scope, body: bytes) -> dict[str, Any] | None:
         """The answer when the fast lane can give it, else None (Django answers)."""
         node_name = cached_node_for(_header(scope, b"authorization"))
         if node_name is None:
             return None
+        # Too deep, not JSON, or refused: Django answers, and says why. The depth is checked first,
+        # without recursion, so the parser never recurses past MAX_JSON_DEPTH.
+        if json_depth_exceeds(body, MAX_JSON_DEPTH):
+            return None
         try:
             heartbeat = validate_heartbeat(json.loads(body))
-        except (ValueError, HeartbeatError):
+        except (ValueError, HeartbeatError):  # HeartbeatError is a ValueError too
             return None
         if heartbeat["node"] != node_name:
             return None
@@ -83,34 +84,3 @@ def _header(scope, name: bytes) -> str:
         if key.lower() == name:
             return value.decode("latin-1")
     return ""
-
-
-async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
-    """The request body, up to `limit` bytes; (what was read, whether it is all of it)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks), False
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            return b"".join(chunks), False
-        if not message.get("more_body"):
-            return b"".join(chunks), True
-
-
-def _replay(body: bytes, receive, complete: bool):
-    """A `receive` that gives Django the body read already, then whatever is left."""
-    sent = False
-
-    async def replayed():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": not complete}
-        return await receive()
-
-    return replayed

@@ -12,14 +12,19 @@ import json
 
 from asgiref.sync import async_to_sync
 from channels.generic.websocket import WebsocketConsumer
+from django.conf import settings
 from django.template.loader import render_to_string
 
 from agents.events import NODES_GROUP, node_group
 from agents.models import Node
+from agents.services import NODE_NAME_RE
+from llmgw.jsonguard import json_depth_exceeds
 from llmgw.permissions import can_read
 
 # A page shows at most one page of rows; a client naming more is cut here.
 MAX_SHOWN = 500
+# How deep a message from the page may nest ({"shown": …, "HEADERS": {…}} is 2).
+MAX_DEPTH = 8
 
 
 class ReaderConsumer(WebsocketConsumer):
@@ -56,8 +61,12 @@ class NodesConsumer(ReaderConsumer):
         return [NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        # The page sends a flat object: anything large or nested is not from it, and is ignored
+        # (unread by a recursive parser: `[` × 100,000 would end in RecursionError).
+        if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
+            return
         try:
-            message = json.loads(text_data or "{}")
+            message = json.loads(text_data)
         except ValueError:
             return
         if isinstance(message, dict) and isinstance(message.get("shown"), str):
@@ -85,8 +94,14 @@ class NodesConsumer(ReaderConsumer):
 class NodeConsumer(ReaderConsumer):
     """A node page's socket: re-renders the page's live panel and location when the node (or a hold) changes."""
 
-    def groups_to_join(self) -> list[str]:
+    def connect(self) -> None:
         self.node_name = self.scope["url_route"]["kwargs"]["name"]
+        if not NODE_NAME_RE.match(self.node_name):  # no node has this name: refused, before any group
+            self.close(code=4404)
+            return
+        super().connect()
+
+    def groups_to_join(self) -> list[str]:
         return [node_group(self.node_name), NODES_GROUP]
 
     def node_changed(self, event: dict) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import re
 import threading
 import time
 
@@ -16,8 +18,16 @@ log = logging.getLogger(__name__)
 NODES_GROUP = "nodes"
 
 
+# What Channels takes for a group name: ASCII letters, digits, '-', '_', '.', under 100 characters.
+_GROUP_SAFE = re.compile(r"[A-Za-z0-9._-]{1,90}")
+
+
 def node_group(name: str) -> str:
-    return f"node.{name}"
+    """The group of a node's page: `node.<name>`, or for a name Channels would refuse (long, non-ASCII)
+    `node-h.<hash of the name>`, which no plain name's group can equal."""
+    if _GROUP_SAFE.fullmatch(name):
+        return f"node.{name}"
+    return "node-h." + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def _send(group: str, message: dict) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,34 @@ def flush() -> int:
 
 
 def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
-    """One UPDATE for the batch; a row is written only while its stored report is the one remembered."""
+    """Write the batch in one statement; if it fails, row by row, so one bad row costs no other node.
+
+    A row that fails alone is dropped and logged (its node's next heartbeat takes the full path, which
+    stores it or says why).
+    """
+    try:
+        return _write_rows(batch)
+    except (OperationalError, InterfaceError):
+        raise  # the database, not a row: no row would go through alone either
+    except Exception:
+        if len(batch) == 1:
+            log.exception("readings of node %s not written: dropped", next(iter(batch)))
+            return set()
+        log.warning("readings batch of %d nodes failed: writing them one by one", len(batch), exc_info=True)
+    written: set[str] = set()
+    for name, row in batch.items():
+        try:
+            written |= _write_rows({name: row})
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:
+            log.exception("readings of node %s not written: dropped", name)
+    return written
+
+
+def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
+    """One UPDATE for the rows (a transaction of its own, or a savepoint inside the caller's); a row is
+    written only while its stored report is the one remembered."""
     from agents.models import Node
 
     if connection.vendor == "postgresql":
@@ -133,7 +160,7 @@ def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[st
         values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
         params = [p for row in rows for p in row]
         table = Node._meta.db_table
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts FROM (VALUES {values}) AS v(name, at, sensors, watts, digest) "

@@ -17,9 +17,10 @@ from facility.domains import DomainError, domains_of, effective_labels, validate
 from llmgw.errors import InvalidInput, NotFound
 
 
-def _nodes_changed(*node_names: str) -> None:
-    """Tell the layers above (placement reconciles) that nodes it depends on changed."""
-    signals.nodes_changed.send(sender=Node, node_names=node_names)
+def _nodes_changed(*node_names: str, heartbeat: bool = False) -> None:
+    """Tell the layers above (placement reconciles) that nodes it depends on changed; ``heartbeat``
+    says a heartbeat found it (a node joined, came back or reported new labels or GPUs)."""
+    signals.nodes_changed.send(sender=Node, node_names=node_names, heartbeat=heartbeat)
 
 
 def clean_node_name(name: Any, field: str = "node") -> str:
@@ -192,7 +193,7 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
         node_refresh_labels(node)
     signals.node_reported.send(sender=Node, node=node, states=heartbeat.get("replicas") or [], now=now)
     if created or not was_ready or labels_changed or inventory_changed:
-        _nodes_changed(node.name)
+        _nodes_changed(node.name, heartbeat=True)
     _notify(node.name)
     return node
 

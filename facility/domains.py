@@ -17,8 +17,9 @@ LABEL_PREFIX = "llmgw.io/"
 LOCATION_KEYS: tuple[str, ...] = tuple(LABEL_PREFIX + level for level in LEVELS)
 PDU_KEY = LABEL_PREFIX + "pdu"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_FREE_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]{0,252}$")
+# Matched with fullmatch: `$` would also match before a trailing newline ("r1-01\n").
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+_FREE_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9._/-]{0,252}")
 MAX_VALUE_LENGTH = 253
 
 
@@ -51,7 +52,7 @@ def parse_domain(text: str) -> Domain:
     level, _, name = text.partition(":")
     if level not in LEVELS:
         raise DomainError(f"{text!r}: unknown level {level!r}; levels are {', '.join(LEVELS)}")
-    if not _NAME_RE.match(name) or len(name) > MAX_VALUE_LENGTH:
+    if not _NAME_RE.fullmatch(name) or len(name) > MAX_VALUE_LENGTH:
         raise DomainError(f"{text!r}: a domain name takes letters, digits, '.', '_' and '-' only")
     return Domain(level, name)
 
@@ -70,13 +71,13 @@ def validate_label(key: str, value: str) -> None:
             raise DomainError(f"{key}: a value is required (use {key}- to remove it)")
         parts = value.split(",") if key == PDU_KEY else [value]
         for part in parts:
-            if not _NAME_RE.match(part) or len(part) > MAX_VALUE_LENGTH:
+            if not _NAME_RE.fullmatch(part) or len(part) > MAX_VALUE_LENGTH:
                 allowed = "letters, digits, '.', '_' and '-'"
                 if key == PDU_KEY:
                     allowed += " (and ',' between PDUs)"
                 raise DomainError(f"{key}={value!r}: a value takes {allowed} only")
         return
-    if not _FREE_KEY_RE.match(key):
+    if not _FREE_KEY_RE.fullmatch(key):
         raise DomainError(
             f"label key {key!r} must start with a letter and hold only letters, digits, '.', '_', '/' and '-'"
         )

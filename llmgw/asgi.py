@@ -12,11 +12,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from agents.asgi import HeartbeatFastLane  # noqa: E402
+from llmgw.bodies import BoundedBodies  # noqa: E402
 from llmgw.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": HeartbeatFastLane(django_asgi_app),
+        # Bodies bounded in size and time first, then the heartbeat's fast lane, then Django.
+        "http": BoundedBodies(HeartbeatFastLane(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -47,6 +47,30 @@ CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
 
+# Production behind TLS (README, Configuration): all off by default, so `make demo` works over plain HTTP.
+# HSTS: browsers use only HTTPS for this many seconds once they have seen it (0: not sent).
+SECURE_HSTS_SECONDS = int(os.environ.get("LLMGW_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("LLMGW_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env_bool("LLMGW_HSTS_PRELOAD")
+# Plain HTTP requests are redirected to HTTPS.
+SECURE_SSL_REDIRECT = env_bool("LLMGW_SSL_REDIRECT")
+# Session and CSRF cookies only over HTTPS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("LLMGW_SECURE_COOKIES")
+
+
+def _proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """`X-Forwarded-Proto` (or `X-Forwarded-Proto: https`): the header a TLS-terminating proxy sets,
+    as Django's SECURE_PROXY_SSL_HEADER (("HTTP_X_FORWARDED_PROTO", "https"))."""
+    if not value.strip():
+        return None
+    name, _, expected = value.partition(":")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), expected.strip() or "https"
+
+
+# Trust this header from the proxy in front to say the request came over HTTPS. Set it only behind a
+# proxy that always sets (or strips) it: otherwise a client could claim HTTPS.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("LLMGW_PROXY_SSL_HEADER", ""))
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -169,6 +193,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["llmgw.permissions.IsViewer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    # DRF's JSON parser, but deep nesting is a 400 before the parser recurses (llmgw.jsonguard).
+    "DEFAULT_PARSER_CLASSES": [
+        "llmgw.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "EXCEPTION_HANDLER": "llmgw.api.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -218,7 +248,13 @@ LLMGW_MISSED_HEARTBEATS = 3
 LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "300"))
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
+# Request limits (llmgw.bodies): a heartbeat's body, any other body (Django's own limit, 2.5 MiB), and
+# how long a body may take to arrive; past them the answer is 413 or 408 at once.
 LLMGW_HEARTBEAT_MAX_BYTES = int(os.environ.get("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("LLMGW_REQUEST_MAX_BYTES", str(2_621_440)))
+LLMGW_BODY_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_BODY_TIMEOUT_SECONDS", "10"))
+# WebSocket messages from the console (a list of the rows a page shows) are small; larger ones are refused.
+LLMGW_WS_MAX_BYTES = int(os.environ.get("LLMGW_WS_MAX_BYTES", str(256 * 1024)))
 
 PROMETHEUS_EXPORT_MIGRATIONS = False
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
 from agents import readings
+from llmgw import inprocess
 from placement.reports import shard_states_report
 from placement.tasks import request_reconcile
 
 
-def reconcile_on_change(**_: Any) -> None:
+def reconcile_on_change(*, heartbeat: bool = False, **_: Any) -> None:
     """A budget, hold, settings or node change: reconcile once the change commits."""
+    if heartbeat and inprocess.running():
+        # The embedded server: its reconcile thread, once for a burst of nodes joining, rather than one
+        # reconcile per joining node's request, each holding SQLite's one write lock.
+        transaction.on_commit(inprocess.wake)
+        return
     request_reconcile()
 
 

@@ -12,15 +12,47 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from facility.domains import DomainError, validate_label
+from facility.domains import MAX_VALUE_LENGTH, DomainError, validate_label
 
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"})
 REPLICA_STATES = frozenset({"starting", "ready", "stopping", "failed"})
+
+# The bounds of a heartbeat, stated once: a value outside them is refused naming its field.
+# Counts
 MAX_GPUS = 64
 MAX_REPLICAS = 1024
 MAX_LABELS = 256
+# Text (characters). No string may hold a control character or a lone surrogate (a replica message may
+# hold tabs and newlines): they break tables, logs and the database, never carry meaning.
+MAX_NAME_LENGTH = 253  # node, hostname, fabric: a DNS name's length
+MAX_AGENT_VERSION_LENGTH = 50
+MAX_GPU_UUID_LENGTH = 100
+MAX_GPU_NAME_LENGTH = 200  # the GPU's model name
+MAX_LABEL_KEY_LENGTH = 253
+MAX_LABEL_VALUE_LENGTH = MAX_VALUE_LENGTH  # 253
+MAX_MESSAGE_LENGTH = 1000  # a replica's message
+# Numbers (inclusive ranges)
 GPU_WATTS_MAX = 5000  # no card draws 5 kW; a larger figure is a unit error (mW sent as W)
+CPU_WATTS_MAX = 20_000
 TEMP_MIN, TEMP_MAX = -40.0, 150.0
+GPU_MEMORY_GIB_MAX = 4096
+NODE_MEMORY_GIB_MAX = 1_048_576
+CPU_CORES_MAX = 16384
+INTERVAL_MIN, INTERVAL_MAX = 0.1, 10
+REPLICA_ID_MAX = 2**63 - 1
+RESTARTS_MAX = 2**31 - 1
+PID_MAX = 2**31 - 1
+
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+_CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
+_SHOWN = 40  # characters of an offending value a refusal quotes
+
+
+def _shown(value: Any) -> str:
+    """A value as a refusal quotes it: its repr, cut short (a refusal must not echo 256 KiB back)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
 
 # A node's name, wherever one is given: agent.yaml, the heartbeat, `ctl node token`, the cluster file.
 # A DNS-like name: it starts and ends with a letter or digit, so `gpu01-` is refused everywhere.
@@ -50,7 +82,13 @@ class HeartbeatError(ValueError):
 
 def _number(value: Any, field: str, lo: float, hi: float, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise HeartbeatError(field, f"must be a number ({unit}), not {value!r}")
+        raise HeartbeatError(field, f"must be a number ({unit}), not {_shown(value)}")
+    # Range first: an integer of 400 digits has no float (math.isfinite would raise OverflowError).
+    if isinstance(value, int):
+        if not lo <= value <= hi:
+            shown = f"{value:g}" if abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+            raise HeartbeatError(field, f"must be between {lo:g} and {hi:g} {unit}, got {shown}")
+        return float(value)
     if not math.isfinite(value):
         raise HeartbeatError(field, "must be a finite number")
     if not lo <= value <= hi:
@@ -60,17 +98,25 @@ def _number(value: Any, field: str, lo: float, hi: float, unit: str) -> float:
 
 def _integer(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise HeartbeatError(field, f"must be a whole number, not {value!r}")
+        raise HeartbeatError(field, f"must be a whole number, not {_shown(value)}")
     if not lo <= value <= hi:
-        raise HeartbeatError(field, f"must be between {lo} and {hi}, got {value}")
+        shown = value if abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+        raise HeartbeatError(field, f"must be between {lo} and {hi}, got {shown}")
     return value
 
 
-def _text(value: Any, field: str, max_length: int = 253) -> str:
+def _text(value: Any, field: str, max_length: int, *, multiline: bool = False) -> str:
     if not isinstance(value, str):
-        raise HeartbeatError(field, f"must be text, not {value!r}")
+        raise HeartbeatError(field, f"must be text, not {_shown(value)}")
     if len(value) > max_length:
-        raise HeartbeatError(field, f"at most {max_length} characters")
+        raise HeartbeatError(field, f"at most {max_length} characters, got {len(value)}")
+    bad = (_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE if multiline else _CONTROL_OR_SURROGATE).search(value)
+    if bad:
+        what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+        raise HeartbeatError(
+            field, f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters and lone "
+            "surrogates are refused"
+        )
     return value
 
 
@@ -91,7 +137,8 @@ def _list(value: Any, field: str, max_length: int) -> list:
 def _only(obj: Mapping[str, Any], field: str, allowed: frozenset[str]) -> None:
     for key in obj:
         if key not in allowed:
-            where = f"{field}.{key}" if field else key
+            name = f".{key}" if _CLEAN_KEY.fullmatch(key) else f"[{_shown(key)}]"
+            where = f"{field}{name}" if field else name.removeprefix(".")
             raise HeartbeatError(where, f"unknown field; {field or 'a heartbeat'} takes {', '.join(sorted(allowed))}")
 
 
@@ -129,22 +176,22 @@ def _inventory(raw: Any) -> dict[str, Any]:
             if gpu["index"] in seen:
                 raise HeartbeatError(f"{f}.index", f"two GPUs with index {gpu['index']}")
             seen.add(gpu["index"])
-            for key in ("uuid", "name"):
+            for key, longest in (("uuid", MAX_GPU_UUID_LENGTH), ("name", MAX_GPU_NAME_LENGTH)):
                 if g.get(key) is not None:
-                    gpu[key] = _text(g[key], f"{f}.{key}", 200)
+                    gpu[key] = _text(g[key], f"{f}.{key}", longest)
             if g.get("memory_gib") is not None:
-                gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, 4096, "GiB")
+                gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, GPU_MEMORY_GIB_MAX, "GiB")
             if g.get("power_limit_watts") is not None:
                 gpu["power_limit_watts"] = _number(g["power_limit_watts"], f"{f}.power_limit_watts", 0, GPU_WATTS_MAX, "W")
             gpus.append(gpu)
         out["gpus"] = gpus
     if inv.get("cpu_cores") is not None:
-        out["cpu_cores"] = _integer(inv["cpu_cores"], "inventory.cpu_cores", 0, 16384)
+        out["cpu_cores"] = _integer(inv["cpu_cores"], "inventory.cpu_cores", 0, CPU_CORES_MAX)
     if inv.get("memory_gib") is not None:
-        out["memory_gib"] = _number(inv["memory_gib"], "inventory.memory_gib", 0, 1_048_576, "GiB")
+        out["memory_gib"] = _number(inv["memory_gib"], "inventory.memory_gib", 0, NODE_MEMORY_GIB_MAX, "GiB")
     for key in ("hostname", "fabric"):
         if inv.get(key) is not None:
-            out[key] = _text(inv[key], f"inventory.{key}")
+            out[key] = _text(inv[key], f"inventory.{key}", MAX_NAME_LENGTH)
     return out
 
 
@@ -162,7 +209,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
                 raise HeartbeatError(f"{f}.index", "is required")
             gpu: dict[str, Any] = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
             if g.get("uuid") is not None:
-                gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", 100)
+                gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_UUID_LENGTH)
             _temperature(g, "temperature_celsius", f, gpu)
             _temperature(g, "memory_temperature_celsius", f, gpu)
             for key in ("power_watts", "power_limit_watts"):
@@ -171,10 +218,10 @@ def _sensors(raw: Any) -> dict[str, Any]:
             if g.get("throttle_reasons") is not None:
                 reasons = _list(g["throttle_reasons"], f"{f}.throttle_reasons", len(THROTTLE_REASONS))
                 for reason in reasons:
-                    if reason not in THROTTLE_REASONS:
+                    if not isinstance(reason, str) or reason not in THROTTLE_REASONS:
                         raise HeartbeatError(
                             f"{f}.throttle_reasons",
-                            f"unknown reason {reason!r}; reasons are {', '.join(sorted(THROTTLE_REASONS))}",
+                            f"unknown reason {_shown(reason)}; reasons are {', '.join(sorted(THROTTLE_REASONS))}",
                         )
                 gpu["throttle_reasons"] = sorted(set(reasons))
             gpus.append(gpu)
@@ -182,7 +229,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
     _temperature(s, "cpu_temperature_celsius", "sensors", out)
     _temperature(s, "inlet_temperature_celsius", "sensors", out)
     if s.get("cpu_power_watts") is not None:
-        out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, 20_000, "W")
+        out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, CPU_WATTS_MAX, "W")
     return out
 
 
@@ -191,8 +238,11 @@ def _labels(raw: Any) -> dict[str, str]:
     if len(labels) > MAX_LABELS:
         raise HeartbeatError("labels", f"at most {MAX_LABELS} labels")
     for key, value in labels.items():
-        if not isinstance(value, str):
-            raise HeartbeatError(f"labels.{key}", f"must be text, not {value!r}")
+        try:
+            _text(key, "labels", MAX_LABEL_KEY_LENGTH)
+        except HeartbeatError as exc:
+            raise HeartbeatError("labels", f"label key {_shown(key)}: {exc.message.removeprefix('labels: ')}") from exc
+        _text(value, f"labels.{key}", MAX_LABEL_VALUE_LENGTH)
         try:
             validate_label(key, value)
         except DomainError as exc:
@@ -208,16 +258,18 @@ def _replicas(raw: Any) -> list[dict[str, Any]]:
         _only(r, f, REPLICA_KEYS)
         if "id" not in r or "state" not in r:
             raise HeartbeatError(f, "id and state are required")
-        item: dict[str, Any] = {"id": _integer(r["id"], f"{f}.id", 1, 2**63 - 1)}
-        if r["state"] not in REPLICA_STATES:
-            raise HeartbeatError(f"{f}.state", f"unknown state {r['state']!r}; states are {', '.join(sorted(REPLICA_STATES))}")
+        item: dict[str, Any] = {"id": _integer(r["id"], f"{f}.id", 1, REPLICA_ID_MAX)}
+        if not isinstance(r["state"], str) or r["state"] not in REPLICA_STATES:
+            raise HeartbeatError(f"{f}.state", f"unknown state {_shown(r['state'])}; states are {', '.join(sorted(REPLICA_STATES))}")
         item["state"] = r["state"]
         if r.get("port") is not None:
             item["port"] = _integer(r["port"], f"{f}.port", 1, 65535)
         if r.get("restarts") is not None:
-            item["restarts"] = _integer(r["restarts"], f"{f}.restarts", 0, 2**31 - 1)
+            item["restarts"] = _integer(r["restarts"], f"{f}.restarts", 0, RESTARTS_MAX)
+        if r.get("pid") is not None:  # checked, not kept: the control plane has no use for it
+            _integer(r["pid"], f"{f}.pid", 0, PID_MAX)
         if r.get("message") is not None:
-            item["message"] = _text(r["message"], f"{f}.message", 1000)
+            item["message"] = _text(r["message"], f"{f}.message", MAX_MESSAGE_LENGTH, multiline=True)
         out.append(item)
     return out
 
@@ -226,15 +278,18 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
     """The heartbeat, cleaned (nulls dropped: an absent reading is absent, never zero), or HeartbeatError."""
     hb = _mapping(raw, "heartbeat")
     _only(hb, "", HEARTBEAT_KEYS)
-    if not hb.get("node"):
+    if hb.get("node") is None or hb.get("node") == "":
         raise HeartbeatError("node", "is required")
-    if not is_node_name(hb["node"]):
-        raise HeartbeatError("node", node_name_problem(hb["node"]))
-    out: dict[str, Any] = {"node": hb["node"]}
+    node = _text(hb["node"], "node", MAX_NAME_LENGTH)
+    if not is_node_name(node):
+        raise HeartbeatError("node", node_name_problem(node))
+    out: dict[str, Any] = {"node": node}
     if hb.get("agent_version") is not None:
-        out["agent_version"] = _text(hb["agent_version"], "agent_version", 50)
+        out["agent_version"] = _text(hb["agent_version"], "agent_version", MAX_AGENT_VERSION_LENGTH)
     if hb.get("interval_seconds") is not None:
-        out["interval_seconds"] = _number(hb["interval_seconds"], "interval_seconds", 0.1, 10, "seconds")
+        out["interval_seconds"] = _number(
+            hb["interval_seconds"], "interval_seconds", INTERVAL_MIN, INTERVAL_MAX, "seconds"
+        )
     out["inventory"] = _inventory(hb["inventory"]) if hb.get("inventory") is not None else {}
     out["labels"] = _labels(hb["labels"]) if hb.get("labels") is not None else {}
     out["sensors"] = _sensors(hb["sensors"]) if hb.get("sensors") is not None else {}

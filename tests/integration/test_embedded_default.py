@@ -92,3 +92,40 @@ def test_demo_serves_the_console_with_live_simulated_nodes(tmp_path):
             raise AssertionError("llmgw demo did not stop on SIGTERM:\n" + (tmp_path / "demo.log").read_text()[-3000:]) from None
         finally:
             log.close()
+
+
+def test_demo_on_a_busy_address_says_so_before_loading_anything(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = llmgw(tmp_path, "demo", "--addr", f"127.0.0.1:{port}")
+    assert result.returncode != 0
+    assert f"cannot serve at 127.0.0.1:{port}" in result.stderr
+    assert "log in as" not in result.stdout
+    assert not (tmp_path / "llmgw.sqlite3").exists()
+
+
+def test_check_deploy_is_clean_with_the_documented_production_environment(tmp_path):
+    import secrets
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "LLMGW_CONFIG", "DEBUG"}}
+    env.update(
+        LLMGW_DATA_DIR=str(tmp_path), SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="llmgw.example.org",
+        CSRF_TRUSTED_ORIGINS="https://llmgw.example.org", LLMGW_HSTS_SECONDS="31536000",
+        LLMGW_HSTS_INCLUDE_SUBDOMAINS="true", LLMGW_HSTS_PRELOAD="true", LLMGW_SSL_REDIRECT="true",
+        LLMGW_SECURE_COOKIES="true", LLMGW_PROXY_SSL_HEADER="X-Forwarded-Proto",
+    )
+    result = subprocess.run([LLMGW, "check", "--deploy", "--fail-level", "WARNING"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+    # Without the switches, Django's deploy check names each one: the test above is not clean by accident.
+    for name in ("LLMGW_HSTS_SECONDS", "LLMGW_SSL_REDIRECT", "LLMGW_SECURE_COOKIES"):
+        env.pop(name)
+    result = subprocess.run([LLMGW, "check", "--deploy"], env=env, capture_output=True, text=True, timeout=120)
+    for code in ("W004", "W008", "W012", "W016"):
+        assert f"security.{code}" in result.stderr + result.stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import socket
 import threading
 import time
 from pathlib import Path
@@ -66,18 +67,41 @@ def load_demo() -> None:
     models_apply_file(path=DEMO_DIR / "models.yaml")
 
 
+def ensure_free(addrport: str) -> None:
+    """CommandError naming the address unless ADDR:PORT parses and nothing listens there yet."""
+    host, _, port = addrport.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"--addr: {addrport!r} is not ADDR:PORT (e.g. 127.0.0.1:8000)")
+    host = (host or "127.0.0.1").strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve at {host}:{port}: {exc.strerror or exc} (another server is there?). Stop it, or "
+                f"pick another address: llmgw demo --addr 127.0.0.1:8001 (make demo ADDR=127.0.0.1:8001)"
+            ) from exc
+
+
 class Command(BaseCommand):
     help = "Load the demo facility (2 rooms, 8 racks, 32 nodes) and serve the console at http://127.0.0.1:8000"
 
     def add_arguments(self, parser):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("--addr", help="ADDR:PORT to serve at (the same as the argument; make demo ADDR=…)")
         parser.add_argument("--no-serve", action="store_true", help="load the demo and exit")
         parser.add_argument("--no-sim", action="store_true", help="serve without the simulated agents")
         parser.add_argument("--interval", type=int, default=5, help="the simulated agents' heartbeat seconds, 1–10")
 
-    def handle(self, *args, addrport: str, no_serve: bool, no_sim: bool, interval: int, **options):
+    def handle(self, *args, addrport: str, addr: str | None, no_serve: bool, no_sim: bool, interval: int, **options):
         if not 1 <= interval <= 10:
             raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
+        addrport = addr or addrport
+        if not no_serve:
+            # Before anything is loaded or printed: a login for a server that is not ours helps no one.
+            ensure_free(addrport)
         call_command("migrate", verbosity=0, interactive=False)
         load_demo()
         password = secrets.token_urlsafe(9)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
 
 log = logging.getLogger("llmgw.serve")
 
@@ -25,22 +23,10 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
     """Without Redis there is no beat: run the periodic reconcile in a thread of the server instead."""
     if settings.REDIS_URL:
         return None
+    from llmgw import inprocess
+    from placement.tasks import reconcile
 
-    def loop() -> None:
-        from placement.tasks import reconcile
-
-        while True:
-            time.sleep(interval)
-            try:
-                reconcile()
-            except Exception:  # the next round tries again; a failed one must not end the loop
-                log.exception("periodic reconcile failed")
-            finally:
-                close_old_connections()
-
-    thread = threading.Thread(target=loop, name="llmgw-reconcile", daemon=True)
-    thread.start()
-    return thread
+    return inprocess.start(interval, reconcile)
 
 
 class Command(BaseCommand):
@@ -83,4 +69,6 @@ class Command(BaseCommand):
             access_log=access_log,
             log_level="info" if access_log else "warning",
             lifespan="off",
+            # A console socket's messages are small; a larger one closes the socket (1009).
+            ws_max_size=settings.LLMGW_WS_MAX_BYTES,
         )

@@ -1,0 +1,25 @@
+"""The API's JSON parser: DRF's, but JSON nested deeper than MAX_JSON_DEPTH is a 400 before parsing."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+from rest_framework.utils import json
+
+from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
+
+
+class BoundedJSONParser(JSONParser):
+    """JSONParser that scans the depth first (without recursion): `[` × 100,000 is refused, not a RecursionError."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        raw = stream.read() if stream is not None else b""
+        if json_depth_exceeds(raw, MAX_JSON_DEPTH):
+            raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels")
+        try:
+            text = raw.decode(encoding)
+            return json.loads(text, parse_constant=json.strict_constant if self.strict else None)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise ParseError(f"JSON parse error - {exc}") from exc
