@@ -3,7 +3,7 @@
     .venv/bin/python bench/embedded.py [--nodes 1000] [--interval 10] [--rounds 3] [--port 18300]
 
 Starts `llmgw demo ADDR` in a fresh data directory (SQLite, tasks in-process, its own 32 simulated nodes), makes a
-token per node the way `llmgw sim` does, then runs every node's simulated agent (agents.sim, httpx, at most
+token per node the way `llmgw sim` does, then runs every node's simulated agent (agents.simulator, httpx, at most
 100 connections, starts spread over one interval, as `llmgw sim up` does) for `--rounds` intervals and
 prints how many heartbeats were sent and how many failed, with the first errors. Round one is the nodes
 joining (each a full write); the rest are the steady state. The target is 0 failed heartbeats.
@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 async def drive(nodes, tokens, server: str, *, interval: float, rounds: int, connections: int = 100):
     """Every node beats every `interval` seconds, `rounds` times, starts spread over one interval."""
-    from agents.sim import _client, post_heartbeat
+    from agents.simulator.client import client_for, post_heartbeat
 
     results = []
-    async with _client(server, connections) as client:
+    async with client_for(server, connections) as client:
 
         async def node_loop(node, offset: float) -> None:
             loop = asyncio.get_running_loop()
@@ -88,7 +88,7 @@ def main() -> None:
         from django.db import connections
 
         from agents.services import node_token_create
-        from agents.sim import SimNode
+        from agents.simulator.nodes import SimNode
         from tests.conftest import node_spec
 
         specs = [node_spec(f"sim{i:04}", rack=f"s{i // 16:03}", pdu=f"s{i // 16:03}-a") for i in range(args.nodes)]

@@ -53,7 +53,7 @@ async def post_heartbeat(
     return BeatResult(node.name, True, clock() - start)
 
 
-def _client(server: str, connections: int) -> Any:
+def client_for(server: str, connections: int) -> Any:
     import httpx
 
     # httpx logs every request at INFO: a thousand nodes would drown what the sim has to say.
@@ -66,7 +66,7 @@ async def beat_round(
     nodes: list[SimNode], tokens: Mapping[str, str], server: str, *, connections: int = 64
 ) -> list[BeatResult]:
     """One heartbeat from every node, `connections` at a time."""
-    async with _client(server, connections) as client:
+    async with client_for(server, connections) as client:
         return list(await asyncio.gather(*(post_heartbeat(client, n, tokens[n.name]) for n in nodes)))
 
 
@@ -88,7 +88,7 @@ async def run_nodes(
 ) -> None:
     """Every node beats every `interval` seconds, their starts spread over one interval, until `stop` is set."""
     stop = stop or asyncio.Event()
-    async with _client(server, connections) as client:
+    async with client_for(server, connections) as client:
 
         async def beat_forever(node: SimNode, offset: float) -> None:
             loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from agents import readings
 from agents.models import Node
 from agents.services import heartbeat_record, node_token_create
-from agents.sim import SimNode
+from agents.simulator.nodes import SimNode
 from tests.conftest import node_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,7 +140,7 @@ class Unstorable:
     ids=["nul-in-uuid", "not-json"],
 )
 def test_a_poisoned_row_in_a_readings_batch_costs_the_honest_node_nothing(monkeypatch, poisoned_sensors):
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     digests = {}
     for name in ("bad01", "good01"):
@@ -293,7 +293,7 @@ def test_a_node_socket_for_a_name_no_node_can_have_is_refused(make_user, name):
 
 def test_a_node_socket_for_a_long_node_name_gets_its_panels(make_user):
     from agents.events import node_changed
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     name = "n" * 120  # a valid node name, longer than a group name may be
     heartbeat_record(node_name=name, heartbeat=heartbeat_for(node_spec(name, rack="r1", gpus=0)))
@@ -314,7 +314,7 @@ def test_a_node_socket_for_a_long_node_name_gets_its_panels(make_user):
 
 def test_a_viewer_sending_garbage_on_the_nodes_socket_is_ignored(make_user):
     from agents.events import node_changed
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
 
     heartbeat_record(node_name="gpu01", heartbeat=heartbeat_for(node_spec("gpu01", rack="r1")))
     user, _ = make_user("viewer1", "viewer")
