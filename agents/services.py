@@ -15,7 +15,7 @@ from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
 
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?\Z")
 
 
 def _request_reconcile() -> None:

@@ -17,8 +17,8 @@ LABEL_PREFIX = "llmgw.io/"
 LOCATION_KEYS: tuple[str, ...] = tuple(LABEL_PREFIX + level for level in LEVELS)
 PDU_KEY = LABEL_PREFIX + "pdu"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_FREE_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]{0,252}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+\Z")
+_FREE_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]{0,252}\Z")
 MAX_VALUE_LENGTH = 253
 
 
