@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, PermissionDenied
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -13,31 +13,46 @@ from rest_framework.views import APIView
 
 from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
+from agents.filtersets import STATES, NodeFilterSet
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat
+from agents.serializers import (
+    HeartbeatAnswerSerializer,
+    HeartbeatRequestSchema,
+    LabelsResultSerializer,
+    LabelsSerializer,
+    NodeDetailSerializer,
+    NodeRowSerializer,
+)
 from facility import nodes as facility_nodes
-from facility.domains import DomainError, parse_domain
-from llmgw.errors import InvalidInput
+from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
+from llmgw.api import ApiView, documented
+from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
 
-class NodeListView(APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("domain", str, description="Only nodes in this domain, e.g. rack:r12-07")],
-        responses={200: dict},
-        operation_id="nodes_list",
+class NodeListView(ApiView):
+    @documented(
         summary="Nodes with state, free GPUs and location",
+        ok={200: NodeRowSerializer(many=True)},
+        parameters=[
+            OpenApiParameter(
+                "domain", str, pattern=DOMAIN_OR_EMPTY_PATTERN, description="Only nodes in this domain, e.g. rack:r12-07"
+            ),
+            OpenApiParameter("state", str, enum=[*STATES, ""], description="Only nodes in this state (empty: any)"),
+            OpenApiParameter("q", str, description="Only nodes whose name contains this"),
+        ],
+        operation_id="nodes_list",
     )
     def get(self, request):
-        domain = request.query_params.get("domain")
-        if domain:
-            try:
-                domain = str(parse_domain(domain))
-            except DomainError as exc:
-                raise InvalidInput(f"domain: {exc}", field="domain") from exc
-        return Response([row.as_dict() for row in facility_nodes.node_rows(domain=domain)])
+        # The console's Nodes page filters through the same FilterSet, so both read a query alike.
+        filterset = NodeFilterSet(request.query_params, queryset=selectors.node_queryset())
+        if not filterset.is_valid():
+            field, messages = next(iter(filterset.errors.items()))
+            raise InvalidInput(f"{field}: {messages[0]}", field=field)
+        return Response([row.as_dict() for row in facility_nodes.node_rows(filterset.qs)])
 
 
 def node_detail(node: Node) -> dict:
@@ -70,25 +85,25 @@ def node_detail(node: Node) -> dict:
     return body
 
 
-class NodeDetailView(APIView):
-    @extend_schema(responses={200: dict}, summary="One node: location with label sources, hold, GPUs, sensors")
+class NodeDetailView(ApiView):
+    @documented(
+        summary="One node: location with label sources, hold, GPUs, sensors",
+        ok={200: NodeDetailSerializer},
+        errors=(404,),
+    )
     def get(self, request, name: str):
         node = Node.objects.filter(name=name).first()
         if node is None:
-            raise NotFound(f"node {name!r} is not known")
+            raise NotFound(f"node {name!r} is not known", field="name")
         return Response(node_detail(node))
 
 
-class LabelsSerializer(serializers.Serializer):
-    labels = serializers.DictField(
-        child=serializers.CharField(allow_null=True, allow_blank=False, max_length=253),
-        allow_empty=False,
-        help_text="key → value to set, key → null to remove the store's value (back to the agent's).",
+class NodeLabelsView(ApiView):
+    @documented(
+        summary="Set or remove store labels",
+        request=LabelsSerializer,
+        ok={200: LabelsResultSerializer},
     )
-
-
-class NodeLabelsView(APIView):
-    @extend_schema(request=LabelsSerializer, responses={200: dict}, summary="Set or remove store labels")
     def post(self, request, name: str):
         data = LabelsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -108,22 +123,6 @@ class IsNode(BasePermission):
         return isinstance(request.user, NodeIdentity)
 
 
-class HeartbeatRequestSchema(serializers.Serializer):
-    """For the OpenAPI schema only: the checks are agents.node.protocol.validate_heartbeat."""
-
-    node = serializers.CharField()
-    agent_version = serializers.CharField(required=False)
-    interval_seconds = serializers.FloatField(required=False, help_text="at most 10")
-    inventory = serializers.DictField(required=False, help_text="gpus [{index, uuid, name, memory_gib, "
-                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric")
-    labels = serializers.DictField(child=serializers.CharField(), required=False)
-    sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
-                                    "memory_temperature_celsius, power_watts, power_limit_watts, throttle_reasons}], "
-                                    "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts")
-    replicas = serializers.ListField(child=serializers.DictField(), required=False,
-                                     help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")
-
-
 class HeartbeatView(APIView):
     """POST /api/v1/agents/heartbeat: what a node reports; the answer is what it must run."""
 
@@ -132,7 +131,9 @@ class HeartbeatView(APIView):
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
 
-    @extend_schema(request=HeartbeatRequestSchema, responses={200: dict}, summary="An agent's heartbeat")
+    @documented(
+        summary="An agent's heartbeat", request=HeartbeatRequestSchema, ok={200: HeartbeatAnswerSerializer}
+    )
     def post(self, request):
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > settings.LLMGW_HEARTBEAT_MAX_BYTES:

@@ -145,6 +145,15 @@ async def load(nodes, bodies, tokens, servers: list[str], connections: int, seco
     return latencies, errors
 
 
+def node_spec(name: str, *, rack: str, pdu: str) -> dict:
+    """A simulated node like the ones `llmgw sim` reads: 8 H100s, in a rack on two PDUs."""
+    return {
+        "name": name, "gpus": 8, "gpu_model": "H100-SXM5-80GB", "gpu_memory_gib": 80, "gpu_power_limit_watts": 700,
+        "cpu_cores": 96, "memory_gib": 2048, "fabric": "ib-a",
+        "labels": {"llmgw.io/rack": rack, "llmgw.io/pdu": pdu},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -162,9 +171,7 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="llmgw-bench-")
     env = {**os.environ, "DATABASE_URL": url, "LLMGW_DATA_DIR": data_dir, "DJANGO_SETTINGS_MODULE": "llmgw.settings",
            "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
-           # Under ASGI each request's sync code runs in its own thread, so persistent connections
-           # (kept per thread) pile up until PostgreSQL refuses more: connect per request.
-           "DB_CONN_MAX_AGE": os.environ.get("DB_CONN_MAX_AGE", "0")}
+           }
     subprocess.run([sys.executable, "-m", "llmgw.cli", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     os.environ.update(env)
 
@@ -173,7 +180,6 @@ def main() -> None:
     django.setup()
     from agents.services import node_token_create
     from agents.simulator.nodes import SimNode
-    from tests.conftest import node_spec
 
     specs = [node_spec(f"bench{i:05}", rack=f"r{i // 16:03}", pdu=f"r{i // 16:03}-a,r{i // 16:03}-b")
              for i in range(args.nodes)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.forms.models import construct_instance
 
 from facility import services
 from facility.models import Budget, FacilitySettings, Hold, Source
@@ -11,14 +12,32 @@ from llmgw.errors import LlmgwError
 
 
 class ServiceForm(forms.ModelForm):
-    """Runs the service's checks in clean(), so a refusal shows on the form and nothing is saved."""
+    """Runs the service's check in clean(), so a refusal shows on the form in the service's words (the
+    API's and ctl's) and nothing is saved; the model's own validators are not run, so no second wording."""
 
-    def _check(self, fn) -> None:
+    def service_check(self, data: dict) -> dict:
+        """The service's checked values for the form's data; raises LlmgwError naming the field."""
+        raise NotImplementedError
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:  # a field the form could not read (not a number): the form says so already
+            return data
         try:
-            fn()
+            data.update(self.service_check(data))
         except LlmgwError as exc:
             field = exc.field if exc.field in self.fields else None
             self.add_error(field, exc.message)
+        return data
+
+    def _post_clean(self):
+        # Build the instance and check uniqueness, without the model's validators: the service's check
+        # in clean() is the one set of words.
+        try:
+            self.instance = construct_instance(self, self.instance, self._meta.fields, self._meta.exclude)
+        except ValueError as exc:
+            self.add_error(None, str(exc))
+        self.validate_unique()
 
 
 class BudgetForm(ServiceForm):
@@ -26,11 +45,10 @@ class BudgetForm(ServiceForm):
         model = Budget
         fields = ["domain", "cap_watts", "other_watts"]
 
-    def clean(self):
-        data = super().clean()
-        if "domain" in data:
-            self._check(lambda: data.__setitem__("domain", services.clean_domain(data["domain"])))
-        return data
+    def service_check(self, data: dict) -> dict:
+        return services.budget_check(
+            domain=data.get("domain"), cap_watts=data.get("cap_watts"), other_watts=data.get("other_watts")
+        )
 
 
 @admin.register(Budget)
@@ -58,11 +76,8 @@ class HoldForm(ServiceForm):
         model = Hold
         fields = ["domain", "reason", "drain"]
 
-    def clean(self):
-        data = super().clean()
-        if "domain" in data:
-            self._check(lambda: data.__setitem__("domain", services.clean_domain(data["domain"])))
-        return data
+    def service_check(self, data: dict) -> dict:
+        return services.hold_check(domain=data.get("domain"), reason=data.get("reason"))
 
 
 @admin.register(Hold)
@@ -84,8 +99,18 @@ class HoldAdmin(admin.ModelAdmin):
             services.hold_release(domain=obj.domain)
 
 
+class FacilitySettingsForm(ServiceForm):
+    class Meta:
+        model = FacilitySettings
+        fields = ["margin", "gpu_watts", "cpu_core_watts", "node_watts"]
+
+    def service_check(self, data: dict) -> dict:
+        return services.settings_check(**{key: data.get(key) for key in self._meta.fields})
+
+
 @admin.register(FacilitySettings)
 class FacilitySettingsAdmin(admin.ModelAdmin):
+    form = FacilitySettingsForm
     list_display = ["margin", "gpu_watts", "cpu_core_watts", "node_watts", "source", "updated_at"]
     fields = ["margin", "gpu_watts", "cpu_core_watts", "node_watts"]
 
@@ -96,6 +121,7 @@ class FacilitySettingsAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        obj.source = Source.ADMIN
-        super().save_model(request, obj, form, change)
-        services.facility_changed_send()
+        services.settings_set(
+            margin=obj.margin, gpu_watts=obj.gpu_watts, cpu_core_watts=obj.cpu_core_watts,
+            node_watts=obj.node_watts, source=Source.ADMIN,
+        )

@@ -2,38 +2,31 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from facility import services
+from facility.serializers import (
+    DOMAIN_PATTERN,
+    BudgetBodySerializer,
+    BudgetSerializer,
+    FacilitySerializer,
+    HoldBodySerializer,
+    HoldSerializer,
+)
+from llmgw.api import ApiView, documented
 from placement import selectors as placement_selectors
 
+DOMAIN_IN_PATH = [OpenApiParameter("domain", str, OpenApiParameter.PATH, pattern=DOMAIN_PATTERN, description="level:name")]
 
-class FacilityView(APIView):
-    @extend_schema(responses={200: dict}, summary="Every domain: nodes, use, limit, reserved and measured draw, hold")
+
+class FacilityView(ApiView):
+    @documented(
+        summary="Every domain: nodes, use, limit, reserved and measured draw, hold", ok={200: FacilitySerializer}
+    )
     def get(self, request):
         return Response(placement_selectors.facility_overview())
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, naming them: a misspelt `drian` must not be silently dropped."""
-
-    def validate(self, attrs):
-        unknown = sorted(set(self.initial_data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError(
-                {unknown[0]: [f"unknown field; this takes {', '.join(self.fields)}"]}
-            )
-        return attrs
-
-
-class HoldSerializer(StrictSerializer):
-    domain = serializers.CharField(max_length=300, help_text="level:name, e.g. rack:r12-07")
-    reason = serializers.CharField(max_length=500)
-    drain = serializers.BooleanField(required=False, allow_null=True, default=None,
-                                     help_text="not given: as it was (false for a new hold)")
 
 
 def hold_body(hold) -> dict:
@@ -46,8 +39,11 @@ def hold_body(hold) -> dict:
     }
 
 
-class HoldListView(APIView):
-    @extend_schema(request=HoldSerializer, responses={201: dict}, summary="Hold a domain (optionally drain it)")
+class HoldListView(ApiView):
+    @documented(
+        summary="Hold a domain (optionally drain it)", request=HoldSerializer, ok={201: HoldBodySerializer},
+        errors=(409,),
+    )
     def post(self, request):
         data = HoldSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -55,22 +51,20 @@ class HoldListView(APIView):
         return Response(hold_body(hold), status=status.HTTP_201_CREATED)
 
 
-class HoldDetailView(APIView):
-    @extend_schema(responses={204: None}, summary="Release a hold (and stop its drain)")
+class HoldDetailView(ApiView):
+    @documented(
+        summary="Release a hold (and stop its drain)", ok={204: None}, errors=(404, 409), parameters=DOMAIN_IN_PATH
+    )
     def delete(self, request, domain: str):
         services.hold_release(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class BudgetSerializer(StrictSerializer):
-    domain = serializers.CharField(max_length=300)
-    cap_watts = serializers.FloatField()
-    other_watts = serializers.FloatField(required=False, allow_null=True, default=None,
-                                         help_text="not given: as it was (0 for a new budget)")
-
-
-class BudgetListView(APIView):
-    @extend_schema(request=BudgetSerializer, responses={200: dict}, summary="Set a domain's power budget")
+class BudgetListView(ApiView):
+    @documented(
+        summary="Set a domain's power budget", request=BudgetSerializer, ok={200: BudgetBodySerializer},
+        errors=(409,),
+    )
     def post(self, request):
         data = BudgetSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -78,8 +72,8 @@ class BudgetListView(APIView):
         return Response({"domain": budget.domain, "cap_watts": budget.cap_watts, "other_watts": budget.other_watts})
 
 
-class BudgetDetailView(APIView):
-    @extend_schema(responses={204: None}, summary="Remove a domain's budget")
+class BudgetDetailView(ApiView):
+    @documented(summary="Remove a domain's budget", ok={204: None}, errors=(404, 409), parameters=DOMAIN_IN_PATH)
     def delete(self, request, domain: str):
         services.budget_delete(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -19,6 +19,9 @@ from llmgw.yamldoc import Document, load_documents, read_text
 
 SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
 BUDGET_KEYS = ("domain", "cap_watts", "other_watts")
+# The bounds of every watts figure a person sets (budgets, settings): the API's schema states them, the
+# admin, the API, ctl and server.yaml are refused in the words of _watts below.
+WATTS_MAX = 100_000_000
 
 
 def facility_changed_send(*, sender: type = FacilitySettings) -> None:
@@ -41,7 +44,7 @@ def _watts(value: Any, field: str, *, allow_none: bool = False) -> float | None:
         raise InvalidInput(f"{field}: must be a number of watts, not {value!r}", field=field)
     if value < 0:
         raise InvalidInput(f"{field}: must not be negative (got {value:g})", field=field)
-    if value > 100_000_000:
+    if value > WATTS_MAX:
         raise InvalidInput(f"{field}: {value:g} W is more than any domain carries", field=field)
     return float(value)
 
@@ -157,16 +160,26 @@ def facility_apply_file(*, path: str | Path) -> dict[str, int]:
 # -- budgets and settings one at a time -------------------------------------------------------------------
 
 
+def budget_check(*, domain: Any, cap_watts: Any, other_watts: Any = None) -> dict[str, Any]:
+    """A budget's values checked (domain canonical, watts in bounds), or InvalidInput naming the field.
+
+    other_watts stays None when not given: budget_set keeps the stored value then.
+    """
+    return {
+        "domain": clean_domain(domain),
+        "cap_watts": _watts(cap_watts, "cap_watts"),
+        "other_watts": _watts(other_watts, "other_watts", allow_none=True),
+    }
+
+
 @transaction.atomic
 def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: str = Source.API) -> Budget:
     """Create or change one domain's budget; other_watts not given keeps its value (0 for a new one)."""
-    domain = clean_domain(domain)
-    cap = _watts(cap_watts, "cap_watts")
-    if other_watts is None:
+    values = budget_check(domain=domain, cap_watts=cap_watts, other_watts=other_watts)
+    domain, cap, other = values["domain"], values["cap_watts"], values["other_watts"]
+    if other is None:
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
-    else:
-        other = _watts(other_watts, "other_watts")
     budget, _ = Budget.objects.update_or_create(
         domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
     )
@@ -183,7 +196,41 @@ def budget_delete(*, domain: str) -> None:
     facility_changed_send()
 
 
+def settings_check(*, margin: Any, gpu_watts: Any, cpu_core_watts: Any, node_watts: Any) -> dict[str, Any]:
+    """Facility settings checked (margin in [0, 1), watts in bounds or None), or InvalidInput naming the field."""
+    values: dict[str, Any] = {"margin": clean_margin(margin)}
+    for key, value in (("gpu_watts", gpu_watts), ("cpu_core_watts", cpu_core_watts), ("node_watts", node_watts)):
+        values[key] = _watts(value, key, allow_none=True)
+    return values
+
+
+@transaction.atomic
+def settings_set(
+    *, margin: Any, gpu_watts: Any, cpu_core_watts: Any, node_watts: Any, source: str = Source.API
+) -> FacilitySettings:
+    """Set the facility's margin and default draws (None: not assumed); asks for a reconcile."""
+    values = settings_check(margin=margin, gpu_watts=gpu_watts, cpu_core_watts=cpu_core_watts, node_watts=node_watts)
+    settings = FacilitySettings.load()
+    for key, value in values.items():
+        setattr(settings, key, value)
+    settings.source = source
+    settings.save()
+    facility_changed_send()
+    return settings
+
+
 # -- holds -----------------------------------------------------------------------------------------------
+
+
+def hold_check(*, domain: Any, reason: Any) -> dict[str, str]:
+    """A hold's domain (canonical) and reason checked, or InvalidInput naming the field."""
+    domain = clean_domain(domain)
+    reason = (reason or "").strip() if isinstance(reason, str | None) else reason
+    if not isinstance(reason, str) or not reason:
+        raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
+    if len(reason) > 500:
+        raise InvalidInput("reason: at most 500 characters", field="reason")
+    return {"domain": domain, "reason": reason}
 
 
 @transaction.atomic
@@ -192,12 +239,8 @@ def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_
 
     Holding a domain already held updates its reason, and its drain flag when one is given.
     """
-    domain = clean_domain(domain)
-    reason = (reason or "").strip()
-    if not reason:
-        raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
-    if len(reason) > 500:
-        raise InvalidInput("reason: at most 500 characters", field="reason")
+    values = hold_check(domain=domain, reason=reason)
+    domain, reason = values["domain"], values["reason"]
     if drain is None:
         drain = bool(Hold.objects.filter(domain=domain).values_list("drain", flat=True).first())
     _lock_members(domain)

@@ -1,25 +1,85 @@
-"""What every API module shares: errors as JSON naming the field."""
+"""What every API module shares: errors as JSON naming the field, their schema, and input checks.
+
+Every error the API answers has one shape, `{"detail": str, "field": str | null}` (serializer
+refusals add `errors`, DRF's per-field dict); `documented()` puts it in the schema for the codes an
+endpoint can answer, so no view repeats it.
+"""
 
 from __future__ import annotations
 
-from rest_framework import status
+from collections.abc import Iterable
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
 from rest_framework.response import Response
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from llmgw.errors import LlmgwError
+from llmgw.errors import InvalidInput, LlmgwError
+from llmgw.jsonguard import MAX_JSON_DEPTH
+from llmgw.parsers import BoundedJSONParser
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The body of every 4xx the API answers."""
+
+    detail = serializers.CharField(help_text="One sentence a person reads, starting with the field it is about.")
+    field = serializers.CharField(allow_null=True, help_text="The field (dotted path) at fault, or null.")
+    errors = serializers.DictField(required=False, help_text="Serializer refusals only: every field's messages.")
+
+
+class TextField(serializers.CharField):
+    """Text only: a number where text belongs is refused, as the schema says, not turned into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+ERROR_TEXT = {
+    400: "Bad input: nothing of it was applied; `field` names what is wrong.",
+    401: "No credentials, or a token that is not known.",
+    403: "The token's role does not allow this (reads need viewer, changes operator).",
+    404: "The named thing is not known.",
+    409: "Conflicts with the state now (another change won); read again and retry.",
+}
+
+
+def documented(
+    *,
+    summary: str,
+    ok: dict[int, Any],
+    errors: Iterable[int] = (),
+    request: Any = None,
+    parameters: list[OpenApiParameter] | None = None,
+    operation_id: str | None = None,
+):
+    """extend_schema with the endpoint's answers: `ok` as given, 400 (bad path or query text always
+    can be), 401, 403 and `errors` in the shared error shape."""
+    responses: dict[int, Any] = dict(ok)
+    for code in sorted({400, 401, 403, *errors}):
+        responses[code] = OpenApiResponse(ErrorSerializer, description=ERROR_TEXT[code])
+    return extend_schema(
+        summary=summary, request=request, responses=responses, parameters=parameters, operation_id=operation_id
+    )
 
 
 def exception_handler(exc, context):
-    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it."""
+    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape."""
     if isinstance(exc, LlmgwError):
-        return Response(exc.as_dict(), status=exc.status)
+        return Response({"field": None, **exc.as_dict()}, status=exc.status)
     response = drf_exception_handler(exc, context)
-    if response is not None and response.status_code == status.HTTP_400_BAD_REQUEST and isinstance(response.data, dict):
+    if response is None or not isinstance(response.data, dict):
+        return response
+    if response.status_code == status.HTTP_400_BAD_REQUEST and "detail" not in response.data:
         # Serializer errors: keep DRF's per-field dict, and add one sentence naming the first field.
         field, messages = next(iter(response.data.items()), (None, None))
-        if field and "detail" not in response.data:
-            first = _first_message(messages)
-            response.data = {"detail": f"{field}: {first}", "field": field, "errors": response.data}
+        first = _first_message(messages)
+        response.data = {"detail": f"{field}: {first}" if field else first, "field": field or None,
+                         "errors": response.data}
+    response.data.setdefault("field", None)
     return response
 
 
@@ -32,3 +92,68 @@ def _first_message(messages) -> str:
         else:
             messages = messages[0]
     return str(messages)
+
+
+# -- text the database cannot store ------------------------------------------------------------------------
+
+
+
+def text_fault(value: str) -> str | None:
+    """Why PostgreSQL (or a person) cannot take this text: a NUL or a lone surrogate; None when fine."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        return "must not contain lone surrogates (not valid Unicode)"
+    return None
+
+
+def check_text(value: str, field: str) -> None:
+    fault = text_fault(value)
+    if fault:
+        raise InvalidInput(f"{field}: {fault}", field=field)
+
+
+def check_body(data: Any) -> None:
+    """Refuse a body with a NUL or lone surrogate anywhere (keys included), or nested past MAX_JSON_DEPTH,
+    naming the field: the services then never hand the database text it answers with an error."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidInput(f"{path or 'body'}: nested deeper than {MAX_JSON_DEPTH} levels", field=path or None)
+        if isinstance(value, str):
+            check_text(value, path or "body")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                key_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str):
+                    check_text(key, key_path)
+                stack.append((item, key_path, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+class ApiView(APIView):
+    """Base of the API's views: path and query text, and a JSON body, checked for what the database
+    cannot store before any view code runs; the refusal names the parameter."""
+
+    parser_classes = [BoundedJSONParser]
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        for name, value in kwargs.items():
+            if isinstance(value, str):
+                check_text(value, name)
+        for name, values in request.query_params.lists():
+            check_text(name, "query")
+            for value in values:
+                check_text(value, name)
+        if request.method in ("POST", "PUT", "PATCH"):
+            check_body(request.data)
+
+
+def api_not_found(request, *args, **kwargs):
+    """Any path under /api/v1/ that names no endpoint: a JSON 404 like the others, not an HTML page."""
+    from django.http import JsonResponse
+
+    return JsonResponse({"detail": f"{request.path} is not an API endpoint", "field": None}, status=404)

@@ -209,6 +209,15 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["llmgw.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "facility.serializers.strict_request_bodies",
+    ],
+    # Two lists of states share the field name `state`: name each set once.
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStateEnum": "agents.filtersets.STATES",
+        "ReplicaStateEnum": "placement.serializers.REPLICA_STATES",
+    },
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "")

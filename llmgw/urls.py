@@ -1,10 +1,11 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from agents import api as agents_api
 from agents import metrics as agents_metrics
 from facility import api as facility_api
+from llmgw.api import api_not_found
 from placement import api as placement_api
 
 api_v1 = [
@@ -23,6 +24,7 @@ api_v1 = [
     path("models/<str:name>/explain", placement_api.ModelExplainView.as_view(), name="model-explain"),
     path("models/<str:name>/headroom", placement_api.ModelHeadroomView.as_view(), name="model-headroom"),
     path("replicas", placement_api.ReplicaListView.as_view(), name="replicas"),
+    re_path(r"^[\s\S]*\Z", api_not_found),  # last: a JSON 404 for every other path under /api/v1/
 ]
 
 urlpatterns = [

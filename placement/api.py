@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from llmgw.api import ApiView, documented
 from placement import selectors, services
+from placement.serializers import (
+    ExplainSerializer,
+    HeadroomSerializer,
+    ModelAppliedSerializer,
+    ModelDetailSerializer,
+    ModelDocumentSerializer,
+    ModelRowSerializer,
+    ReplicaSerializer,
+)
 
 
-class ModelListView(APIView):
+class ModelListView(ApiView):
     """GET every model; POST a ``kind: Model`` document as JSON to create or update one (operator)."""
 
-    @extend_schema(responses={200: dict}, operation_id="models_list", summary="Models with replica counts")
+    @documented(summary="Models with replica counts", ok={200: ModelRowSerializer(many=True)}, operation_id="models_list")
     def get(self, request):
         return Response(selectors.model_rows())
 
-    @extend_schema(
-        request=dict,
-        responses={200: dict, 201: dict},
+    @documented(
         summary="Apply a model document: {kind: Model, name, replicas, profile: {...}}",
+        request=ModelDocumentSerializer,
+        ok={200: ModelAppliedSerializer, 201: ModelAppliedSerializer},
+        errors=(409,),
     )
     def post(self, request):
         applied = services.model_apply(data=request.data)
@@ -30,37 +40,41 @@ class ModelListView(APIView):
         return Response(body, status=code)
 
 
-class ModelDetailView(APIView):
-    @extend_schema(
-        responses={200: dict}, operation_id="models_retrieve", summary="One model and its replicas"
+class ModelDetailView(ApiView):
+    @documented(
+        summary="One model and its replicas", ok={200: ModelDetailSerializer}, errors=(404,),
+        operation_id="models_retrieve",
     )
     def get(self, request, name: str):
         return Response(selectors.model_detail(name))
 
-    @extend_schema(responses={204: None}, summary="Delete a model; its replicas' GPUs are freed")
+    @documented(summary="Delete a model; its replicas' GPUs are freed", ok={204: None}, errors=(404, 409))
     def delete(self, request, name: str):
         services.model_delete(name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ModelExplainView(APIView):
-    @extend_schema(responses={200: dict}, summary="Why each replica is where it is, or why it waits")
+class ModelExplainView(ApiView):
+    @documented(summary="Why each replica is where it is, or why it waits", ok={200: ExplainSerializer}, errors=(404,))
     def get(self, request, name: str):
         return Response(selectors.model_explain(name))
 
 
-class ModelHeadroomView(APIView):
-    @extend_schema(responses={200: dict}, summary="How many more replicas fit, and why the next does not")
+class ModelHeadroomView(ApiView):
+    @documented(
+        summary="How many more replicas fit, and why the next does not", ok={200: HeadroomSerializer}, errors=(404,)
+    )
     def get(self, request, name: str):
         return Response(selectors.model_headroom(name))
 
 
-class ReplicaListView(APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("model", str, description="Only this model's replicas")],
-        responses={200: dict},
-        operation_id="replicas_list",
+class ReplicaListView(ApiView):
+    @documented(
         summary="Replicas with state, shards and the reason a pending one waits",
+        ok={200: ReplicaSerializer(many=True)},
+        errors=(404,),
+        parameters=[OpenApiParameter("model", str, description="Only this model's replicas")],
+        operation_id="replicas_list",
     )
     def get(self, request):
         return Response(selectors.replica_rows(model=request.query_params.get("model") or None))

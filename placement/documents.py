@@ -32,7 +32,8 @@ PROFILE_KEYS = (
 # The order the issue names them in; KEEP_WITHIN_LEVELS is the same set.
 KEEP_WITHIN_CHOICES = ("rack", "row", "room", "site")
 assert set(KEEP_WITHIN_CHOICES) == set(KEEP_WITHIN_LEVELS)
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
+# \Z, not $: `$` also matches before a trailing newline, and "name\n" is not a name.
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?\Z")
 MAX_REPLICAS = 10_000
 
 class DocumentError(Exception):

@@ -63,4 +63,4 @@ export LLMGW_TEST_REDIS_URL="$REDIS_"
 export LLMGW_DATA_DIR="${LLMGW_DATA_DIR:-$(mktemp -d)}"
 mkdir -p test-output
 unset REDIS_URL
-exec "$BIN/pytest" -p no:cacheprovider --timeout=300 "$@"
+exec "$BIN/pytest" -p no:cacheprovider --timeout=300 --durations=20 "$@"

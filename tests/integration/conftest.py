@@ -117,7 +117,6 @@ def worker(celery_on_redis, tmp_path):
         DATABASE_URL=test_database_url(),
         REDIS_URL=celery_on_redis,
         LLMGW_RECONCILE_INTERVAL="1",
-        DB_CONN_MAX_AGE="0",
     )
     w = Worker(env, tmp_path, beat=True)
     w.start()

@@ -18,27 +18,75 @@ def test_a_budget_with_a_bad_domain_is_refused_with_the_services_words(admin_cli
     assert not Budget.objects.exists()
 
 
-def test_a_negative_cap_is_refused(admin_client):
+@pytest.mark.parametrize(
+    "cap, words",
+    [
+        ("-5", "cap_watts: must not be negative (got -5)"),
+        ("2e8", "cap_watts: 2e+08 W is more than any domain carries"),
+    ],
+)
+def test_a_bad_cap_gets_the_same_words_in_the_admin_the_api_and_ctl(admin_client, api, capsys, cap, words):
+    import html
+
+    from llmgw.ctl import main as ctl
+
     response = admin_client.post(
-        "/admin/facility/budget/add/", {"domain": "rack:r1", "cap_watts": "-5", "other_watts": "0"}
+        "/admin/facility/budget/add/", {"domain": "rack:r1", "cap_watts": cap, "other_watts": "0"}
     )
-    assert response.status_code == 200
+    assert response.status_code == 200  # the form again, with the refusal on it: never a 500
+    assert words in html.unescape(response.content.decode())
+
+    answer = api.post("/api/v1/facility/budgets", {"domain": "rack:r1", "cap_watts": float(cap)}, format="json")
+    assert answer.status_code == 400
+    assert answer.json() == {"detail": words, "field": "cap_watts"}
+
+    assert ctl(["facility", "budget", "set", "rack:r1", "--cap-watts", cap]) != 0
+    assert words in capsys.readouterr().err
     assert not Budget.objects.exists()
+
+
+def test_facility_settings_saved_in_the_admin_go_through_the_service(admin_client, monkeypatch):
+    from facility import services
+    from facility.models import FacilitySettings
+
+    FacilitySettings.load()
+    calls = []
+    real = services.settings_set
+    monkeypatch.setattr(services, "settings_set", lambda **kw: calls.append(kw) or real(**kw))
+    fields = {"margin": "0.1", "gpu_watts": "650", "cpu_core_watts": "10", "node_watts": "300"}
+    response = admin_client.post("/admin/facility/facilitysettings/1/change/", fields, follow=True)
+    assert response.status_code == 200
+    assert [str(m) for m in response.context["messages"]][-1].endswith("was changed successfully.")
+    assert calls and calls[0]["source"] == Source.ADMIN
+    settings = FacilitySettings.load()
+    assert (settings.margin, settings.gpu_watts, settings.source) == (0.1, 650, Source.ADMIN)
+
+    bad = admin_client.post("/admin/facility/facilitysettings/1/change/", {**fields, "margin": "1.5"})
+    assert bad.status_code == 200
+    assert "margin: must be in [0, 1) (a share of the cap kept free), got 1.5" in bad.content.decode()
+    assert FacilitySettings.load().margin == 0.1
 
 
 def test_a_budget_saved_in_the_admin_is_the_admins(admin_client):
     response = admin_client.post(
-        "/admin/facility/budget/add/", {"domain": "rack:r1", "cap_watts": "16000", "other_watts": "800"}
+        "/admin/facility/budget/add/", {"domain": "rack:r1", "cap_watts": "16000", "other_watts": "800"},
+        follow=True,
     )
-    assert response.status_code == 302
+    assert response.redirect_chain[0][1] == 302
+    messages = [str(m) for m in response.context["messages"]]
+    assert len(messages) == 1 and "was added successfully" in messages[0]
     budget = Budget.objects.get()
     assert (budget.domain, budget.cap_watts, budget.other_watts, budget.source) == ("rack:r1", 16000, 800, Source.ADMIN)
 
 
 def test_a_hold_made_in_the_admin_names_who_and_holds_the_nodes(admin_client, join_node):
     join_node("gpu01", rack="r1")
-    response = admin_client.post("/admin/facility/hold/add/", {"domain": "rack:r1", "reason": "PDU swap"})
-    assert response.status_code == 302
+    response = admin_client.post(
+        "/admin/facility/hold/add/", {"domain": "rack:r1", "reason": "PDU swap"}, follow=True
+    )
+    assert response.redirect_chain[0][1] == 302
+    messages = [str(m) for m in response.context["messages"]]
+    assert len(messages) == 1 and "was added successfully" in messages[0]
     hold = Hold.objects.get()
     assert (hold.domain, hold.reason, hold.created_by) == ("rack:r1", "PDU swap", "admin")
     from facility.nodes import node_rows
@@ -68,9 +116,11 @@ def test_delete_selected_holds_releases_them_through_the_service(admin_client, j
     real = services.hold_release
     monkeypatch.setattr(services, "hold_release", lambda **kw: released.append(kw["domain"]) or real(**kw))
     response = admin_client.post(
-        "/admin/facility/hold/", {"action": "delete_selected", "_selected_action": [hold.pk], "post": "yes"}
+        "/admin/facility/hold/", {"action": "delete_selected", "_selected_action": [hold.pk], "post": "yes"},
+        follow=True,
     )
-    assert response.status_code == 302
+    assert response.redirect_chain[0][1] == 302
+    assert [str(m) for m in response.context["messages"]] == ["Successfully deleted 1 hold."]
     assert not Hold.objects.exists()
     assert released == ["rack:r1"]  # the service: a reconcile (a drain stops) and live updates follow
     assert [r.state for r in node_rows()] == ["ready"]

@@ -147,3 +147,50 @@ def test_what_a_change_does_not_name_stays_as_it_was(api):
     api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "PDU swap, phase 2"}, format="json")
     rack = next(d for d in api.get("/api/v1/facility").json()["domains"] if d["domain"] == "rack:r1")
     assert (rack["hold"]["reason"], rack["hold"]["drain"]) == ("PDU swap, phase 2", True)
+
+
+@pytest.mark.parametrize(
+    "method, path, field",
+    [
+        ("get", "/api/v1/nodes/%00", "name"),
+        ("get", "/api/v1/models/%00", "name"),
+        ("get", "/api/v1/models/%00/headroom", "name"),
+        ("delete", "/api/v1/models/%00", "name"),
+        ("get", "/api/v1/replicas?model=%00", "model"),
+        ("get", "/api/v1/nodes?q=%00", "q"),
+    ],
+)
+def test_a_nul_in_the_path_or_query_is_a_400_naming_it(api, method, path, field):
+    answer = getattr(api, method)(path)
+    assert answer.status_code == 400
+    assert answer.json() == {"detail": f"{field}: must not contain NUL characters", "field": field}
+
+
+def test_bodies_with_nul_surrogates_or_deep_nesting_are_refused_naming_the_field(api):
+    nul = api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "a\x00b"}, format="json")
+    assert nul.json() == {"detail": "reason: must not contain NUL characters", "field": "reason"}
+    lone = api.post(
+        "/api/v1/models", b'{"kind": "Model", "name": "m", "profile": {"gpus": 0, "command": "\\ud800"}}',
+        content_type="application/json",
+    )
+    assert lone.status_code == 400
+    assert lone.json()["field"] == "profile.command"
+    deep = api.post("/api/v1/models", b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
+    assert deep.status_code == 400
+    assert deep.json()["field"] is None
+
+
+def test_a_name_with_a_trailing_newline_is_not_a_name(api):
+    answer = api.post("/api/v1/models", {"kind": "Model", "name": "m\n", "profile": {"gpus": 0}}, format="json")
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "name"
+
+
+def test_the_nodes_list_filters_through_the_consoles_filterset(api, join_node):
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r2")
+    assert [n["name"] for n in api.get("/api/v1/nodes?domain=rack:r2").json()] == ["gpu02"]
+    assert [n["name"] for n in api.get("/api/v1/nodes?q=01").json()] == ["gpu01"]
+    assert [n["name"] for n in api.get("/api/v1/nodes?state=ready").json()] == ["gpu01", "gpu02"]
+    bad = api.get("/api/v1/nodes?state=gone")
+    assert bad.status_code == 400 and bad.json()["field"] == "state"

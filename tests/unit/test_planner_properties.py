@@ -128,6 +128,9 @@ def test_no_plan_takes_a_domain_past_its_limit(case):
         req = dataclasses.replace(req, existing=tuple(existing.get(req.model, ())))
         result = plan_replica(req, nodes, facility)
         if isinstance(result, NoFit):
+            # Refused, and saying why for each node: every node has its rejection, and the summary words.
+            assert set(result.rejections) == {n.name for n in nodes}, result
+            assert all(result.rejections.values()) and result.summary
             continue
         before = domain_uses(nodes, facility)
         nodes = applied(nodes, result)

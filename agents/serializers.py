@@ -1,0 +1,123 @@
+"""The API's bodies for nodes and heartbeats, as serializers: what /api/v1/schema says they are."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from agents.filtersets import STATES
+from llmgw.api import TextField
+
+
+class HoldRefSerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class GpuCountSerializer(serializers.Serializer):
+    free = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+class NodeRowSerializer(serializers.Serializer):
+    """One node in the list: state, free GPUs, location and domains."""
+
+    name = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATES)
+    ready = serializers.BooleanField()
+    cordoned = serializers.BooleanField()
+    held = HoldRefSerializer(allow_null=True, help_text="the hold the node is in, if any")
+    gpus = GpuCountSerializer()
+    location = serializers.DictField(child=serializers.CharField(), help_text="level → name, e.g. rack → r12-07")
+    domains = serializers.ListField(child=serializers.CharField())
+    fabric = serializers.CharField(allow_null=True)
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+
+
+class LabelSourceSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    value = serializers.CharField()
+    source = serializers.ChoiceField(choices=["store", "agent"], help_text="store wins over agent")
+    agent_value = serializers.CharField(allow_null=True)
+
+
+class GpuSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField(allow_blank=True)
+    model = serializers.CharField(allow_blank=True)
+    memory_gib = serializers.FloatField(allow_null=True)
+    power_limit_watts = serializers.FloatField(allow_null=True)
+    present = serializers.BooleanField()
+    replica = serializers.IntegerField(allow_null=True, help_text="the replica using it, if any")
+
+
+class NodeDetailSerializer(NodeRowSerializer):
+    """One node whole: labels with their sources, GPUs and the last sensors."""
+
+    labels = LabelSourceSerializer(many=True)
+    cpu_cores = serializers.IntegerField(allow_null=True)
+    memory_gib = serializers.FloatField(allow_null=True)
+    cordon_reason = serializers.CharField(allow_null=True)
+    gpu_list = GpuSerializer(many=True)
+    sensors = serializers.DictField(allow_null=True, help_text="the agent's last readings as it sent them")
+    sensors_at = serializers.DateTimeField(allow_null=True)
+    measured_watts = serializers.FloatField(allow_null=True)
+    placed_watts = serializers.FloatField(allow_null=True)
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": {"type": "string", "nullable": True, "minLength": 1, "maxLength": 253},
+    }
+)
+class LabelChangesField(serializers.DictField):
+    """key → value or null; at least one."""
+
+
+class LabelsSerializer(serializers.Serializer):
+    labels = LabelChangesField(
+        child=TextField(allow_null=True, allow_blank=False, max_length=253),
+        allow_empty=False,
+        help_text="key → value to set, key → null to remove the store's value (back to the agent's).",
+    )
+
+
+class LabelsResultSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    labels = serializers.DictField(child=serializers.CharField(), help_text="the node's effective labels now")
+
+
+class HeartbeatRequestSchema(serializers.Serializer):
+    """For the OpenAPI schema only: the checks are agents.heartbeat.validate_heartbeat."""
+
+    node = serializers.CharField()
+    agent_version = serializers.CharField(required=False)
+    interval_seconds = serializers.FloatField(required=False, help_text="at most 10")
+    inventory = serializers.DictField(required=False, help_text="gpus [{index, uuid, name, memory_gib, "
+                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric")
+    labels = serializers.DictField(child=serializers.CharField(), required=False)
+    sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
+                                    "memory_temperature_celsius, power_watts, power_limit_watts, throttle_reasons}], "
+                                    "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts")
+    replicas = serializers.ListField(child=serializers.DictField(), required=False,
+                                     help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")
+
+
+class AssignmentSerializer(serializers.Serializer):
+    """A replica the node must run."""
+
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    command = serializers.CharField(allow_blank=True)
+    health_path = serializers.CharField()
+    gpus = serializers.ListField(child=serializers.IntegerField())
+    cpu_cores = serializers.IntegerField()
+    memory_gib = serializers.FloatField()
+
+
+class HeartbeatAnswerSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    interval_seconds = serializers.FloatField()
+    replicas = AssignmentSerializer(many=True)

@@ -1,0 +1,137 @@
+"""The API's bodies for the facility (domains, holds, budgets), as serializers: what /api/v1/schema says."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from facility.domains import LEVELS, MAX_VALUE_LENGTH
+from facility.services import WATTS_MAX
+from llmgw.api import TextField
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, naming them: a misspelt `drian` must not be silently dropped."""
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: [f"unknown field; this takes {', '.join(self.fields)}"]}
+            )
+        return attrs
+
+
+# What facility.domains.parse_domain takes, for the schema (the service checks and words the refusal).
+DOMAIN_PATTERN = rf"^({'|'.join(LEVELS)}):[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}}$"
+DOMAIN_OR_EMPTY_PATTERN = rf"^(({'|'.join(LEVELS)}):[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}})?$"
+
+
+def strict_request_bodies(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the request bodies of StrictSerializers take no other keys."""
+    for cls in StrictSerializer.__subclasses__():
+        name = cls.__name__.removesuffix("Serializer") + "Request"
+        component = result.get("components", {}).get("schemas", {}).get(name)
+        if component is not None:
+            component["additionalProperties"] = False
+    return result
+
+
+@extend_schema_field({"type": "string", "pattern": DOMAIN_PATTERN, "example": "rack:r12-07"})
+class DomainField(TextField):
+    """A `level:name` domain: the schema states its form, the service checks it (one set of words)."""
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only: 0, 1 or "yes" are refused, as the schema says."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class WattsField(serializers.FloatField):
+    """Watts in [0, WATTS_MAX]: the schema states the bounds, the service checks them (one set of words)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Set after __init__ so DRF adds no validator of its own: the service refuses, naming the field.
+        self.min_value = 0
+        self.max_value = WATTS_MAX
+
+
+class DrainProgressSerializer(serializers.Serializer):
+    left = serializers.IntegerField()
+    moving = serializers.IntegerField()
+    blocked = serializers.ListField(child=serializers.DictField(), help_text="[{replica, reason}]")
+
+
+class DomainHoldSerializer(serializers.Serializer):
+    reason = serializers.CharField()
+    drain = serializers.BooleanField()
+    created_by = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    drain_progress = DrainProgressSerializer(allow_null=True)
+    drain_text = serializers.CharField(allow_null=True)
+
+
+class DomainRowSerializer(serializers.Serializer):
+    domain = serializers.CharField(help_text="level:name")
+    level = serializers.ChoiceField(choices=LEVELS)
+    name = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    use_watts = serializers.FloatField()
+    reserved_watts = serializers.FloatField()
+    measured_watts = serializers.FloatField(allow_null=True)
+    cap_watts = serializers.FloatField(allow_null=True)
+    limit_watts = serializers.FloatField(allow_null=True)
+    other_watts = serializers.FloatField(allow_null=True)
+    over_limit = serializers.BooleanField()
+    hold = DomainHoldSerializer(allow_null=True)
+
+
+class FacilitySettingsSerializer(serializers.Serializer):
+    margin = serializers.FloatField()
+    gpu_watts = serializers.FloatField(allow_null=True)
+    cpu_core_watts = serializers.FloatField(allow_null=True)
+    node_watts = serializers.FloatField(allow_null=True)
+
+
+class FacilitySerializer(serializers.Serializer):
+    settings = FacilitySettingsSerializer()
+    domains = DomainRowSerializer(many=True)
+    node_drains = serializers.DictField(child=DrainProgressSerializer(), help_text="node name → its drain")
+
+
+class HoldSerializer(StrictSerializer):
+    domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
+    reason = TextField(max_length=500)
+    drain = StrictBooleanField(required=False, allow_null=True, default=None,
+                                     help_text="not given: as it was (false for a new hold)")
+
+
+class HoldBodySerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    reason = serializers.CharField()
+    drain = serializers.BooleanField()
+    created_by = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+
+
+class BudgetSerializer(StrictSerializer):
+    domain = DomainField(max_length=300)
+    cap_watts = WattsField()
+    other_watts = WattsField(required=False, allow_null=True, default=None,
+                             help_text="not given: as it was (0 for a new budget)")
+
+
+class BudgetBodySerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    cap_watts = serializers.FloatField()
+    other_watts = serializers.FloatField()

@@ -1,0 +1,133 @@
+"""The API's bodies for models, replicas, explain and headroom, as serializers: what /api/v1/schema says.
+
+The model document (request) is checked by placement.services.parse_model_document; its serializer
+here states the same keys and bounds for the schema.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from placement.services import KEEP_WITHIN_CHOICES, MAX_REPLICAS
+
+REPLICA_STATES = ("pending", "placed", "starting", "ready", "failed", "stopping", "unreachable")
+
+
+class ProfileSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=0, max_value=64, help_text="GPUs per node; 0 for a CPU-only profile")
+    nodes = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=1)
+    cpu_cores = serializers.IntegerField(min_value=0, max_value=16384, required=False, default=0)
+    memory_gib = serializers.FloatField(min_value=0, required=False, default=0)
+    power_watts = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    keep_within = serializers.ChoiceField(choices=KEEP_WITHIN_CHOICES, required=False, allow_null=True)
+    node_selector = serializers.CharField(
+        max_length=2000, required=False, allow_null=True, allow_blank=True,
+        help_text="e.g. `gpu.model in (H100,H200), llmgw.io/room=a`",
+    )
+    command = serializers.CharField(max_length=2000, required=False, allow_null=True, allow_blank=True)
+    health_path = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+    min_ready_seconds = serializers.IntegerField(min_value=0, max_value=86_400, required=False, default=10)
+
+
+class ModelDocumentSerializer(serializers.Serializer):
+    """A `kind: Model` document, as `llmgw ctl apply` takes it in YAML."""
+
+    kind = serializers.ChoiceField(choices=["Model"])
+    name = serializers.RegexField(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$", max_length=200)
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False, default=1)
+    profile = ProfileSerializer()
+
+
+class ProfileBodySerializer(serializers.Serializer):
+    gpus = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    cpu_cores = serializers.IntegerField()
+    memory_gib = serializers.FloatField()
+    power_watts = serializers.FloatField(allow_null=True)
+    keep_within = serializers.CharField(allow_null=True)
+    node_selector = serializers.CharField(allow_null=True)
+    command = serializers.CharField(allow_null=True)
+    health_path = serializers.CharField(allow_blank=True)
+    min_ready_seconds = serializers.IntegerField()
+
+
+class ReplicaCountsSerializer(serializers.Serializer):
+    desired = serializers.IntegerField()
+    placed = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    pending = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    unreachable = serializers.IntegerField()
+
+
+class ModelRowSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    replicas = ReplicaCountsSerializer()
+    profile = ProfileBodySerializer()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ShardSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    gpus = serializers.ListField(child=serializers.IntegerField(), help_text="GPU indices on the node")
+    cpu_cores = serializers.IntegerField()
+    memory_gib = serializers.FloatField()
+    draw_watts = serializers.FloatField()
+    state = serializers.CharField()
+    port = serializers.IntegerField(allow_null=True)
+
+
+class ReplicaSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    ordinal = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=REPLICA_STATES)
+    nodes = serializers.ListField(child=serializers.CharField())
+    shards = ShardSerializer(many=True)
+    reason = serializers.CharField(allow_null=True)
+    placed_at = serializers.DateTimeField(allow_null=True)
+    ready_since = serializers.DateTimeField(allow_null=True)
+    replaces = serializers.IntegerField(allow_null=True, help_text="the replica this one replaces, if any")
+
+
+class ModelDetailSerializer(ModelRowSerializer):
+    replica_list = ReplicaSerializer(many=True)
+
+
+class ModelAppliedSerializer(ModelDetailSerializer):
+    action = serializers.ChoiceField(choices=["created", "updated", "unchanged"])
+
+
+class RejectionSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class ExplainReplicaSerializer(ReplicaSerializer):
+    """A replica and why it is where it is (placed) or why it waits (pending)."""
+
+    summary = serializers.CharField(allow_null=True)
+    rejections = RejectionSerializer(many=True, help_text="the first nodes passed over, kept at placing")
+    conflicts = serializers.ListField(child=serializers.CharField(), help_text="lost races while committing")
+    nodes_checked = serializers.IntegerField(allow_null=True, required=False, help_text="pending only")
+    why = serializers.CharField(allow_null=True, required=False, help_text="placed only")
+    passed_over = serializers.IntegerField(required=False, help_text="placed only")
+    attempts = serializers.IntegerField(allow_null=True, required=False, help_text="placed only")
+
+
+class ExplainSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    desired = serializers.IntegerField()
+    placed = serializers.IntegerField()
+    pending = serializers.IntegerField()
+    profile = ProfileBodySerializer()
+    replicas = ExplainReplicaSerializer(many=True)
+
+
+class HeadroomSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    existing = serializers.IntegerField()
+    fits = serializers.IntegerField()
+    limit = serializers.IntegerField()
+    why_not = serializers.CharField(allow_null=True, help_text="null when `fits` reached `limit`")
