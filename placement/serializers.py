@@ -1,6 +1,6 @@
 """The API's bodies for models, replicas, explain and headroom, as serializers: what /api/v1/schema says.
 
-The model document (request) is checked by placement.services.parse_model_document; its serializer
+The model document (request) is checked by placement.documents.parse_model_document; its serializer
 here states the same keys and bounds for the schema.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from placement.services import KEEP_WITHIN_CHOICES, MAX_REPLICAS
+from placement.documents import KEEP_WITHIN_CHOICES, MAX_REPLICAS
 
 REPLICA_STATES = ("pending", "placed", "starting", "ready", "failed", "stopping", "unreachable")
 
