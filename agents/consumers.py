@@ -17,7 +17,7 @@ from django.template.loader import render_to_string
 
 from agents.events import NODES_GROUP, node_group
 from agents.models import Node
-from agents.services import NODE_NAME_RE
+from agents.node.protocol import is_node_name
 from llmgw.jsonguard import json_depth_exceeds
 from llmgw.permissions import can_read
 
@@ -96,7 +96,7 @@ class NodeConsumer(ReaderConsumer):
 
     def connect(self) -> None:
         self.node_name = self.scope["url_route"]["kwargs"]["name"]
-        if not NODE_NAME_RE.match(self.node_name):  # no node has this name: refused, before any group
+        if not is_node_name(self.node_name):  # no node has this name: refused, before any group
             self.close(code=4404)
             return
         super().connect()
