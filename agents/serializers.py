@@ -90,7 +90,7 @@ class LabelsResultSerializer(serializers.Serializer):
 
 
 class HeartbeatRequestSchema(serializers.Serializer):
-    """For the OpenAPI schema only: the checks are agents.heartbeat.validate_heartbeat."""
+    """For the OpenAPI schema only: the checks are agents.node.protocol.validate_heartbeat."""
 
     node = serializers.CharField()
     agent_version = serializers.CharField(required=False)

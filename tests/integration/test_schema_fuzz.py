@@ -20,7 +20,7 @@ MAX_EXAMPLES = "15"
 def seeded(transactional_db):
     """Something of everything, placed, so lists and details answer with bodies the schema must describe."""
     from agents.services import heartbeat_record
-    from agents.sim import heartbeat_for
+    from agents.simulator.cluster import heartbeat_for
     from facility.services import budget_set, hold_create
     from placement.services import model_apply
 
@@ -41,7 +41,7 @@ def fuzz(url: str, token: str, name: str) -> None:
             "--checks", "all", "--max-examples", MAX_EXAMPLES, "--seed", "1", "--workers", "1",
             "--no-color", "--warnings", "off",
             # The heartbeat takes a node token (this run's tokens answer 401 there); its body checks are
-            # the heartbeat lane's own (agents/heartbeat.py), tested in test_heartbeat_api, not fuzzed here.
+            # the heartbeat lane's own (agents/node/protocol.py), tested in test_heartbeat_api, not fuzzed here.
             "--exclude-operation-id", "agents_heartbeat_create",
         ],
         capture_output=True, text=True, timeout=240,
