@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.filtersets import STATES
+from agents.node.protocol import MAX_LABEL_VALUE_LENGTH, MAX_LABELS
 from llmgw.api import TextField
 
 
@@ -69,16 +70,22 @@ class NodeDetailSerializer(NodeRowSerializer):
     {
         "type": "object",
         "minProperties": 1,
-        "additionalProperties": {"type": "string", "nullable": True, "minLength": 1, "maxLength": 253},
+        "maxProperties": MAX_LABELS,
+        "additionalProperties": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_LABEL_VALUE_LENGTH},
     }
 )
 class LabelChangesField(serializers.DictField):
-    """key → value or null; at least one."""
+    """key → value or null; at least one, at most MAX_LABELS (refused before any is read)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and len(data) > MAX_LABELS:
+            raise serializers.ValidationError(f"at most {MAX_LABELS} in one change (got {len(data):,})")
+        return super().to_internal_value(data)
 
 
 class LabelsSerializer(serializers.Serializer):
     labels = LabelChangesField(
-        child=TextField(allow_null=True, allow_blank=False, max_length=253),
+        child=TextField(allow_null=True, allow_blank=False, max_length=MAX_LABEL_VALUE_LENGTH),
         allow_empty=False,
         help_text="key → value to set, key → null to remove the store's value (back to the agent's).",
     )

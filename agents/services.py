@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
-from agents.node.protocol import is_node_name, node_name_problem
+from agents.node.protocol import MAX_LABELS, is_node_name, node_name_problem
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
 
@@ -68,6 +68,11 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
     node_name = clean_node_name(node_name)
     if not changes:
         raise InvalidInput("labels: give at least one key=value or key-", field="labels")
+    if len(changes) > MAX_LABELS:
+        # As many as a heartbeat may carry: one request's work stays bounded (each is a row written).
+        raise InvalidInput(
+            f"labels: at most {MAX_LABELS} in one change (got {len(changes):,})", field="labels"
+        )
     for key, value in changes.items():
         if not isinstance(key, str):
             raise InvalidInput(f"labels: a key must be text, not {key!r}", field="labels")

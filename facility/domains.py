@@ -21,6 +21,9 @@ PDU_KEY = LABEL_PREFIX + "pdu"
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _FREE_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9._/-]{0,252}")
 MAX_VALUE_LENGTH = 253
+# A free label's value is any text but control characters and lone surrogates (a NUL cannot be stored,
+# a newline breaks every table that shows it).
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 
 class DomainError(ValueError):
@@ -83,6 +86,8 @@ def validate_label(key: str, value: str) -> None:
         )
     if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
         raise DomainError(f"{key}: a label value is text of at most {MAX_VALUE_LENGTH} characters")
+    if _CONTROL_OR_SURROGATE.search(value):
+        raise DomainError(f"{key}: a label value must not hold a control character or a lone surrogate")
 
 
 def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
+from agents.node.protocol import value_shown
 from facility.domains import DomainError, parse_domain
 from facility.models import Budget, FacilitySettings, Hold, Source
 from facility.signals import facility_changed
@@ -37,23 +38,35 @@ def clean_domain(text: Any, *, field: str = "domain") -> str:
         raise InvalidInput(f"{field}: {exc}", field=field) from exc
 
 
+def _is_number(value: Any) -> bool:
+    # An int is compared as it is: math.isfinite(10**400) raises OverflowError.
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    )
+
+
 def _watts(value: Any, field: str, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{field}: must be a number of watts, not {value!r}", field=field)
+    if not _is_number(value):
+        raise InvalidInput(f"{field}: must be a number of watts, not {value_shown(value)}", field=field)
     if value < 0:
-        raise InvalidInput(f"{field}: must not be negative (got {value:g})", field=field)
+        raise InvalidInput(f"{field}: must not be negative (got {value_shown(value)})", field=field)
     if value > WATTS_MAX:
-        raise InvalidInput(f"{field}: {value:g} W is more than any domain carries", field=field)
+        raise InvalidInput(
+            f"{field}: must be at most {WATTS_MAX:,} W, more than any domain carries (got {value_shown(value)})",
+            field=field,
+        )
     return float(value)
 
 
 def clean_margin(value: Any, field: str = "margin") -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{field}: must be a number in [0, 1), not {value!r}", field=field)
+    if not _is_number(value):
+        raise InvalidInput(f"{field}: must be a number in [0, 1), not {value_shown(value)}", field=field)
     if not 0 <= value < 1:
-        raise InvalidInput(f"{field}: must be in [0, 1) (a share of the cap kept free), got {value:g}", field=field)
+        raise InvalidInput(
+            f"{field}: must be in [0, 1) (a share of the cap kept free), got {value_shown(value)}", field=field
+        )
     return float(value)
 
 

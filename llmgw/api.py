@@ -30,7 +30,15 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class TextField(serializers.CharField):
-    """Text only: a number where text belongs is refused, as the schema says, not turned into text."""
+    """Text only: a number where text belongs is refused, as the schema says, not turned into text.
+
+    Taken as sent, whitespace included: `"rack:r1-01\n"` is refused by the check that reads it, not
+    trimmed into another name behind the sender's back.
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

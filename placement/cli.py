@@ -105,6 +105,9 @@ def models(args) -> int:
             for m in rows
         ],
     )
+    for m in rows:
+        if m["error"]:  # under the table: its columns stay what scripts read
+            print(f"error: {m['name']}: reconcile failed at {m['error_at']}: {m['error']}")
     return 0
 
 

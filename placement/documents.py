@@ -11,6 +11,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from agents.node.protocol import (
+    CPU_CORES_MAX,
+    MAX_GPUS,
+    NODE_MEMORY_GIB_MAX,
+    control_character_problem,
+    value_shown,
+)
 from facility.domains import KEEP_WITHIN_LEVELS
 from llmgw.errors import InvalidInput
 from llmgw.yamldoc import Document, dotted, load_documents
@@ -34,7 +41,22 @@ KEEP_WITHIN_CHOICES = ("rack", "row", "room", "site")
 assert set(KEEP_WITHIN_CHOICES) == set(KEEP_WITHIN_LEVELS)
 # \Z, not $: `$` also matches before a trailing newline, and "name\n" is not a name.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?\Z")
+MODEL_NAME_MAX_LENGTH = 200
+
+# The bounds of a model document, stated once: the parser below refuses in their words, the API's
+# schema (placement.serializers) states them, the README lists them. A per-node figure larger than any
+# node can report (agents.node.protocol) could never be placed, so it is refused rather than left pending.
 MAX_REPLICAS = 10_000
+MAX_GPUS_PER_NODE = MAX_GPUS  # 64
+MAX_NODES_PER_REPLICA = 1024
+MAX_CPU_CORES = CPU_CORES_MAX  # 16,384
+MAX_MEMORY_GIB = NODE_MEMORY_GIB_MAX  # 1,048,576 GiB
+MAX_POWER_WATTS = 1_000_000  # a replica's declared draw: a megawatt is a unit error, not a model
+MAX_MIN_READY_SECONDS = 86_400
+MAX_COMMAND_LENGTH = 2000
+MAX_HEALTH_PATH_LENGTH = 200
+MAX_SELECTOR_LENGTH = 2000
+
 
 class DocumentError(Exception):
     """A refusal found while reading a document: the path of the field and what is wrong with it."""
@@ -47,25 +69,30 @@ class DocumentError(Exception):
         self.whole = whole
 
 
-def _count(value: Any, path: tuple[str, ...], *, minimum: int = 0, maximum: int = 100_000) -> int:
+def _count(value: Any, path: tuple[str, ...], *, minimum: int = 0, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DocumentError(path, f"must be a whole number, not {value!r}")
+        raise DocumentError(path, f"must be a whole number, not {value_shown(value)}")
     if value < minimum:
         if minimum == 0:
-            raise DocumentError(path, f"must not be negative (got {value})")
-        raise DocumentError(path, f"must be at least {minimum} (got {value})")
+            raise DocumentError(path, f"must not be negative (got {value_shown(value)})")
+        raise DocumentError(path, f"must be at least {minimum} (got {value_shown(value)})")
     if value > maximum:
-        raise DocumentError(path, f"must be at most {maximum} (got {value})")
+        raise DocumentError(path, f"must be at most {maximum:,} (got {value_shown(value)})")
     return value
 
 
-def _number(value: Any, path: tuple[str, ...], unit: str, *, allow_none: bool = False) -> float | None:
+def _number(value: Any, path: tuple[str, ...], unit: str, *, maximum: float, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise DocumentError(path, f"must be a number of {unit}, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DocumentError(path, f"must be a number of {unit}, not {value_shown(value)}")
+    # An int is compared as it is: math.isfinite(10**400) raises OverflowError.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DocumentError(path, f"must be a finite number of {unit}, not {value_shown(value)}")
     if value < 0:
-        raise DocumentError(path, f"must not be negative (got {value:g})")
+        raise DocumentError(path, f"must not be negative (got {value_shown(value)})")
+    if value > maximum:
+        raise DocumentError(path, f"must be at most {maximum:,} {unit} (got {value_shown(value)})")
     return float(value)
 
 
@@ -73,9 +100,13 @@ def _text(value: Any, path: tuple[str, ...], *, max_length: int) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise DocumentError(path, f"must be text, not {value!r}")
+        raise DocumentError(path, f"must be text, not {value_shown(value)}")
     if len(value) > max_length:
-        raise DocumentError(path, f"at most {max_length} characters")
+        raise DocumentError(path, f"at most {max_length:,} characters (got {len(value):,})")
+    # NUL, newlines and lone surrogates belong in no command, path or selector (nor in PostgreSQL's text).
+    problem = control_character_problem(value)
+    if problem:
+        raise DocumentError(path, problem)
     return value
 
 
@@ -89,13 +120,14 @@ def parse_model_document(data: Any) -> dict[str, Any]:
     if "kind" not in data:
         raise DocumentError(("kind",), "required; write kind: Model")
     if data["kind"] != "Model":
-        raise DocumentError(("kind",), f"unknown kind {data['kind']!r}; llmgw ctl apply takes kind: Model")
+        raise DocumentError(("kind",), f"unknown kind {value_shown(data['kind'])}; llmgw ctl apply takes kind: Model")
     name = data.get("name")
     if name is None:
         raise DocumentError(("name",), "required")
     if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
         raise DocumentError(
-            ("name",), f"{name!r} is not a model name (letters, digits, '.', '_' and '-', at most 200)"
+            ("name",),
+            f"{value_shown(name)} is not a model name (letters, digits, '.', '_' and '-', at most {MODEL_NAME_MAX_LENGTH})",
         )
     replicas = _count(data.get("replicas", 1), ("replicas",), maximum=MAX_REPLICAS)
     profile = data.get("profile")
@@ -111,30 +143,32 @@ def parse_model_document(data: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "name": name,
         "replicas": replicas,
-        "gpus": _count(profile["gpus"], ("profile", "gpus"), maximum=64),
-        "nodes": _count(profile.get("nodes", 1), ("profile", "nodes"), minimum=1, maximum=1024),
-        "cpu_cores": _count(profile.get("cpu_cores", 0), ("profile", "cpu_cores"), maximum=16384),
-        "memory_gib": _number(profile.get("memory_gib", 0), ("profile", "memory_gib"), "GiB"),
-        "power_watts": _number(
-            profile.get("power_watts"), ("profile", "power_watts"), "watts", allow_none=True
+        "gpus": _count(profile["gpus"], ("profile", "gpus"), maximum=MAX_GPUS_PER_NODE),
+        "nodes": _count(profile.get("nodes", 1), ("profile", "nodes"), minimum=1, maximum=MAX_NODES_PER_REPLICA),
+        "cpu_cores": _count(profile.get("cpu_cores", 0), ("profile", "cpu_cores"), maximum=MAX_CPU_CORES),
+        "memory_gib": _number(
+            profile.get("memory_gib", 0), ("profile", "memory_gib"), "GiB", maximum=MAX_MEMORY_GIB
         ),
-        "command": _text(profile.get("command"), ("profile", "command"), max_length=2000),
+        "power_watts": _number(
+            profile.get("power_watts"), ("profile", "power_watts"), "W", maximum=MAX_POWER_WATTS, allow_none=True
+        ),
+        "command": _text(profile.get("command"), ("profile", "command"), max_length=MAX_COMMAND_LENGTH),
         "health_path": _text(
-            profile.get("health_path", "/health"), ("profile", "health_path"), max_length=200
+            profile.get("health_path", "/health"), ("profile", "health_path"), max_length=MAX_HEALTH_PATH_LENGTH
         )
         or "/health",
         "min_ready_seconds": _count(
-            profile.get("min_ready_seconds", 10), ("profile", "min_ready_seconds"), maximum=86_400
+            profile.get("min_ready_seconds", 10), ("profile", "min_ready_seconds"), maximum=MAX_MIN_READY_SECONDS
         ),
     }
     keep_within = profile.get("keep_within")
     if keep_within is not None and keep_within not in KEEP_WITHIN_CHOICES:
         raise DocumentError(
             ("profile", "keep_within"),
-            f"must be one of {', '.join(KEEP_WITHIN_CHOICES)}, not {keep_within!r}",
+            f"must be one of {', '.join(KEEP_WITHIN_CHOICES)}, not {value_shown(keep_within)}",
         )
     values["keep_within"] = keep_within or ""
-    selector = _text(profile.get("node_selector"), ("profile", "node_selector"), max_length=2000)
+    selector = _text(profile.get("node_selector"), ("profile", "node_selector"), max_length=MAX_SELECTOR_LENGTH)
     try:
         parse_selector(selector)
     except SelectorError as exc:

@@ -23,6 +23,10 @@ class Model(models.Model):
     command = models.CharField(max_length=2000, blank=True)
     health_path = models.CharField(max_length=200, default="/health")
     min_ready_seconds = models.PositiveIntegerField(default=10)
+    # Why the last reconcile could not place this model (its other models went on); cleared once it
+    # places cleanly.
+    error = models.TextField(blank=True, default="", help_text="Why the last reconcile of it failed.")
+    error_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

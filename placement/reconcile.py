@@ -12,17 +12,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replica_pending, replica_place
+from placement.commit import replica_place
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replica_free
 
 log = logging.getLogger(__name__)
+
+# Placements one reconcile run inside a request makes at most (the embedded default reconciles in the
+# request that asked): a `replicas: 10000` answers at once with the rest pending, which the reconcile
+# thread or the next periodic run places.
+REQUEST_PLACEMENTS = 100
+# How much of a failure's text a model keeps to show (ctl models, the API, the console).
+ERROR_MAX_LENGTH = 500
 
 
 @dataclass
@@ -34,6 +41,11 @@ class ReconcileRun:
     pending: int = 0
     removed: int = 0
     created: int = 0
+    failed: int = 0
+    tried: int = 0
+    # At most this many placements tried in this run (None: no bound); `unfinished` once it was reached.
+    max_placements: int | None = None
+    unfinished: bool = False
     _index: PlacementIndex | None = None
     _draining: dict[int, str] | None = None
 
@@ -96,6 +108,10 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
         return
     request = snapshot.replica_request(model)
     for number, replica in enumerate(pending):
+        if run.max_placements is not None and run.tried >= run.max_placements:
+            run.unfinished = True
+            return
+        run.tried += 1
         outcome = replica_place(replica=replica, request=request, index=run.index, now=run.now)
         if outcome.plan is not None:
             run.placed += 1
@@ -103,12 +119,21 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
         elif not outcome.gone:
             run.pending += 1
             if not outcome.reason.startswith("Unschedulable"):
-                # Nothing fits this replica; the model's later ones ask the same and get the same answer.
-                explain = replica.explain
-                for later in pending[number + 1 :]:
-                    replica_pending(later, outcome.reason, explain)
-                    run.pending += 1
+                # Nothing fits this replica; the model's later ones ask the same and get the same answer,
+                # written in a few statements rather than one per replica (there may be thousands).
+                later = pending[number + 1 :]
+                _pending_mark(later, outcome.reason, replica.explain)
+                run.pending += len(later)
                 return
+
+
+def _pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
+    """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
+    changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
+    for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
+        Replica.objects.filter(pk__in=changed[start : start + 500], state=ReplicaState.PENDING).update(
+            reason=reason, explain=explain
+        )
 
 
 def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
@@ -122,13 +147,17 @@ def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
     replicas_place_pending(model=model, run=run)
 
 
-def reconcile_all(*, model_names: Iterable[str] | None = None) -> ReconcileRun:
+def reconcile_all(*, model_names: Iterable[str] | None = None, max_placements: int | None = None) -> ReconcileRun:
     """Every model (or the named ones, in that order) to its desired replicas; idempotent.
+
+    Model by model: one whose reconcile fails (a bad row, a database refusal, a bug) is marked with its
+    error and the others go on; the mark is cleared once it reconciles cleanly. At most
+    `max_placements` placements are tried (the run says `unfinished` when that stopped it).
 
     Safe to run in several processes at once: scaling locks the model row, and every placement goes
     through the guarded commit, so a race costs a replan, never a double booking.
     """
-    run = ReconcileRun()
+    run = ReconcileRun(max_placements=max_placements)
     if model_names is None:
         models = list(Model.objects.order_by("name"))
     else:
@@ -137,8 +166,28 @@ def reconcile_all(*, model_names: Iterable[str] | None = None) -> ReconcileRun:
     for model in models:
         try:
             model_reconcile(model=model, run=run)
-        except (OperationalError, IntegrityError):
-            # A deadlock, a lock timeout or a race the database refused: the next run picks it up again.
-            log.exception("reconcile of model %s failed; it is retried on the next run", model.name)
+        except Exception as exc:
+            # One model's failure is its own: a deadlock or race is retried on the next run, a row the
+            # database refuses (a figure out of range) or a bug stays marked until it places cleanly.
+            log.exception("reconcile of model %s failed; the others go on, it is retried on the next run", model.name)
+            run.failed += 1
             run.forget_index()  # what it had planned may not have happened: build the index afresh
+            _model_mark(model, _error_text(exc), run.now)
+        else:
+            if model.error:
+                _model_mark(model, "", None)
     return run
+
+
+def _error_text(exc: BaseException) -> str:
+    """The failure in one line: its kind and the first line of what it said."""
+    said = str(exc).strip().splitlines()
+    return (f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__)[:ERROR_MAX_LENGTH]
+
+
+def _model_mark(model: Model, error: str, at: datetime | None) -> None:
+    """Keep (or clear) why the model's reconcile failed; a database that refuses even this is logged."""
+    try:
+        Model.objects.filter(pk=model.pk).update(error=error, error_at=at)
+    except DatabaseError:
+        log.exception("could not mark model %s with its reconcile error", model.name)

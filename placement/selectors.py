@@ -194,6 +194,8 @@ def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
             "unreachable": states[UNREACHABLE],
         },
         "profile": profile_dict(model),
+        "error": model.error or None,
+        "error_at": model.error_at.isoformat() if model.error_at else None,
         "created_at": model.created_at.isoformat(),
         "updated_at": model.updated_at.isoformat(),
     }

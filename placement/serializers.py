@@ -8,32 +8,44 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from placement import documents as d
 from placement.documents import KEEP_WITHIN_CHOICES, MAX_REPLICAS
 
 REPLICA_STATES = ("pending", "placed", "starting", "ready", "failed", "stopping", "unreachable")
 
 
 class ProfileSerializer(serializers.Serializer):
-    gpus = serializers.IntegerField(min_value=0, max_value=64, help_text="GPUs per node; 0 for a CPU-only profile")
-    nodes = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=1)
-    cpu_cores = serializers.IntegerField(min_value=0, max_value=16384, required=False, default=0)
-    memory_gib = serializers.FloatField(min_value=0, required=False, default=0)
-    power_watts = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    gpus = serializers.IntegerField(
+        min_value=0, max_value=d.MAX_GPUS_PER_NODE, help_text="GPUs per node; 0 for a CPU-only profile"
+    )
+    nodes = serializers.IntegerField(min_value=1, max_value=d.MAX_NODES_PER_REPLICA, required=False, default=1)
+    cpu_cores = serializers.IntegerField(min_value=0, max_value=d.MAX_CPU_CORES, required=False, default=0)
+    memory_gib = serializers.FloatField(min_value=0, max_value=d.MAX_MEMORY_GIB, required=False, default=0)
+    power_watts = serializers.FloatField(
+        min_value=0, max_value=d.MAX_POWER_WATTS, required=False, allow_null=True
+    )
     keep_within = serializers.ChoiceField(choices=KEEP_WITHIN_CHOICES, required=False, allow_null=True)
     node_selector = serializers.CharField(
-        max_length=2000, required=False, allow_null=True, allow_blank=True,
+        max_length=d.MAX_SELECTOR_LENGTH, required=False, allow_null=True, allow_blank=True,
         help_text="e.g. `gpu.model in (H100,H200), llmgw.io/room=a`",
     )
-    command = serializers.CharField(max_length=2000, required=False, allow_null=True, allow_blank=True)
-    health_path = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True)
-    min_ready_seconds = serializers.IntegerField(min_value=0, max_value=86_400, required=False, default=10)
+    command = serializers.CharField(
+        max_length=d.MAX_COMMAND_LENGTH, required=False, allow_null=True, allow_blank=True,
+        help_text="no control characters",
+    )
+    health_path = serializers.CharField(
+        max_length=d.MAX_HEALTH_PATH_LENGTH, required=False, allow_null=True, allow_blank=True
+    )
+    min_ready_seconds = serializers.IntegerField(
+        min_value=0, max_value=d.MAX_MIN_READY_SECONDS, required=False, default=10
+    )
 
 
 class ModelDocumentSerializer(serializers.Serializer):
     """A `kind: Model` document, as `llmgw ctl apply` takes it in YAML."""
 
     kind = serializers.ChoiceField(choices=["Model"])
-    name = serializers.RegexField(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$", max_length=200)
+    name = serializers.RegexField(d.MODEL_NAME_RE.pattern.replace(r"\Z", "$"), max_length=d.MODEL_NAME_MAX_LENGTH)
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False, default=1)
     profile = ProfileSerializer()
 
@@ -64,6 +76,10 @@ class ModelRowSerializer(serializers.Serializer):
     name = serializers.CharField()
     replicas = ReplicaCountsSerializer()
     profile = ProfileBodySerializer()
+    error = serializers.CharField(
+        allow_null=True, help_text="why the last reconcile could not place it (null once it places cleanly)"
+    )
+    error_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

@@ -44,11 +44,18 @@ def _enqueue() -> None:
 
     if app.conf.task_always_eager:
         # In-process (no Redis): the change that asked is committed already, so a reconcile that fails
-        # must not look like its failure; the periodic reconcile tries again.
+        # must not look like its failure; the periodic reconcile tries again. It runs inside the request
+        # that asked, so its placements are bounded: the rest wait for the reconcile thread.
+        from llmgw import inprocess
+        from placement.reconcile import REQUEST_PLACEMENTS, reconcile_all
+
         try:
-            reconcile()
+            run = reconcile_all(max_placements=REQUEST_PLACEMENTS)
         except Exception:
             log.exception("reconcile failed; it is retried on the next periodic run")
+            return
+        if run.unfinished:
+            inprocess.wake()
         return
     reconcile.apply_async(expires=300)
 

@@ -54,6 +54,25 @@ def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
 
+
+def value_shown(value: Any) -> str:
+    """Any value a person sent, as a refusal quotes it: a float as %g, an integer of 400 digits by its
+    size (str() of it may be refused, a float of it overflows), a text cut short."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return _shown(value)
+
+
+def control_character_problem(value: str) -> str | None:
+    """What a text holds that no name, path or command may: a control character or a lone surrogate."""
+    bad = _CONTROL_OR_SURROGATE.search(value)
+    if bad is None:
+        return None
+    what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+    return f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
+
 # A node's name, wherever one is given: agent.yaml, the heartbeat, `ctl node token`, the cluster file.
 # A DNS-like name: it starts and ends with a letter or digit, so `gpu01-` is refused everywhere.
 NODE_NAME_MAX_LENGTH = 253
