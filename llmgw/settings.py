@@ -264,6 +264,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("LLMGW_REQUEST_MAX_BYTES", str(
 LLMGW_BODY_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_BODY_TIMEOUT_SECONDS", "10"))
 # WebSocket messages from the console (a list of the rows a page shows) are small; larger ones are refused.
 LLMGW_WS_MAX_BYTES = int(os.environ.get("LLMGW_WS_MAX_BYTES", str(256 * 1024)))
+# The server's own limits (llmgw.serving): a request's head (request line and headers) in bytes, the time
+# its headers may take to arrive, how long an idle kept-alive connection stays, and how many connections
+# and requests at once (beyond that, 503).
+LLMGW_MAX_HEADER_BYTES = int(os.environ.get("LLMGW_MAX_HEADER_BYTES", str(16 * 1024)))
+LLMGW_HEADER_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_HEADER_TIMEOUT_SECONDS", "10"))
+LLMGW_KEEP_ALIVE_SECONDS = int(os.environ.get("LLMGW_KEEP_ALIVE_SECONDS", "5"))
+LLMGW_MAX_CONNECTIONS = int(os.environ.get("LLMGW_MAX_CONNECTIONS", "2048"))
 
 PROMETHEUS_EXPORT_MIGRATIONS = False
 

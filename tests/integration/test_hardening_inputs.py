@@ -291,3 +291,69 @@ def test_random_model_documents_never_give_a_5xx_nor_leave_another_model_unplace
 
 
 _token = ""
+
+
+# -- the server's own limits: slow and oversize headers ---------------------------------------------------
+
+
+@pytest.fixture
+def limited_server(settings):
+    """`llmgw serve`'s uvicorn, with its limits, on a free port (headers given 0.5 s)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from llmgw.asgi import application
+    from llmgw.serving import uvicorn_limits
+
+    settings.LLMGW_HEADER_TIMEOUT_SECONDS = 0.5
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(application, lifespan="off", log_level="warning", **uvicorn_limits()))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not srv.started:
+        assert thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield sock.getsockname()
+    srv.should_exit = True
+    thread.join(15)
+    sock.close()
+
+
+def _answer(conn) -> bytes:
+    answer = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return answer
+        answer += chunk
+
+
+def test_headers_sent_slowly_lose_the_connection(limited_server):
+    import socket
+
+    with socket.create_connection(limited_server, timeout=30) as conn:
+        conn.sendall(b"GET /api/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")  # then nothing more
+        assert _answer(conn) == b""  # closed by the server, not by the 30 s timeout (that raises)
+
+
+def test_headers_past_the_limit_are_refused(limited_server, settings):
+    import socket
+
+    with socket.create_connection(limited_server, timeout=30) as conn:
+        big = b"x" * (settings.LLMGW_MAX_HEADER_BYTES + 1024)
+        conn.sendall(b"GET /api/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + big + b"\r\n\r\n")
+        assert _answer(conn).startswith(b"HTTP/1.1 431")
+
+
+def test_a_prompt_request_with_a_large_body_on_the_limited_server_is_answered(limited_server, settings):
+    import socket
+
+    body = b"{" + b" " * (settings.LLMGW_MAX_HEADER_BYTES * 4) + b"}"  # in the same write as its head
+    with socket.create_connection(limited_server, timeout=30) as conn:
+        conn.sendall(b"POST /api/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert _answer(conn).startswith(b"HTTP/1.1 401")

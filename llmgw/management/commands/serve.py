@@ -46,6 +46,8 @@ class Command(BaseCommand):
     def handle(self, *args, addrport: str, access_log: bool = False, workers: int = 1, **options):
         import uvicorn
 
+        from llmgw.serving import uvicorn_limits
+
         host, _, port = addrport.rpartition(":")
         if not port.isdigit():
             raise CommandError(f"addrport: {addrport!r} is not ADDR:PORT (e.g. 127.0.0.1:8000)")
@@ -69,6 +71,5 @@ class Command(BaseCommand):
             access_log=access_log,
             log_level="info" if access_log else "warning",
             lifespan="off",
-            # A console socket's messages are small; a larger one closes the socket (1009).
-            ws_max_size=settings.LLMGW_WS_MAX_BYTES,
+            **uvicorn_limits(),
         )
