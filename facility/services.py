@@ -54,7 +54,7 @@ def _watts(value: Any, field: str, *, allow_none: bool = False) -> float | None:
         raise InvalidInput(f"{field}: must not be negative (got {value_shown(value)})", field=field)
     if value > WATTS_MAX:
         raise InvalidInput(
-            f"{field}: must be at most {WATTS_MAX:,} W, more than any domain carries (got {value_shown(value)})",
+            f"{field}: {value_shown(value)} W is more than any domain carries (at most {WATTS_MAX:,} W)",
             field=field,
         )
     return float(value)

@@ -22,7 +22,7 @@ def test_a_budget_with_a_bad_domain_is_refused_with_the_services_words(admin_cli
     "cap, words",
     [
         ("-5", "cap_watts: must not be negative (got -5)"),
-        ("2e8", "cap_watts: 2e+08 W is more than any domain carries"),
+        ("2e8", "cap_watts: 2e+08 W is more than any domain carries (at most 100,000,000 W)"),
     ],
 )
 def test_a_bad_cap_gets_the_same_words_in_the_admin_the_api_and_ctl(admin_client, api, capsys, cap, words):

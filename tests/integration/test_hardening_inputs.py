@@ -299,28 +299,11 @@ _token = ""
 @pytest.fixture
 def limited_server(settings):
     """`llmgw serve`'s uvicorn, with its limits, on a free port (headers given 0.5 s)."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    from llmgw.asgi import application
     from llmgw.serving import uvicorn_limits
+    from tests.integration.test_hardening_lane import uvicorn_in_thread
 
     settings.LLMGW_HEADER_TIMEOUT_SECONDS = 0.5
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(application, lifespan="off", log_level="warning", **uvicorn_limits()))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not srv.started:
-        assert thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield sock.getsockname()
-    srv.should_exit = True
-    thread.join(15)
-    sock.close()
+    yield from uvicorn_in_thread(**uvicorn_limits())
 
 
 def _answer(conn) -> bytes:

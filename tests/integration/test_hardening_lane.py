@@ -185,16 +185,15 @@ def test_alternating_poisoned_and_honest_heartbeats_lose_no_honest_reading(monke
 # -- raw sockets: bodies too large, too slow -------------------------------------------------------------
 
 
-@pytest.fixture
-def server():
-    """The real ASGI application in uvicorn, in a thread, on a free port of 127.0.0.1."""
+def uvicorn_in_thread(**limits):
+    """The real ASGI application in uvicorn, in a thread, on a free port of 127.0.0.1: yields its address."""
     import uvicorn
 
     from llmgw.asgi import application
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(application, lifespan="off", log_level="warning")
+    config = uvicorn.Config(application, lifespan="off", log_level="warning", **limits)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -205,6 +204,12 @@ def server():
     srv.should_exit = True
     thread.join(15)
     sock.close()
+
+
+@pytest.fixture
+def server():
+    """The real ASGI application in uvicorn, in a thread, on a free port of 127.0.0.1."""
+    yield from uvicorn_in_thread()
 
 
 def raw_request(address, head: bytes, body: bytes = b"") -> bytes:
