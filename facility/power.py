@@ -11,9 +11,10 @@ The rules, as the seed states them:
   nothing: missing data never blocks.
 - A domain's use is its ``other_watts`` plus, node by node, ``node_watts`` and the larger of what is
   placed there and what its sensors read while fresh.
-- A shard is refused when a budgeted domain's use plus the shard's draw would pass
-  ``cap × (1 − margin)``. (Use already counts a node's measurement where it exceeds the placed draw;
-  the shard's own draw is added on top, as the refusal text reads: this much in use, this much more.)
+- A shard is refused when a budgeted domain's use **after** it would pass ``cap × (1 − margin)``.
+  The shard changes its node's term from ``max(placed, measured)`` to ``max(placed + shard,
+  measured)`` (:func:`node_use_added_watts`): a node's measured idle draw is not counted twice.
+  A multi-node replica's shards in one domain are counted together.
 """
 
 from __future__ import annotations
@@ -120,6 +121,18 @@ def node_use_watts(placed_watts: float, measured_watts: float | None, settings: 
     return (settings.node_watts or 0) + max(placed_watts, measured_watts or 0)
 
 
+def node_use_added_watts(
+    placed_watts: float, measured_watts: float | None, draw_watts: float | None, settings: FacilitySettings
+) -> float:
+    """What placing ``draw_watts`` more on a node adds to the use of each of its domains.
+
+    The node's term after less its term before, both by :func:`node_use_watts`: a shard on a node
+    whose sensors already read more than it has placed adds only what passes the reading.
+    """
+    before = node_use_watts(placed_watts, measured_watts, settings)
+    return node_use_watts(placed_watts + (draw_watts or 0), measured_watts, settings) - before
+
+
 def node_draw_sql(alias: str) -> str:
     """:func:`node_use_watts` less ``node_watts``, as SQL on a node row ``alias``, for sums in the database.
 
@@ -160,9 +173,9 @@ def domain_power(
     )
 
 
-def would_pass_limit(use_watts: float, draw_watts: float, limit_watts: float) -> bool:
-    """True when adding ``draw_watts`` leaves the domain past its limit (one already past it refuses all)."""
-    return use_watts + draw_watts > limit_watts + EPSILON_WATTS
+def would_pass_limit(use_after_watts: float, limit_watts: float) -> bool:
+    """True when the domain's use after a placement is past its limit (one already past it refuses all)."""
+    return use_after_watts > limit_watts + EPSILON_WATTS
 
 
 def kw(watts: float) -> str:
@@ -179,22 +192,23 @@ def power_refusal(
     budget: Budget,
     *,
     use_watts: float,
-    need_watts: float | None,
+    after_watts: float,
+    draw_watts: float | None,
     margin: float,
     combined: bool = False,
 ) -> str:
-    """Why a shard may not go into a domain, with the figures.
+    """Why a shard may not go into a domain, with both figures: the use now and the use after it.
 
-    ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW``;
-    ``combined`` says it for a multi-node replica's shards that share the domain.
+    ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard
+    (~2.8 kW)``; ``combined`` says it for a multi-node replica's shards that share the domain.
     """
     head = (
         f"{budget.domain.label}: {kw(use_watts)} of a {kw(budget.limit_watts(margin))} limit "
         f"({kw(budget.cap_watts)} cap less {margin_text(margin)}) in use"
     )
-    if not need_watts:
-        # Nothing known to add, yet refused: the domain is already past its limit.
+    if not draw_watts or after_watts <= use_watts + EPSILON_WATTS:
+        # Nothing added, yet refused: the domain is already past its limit.
         return f"{head}, already past it"
     if combined:
-        return f"{head}, the replica's shards need ~{kw(need_watts)} here"
-    return f"{head}, the shard needs ~{kw(need_watts)}"
+        return f"{head}, {kw(after_watts)} with the replica's shards here (~{kw(draw_watts)})"
+    return f"{head}, {kw(after_watts)} with the shard (~{kw(draw_watts)})"
