@@ -10,7 +10,10 @@ The rules, as the seed states them:
   profile each reserved core at ``cpu_core_watts``. A draw nobody knows is ``None`` and counts as
   nothing: missing data never blocks.
 - A domain's use is its ``other_watts`` plus, node by node, ``node_watts`` and the larger of what is
-  placed there and what its sensors read while fresh.
+  placed there and what its sensors read while fresh. What the sensors read is the node's measured
+  peak: the highest reading of the last ``measured_window`` (15 minutes by default, kept in buckets
+  of a fifteenth of it by :func:`measured_peak`), since prefill reaches a card's limit in
+  milliseconds while decode draws far below it.
 - A shard is refused when a budgeted domain's use **after** it would pass ``cap × (1 − margin)``.
   The shard changes its node's term from ``max(placed, measured)`` to ``max(placed + shard,
   measured)`` (:func:`node_use_added_watts`): a node's measured idle draw is not counted twice.
@@ -19,7 +22,8 @@ The rules, as the seed states them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -104,10 +108,55 @@ def shard_draw_watts(
     return cpu_cores * settings.cpu_core_watts
 
 
+# The rolling peak is kept in this many buckets over the window: exact to a fifteenth of it.
+PEAK_BUCKETS = 15
+
+
+def measured_peak(
+    buckets: Iterable[Sequence[float]], watts: float | None, at: float, window_seconds: float
+) -> tuple[list[list[float]], float | None]:
+    """A node's peak buckets with a reading taken at ``at`` (epoch seconds) added, and the peak over them.
+
+    ``buckets`` is ``[[start, highest], ...]`` (oldest first); a bucket is kept while any of it lies
+    within the window before ``at``. The peak is the highest reading of the window (to a bucket), or
+    None when nothing was read in it.
+    """
+    width = window_seconds / PEAK_BUCKETS
+    kept = [[float(start), float(high)] for start, high in buckets if start + width > at - window_seconds]
+    if watts is not None:
+        start = math.floor(at / width) * width
+        if kept and kept[-1][0] == start:
+            kept[-1][1] = max(kept[-1][1], float(watts))
+        else:
+            kept.append([start, float(watts)])
+    return kept, max((high for _, high in kept), default=None)
+
+
+def measured_peak_sql(peaks: str, at: str, watts: str, window_seconds: float) -> tuple[str, str]:
+    """:func:`measured_peak` as two PostgreSQL expressions: the new buckets (jsonb) and the peak.
+
+    ``peaks`` is the stored buckets column, ``at`` a timestamptz and ``watts`` the reading (NULL: none),
+    all SQL expressions; both results read the old row, as an UPDATE's SET does. A test holds them equal
+    to the Python rule.
+    """
+    width = float(window_seconds) / PEAK_BUCKETS
+    epoch = f"CAST(EXTRACT(EPOCH FROM {at}) AS double precision)"
+    rows = (
+        f"SELECT CAST(e->>0 AS double precision) AS s, CAST(e->>1 AS double precision) AS h "
+        f"FROM jsonb_array_elements(COALESCE({peaks}, '[]'::jsonb)) e "
+        f"UNION ALL SELECT floor({epoch} / {width!r}) * {width!r}, {watts} WHERE {watts} IS NOT NULL"
+    )
+    kept = f"SELECT s, MAX(h) AS h FROM ({rows}) r WHERE s + {width!r} > {epoch} - {float(window_seconds)!r} GROUP BY s"
+    buckets = f"(SELECT COALESCE(jsonb_agg(jsonb_build_array(s, h) ORDER BY s), '[]'::jsonb) FROM ({kept}) b)"
+    peak = f"(SELECT MAX(h) FROM ({kept}) b)"
+    return buckets, peak
+
+
 def fresh_measured_watts(
     measured_watts: float | None, sensors_at: datetime | None, now: datetime, fresh_seconds: float
 ) -> float | None:
-    """A node's measured draw while it counts for power accounting (read at most `fresh_seconds` ago)."""
+    """A node's measured draw (its peak) while it counts for power accounting (last read at most
+    ``fresh_seconds`` ago: a node whose sensors went quiet blocks nothing)."""
     if measured_watts is None or sensors_at is None:
         return None
     if (now - sensors_at).total_seconds() > fresh_seconds:
@@ -136,14 +185,14 @@ def node_use_added_watts(
 def node_draw_sql(alias: str) -> str:
     """:func:`node_use_watts` less ``node_watts``, as SQL on a node row ``alias``, for sums in the database.
 
-    Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
+    Reads the node's ``measured_peak_watts``. Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
     :func:`fresh_measured_watts` and ``max(placed, measured or 0)`` in one expression. Portable SQL
     (PostgreSQL and SQLite). A test holds it equal to the Python rule on varied rows.
     """
     n = alias
     return (
-        f"CASE WHEN {n}.measured_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
-        f"AND {n}.measured_watts > {n}.placed_watts THEN {n}.measured_watts ELSE {n}.placed_watts END"
+        f"CASE WHEN {n}.measured_peak_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
+        f"AND {n}.measured_peak_watts > {n}.placed_watts THEN {n}.measured_peak_watts ELSE {n}.placed_watts END"
     )
 
 

@@ -164,3 +164,17 @@ def test_the_near_limit_alert_fires_on_the_share_the_console_calls_near():
     near = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "LlmgwDomainNearPowerLimit")
     share = float(re.search(r">\s*([0-9.]+)\s*$", near["expr"]).group(1))
     assert share == NEAR_LIMIT_SHARE
+
+
+def test_the_measured_peak_is_the_highest_reading_of_the_window():
+    from facility.power import measured_peak
+
+    buckets, peak = measured_peak([], 650.0, 1000.0, 900.0)
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, 120.0, 1030.0, 900.0)  # a dip does not lower it
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, None, 1500.0, 900.0)  # no reading: the window's still counts
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, 200.0, 1000.0 + 900.0 + 60.0, 900.0)  # the burst left the window
+    assert peak == 200.0
+    assert measured_peak([], None, 0.0, 900.0) == ([], None)
