@@ -11,7 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from facility.domains import LABEL_PREFIX
-from facility.power import fresh_measured_watts
+from facility.power import fresh_measured_watts, measured_peak
 
 
 def ready_window_seconds(interval_seconds: float) -> float:
@@ -24,6 +24,16 @@ def heartbeat_is_fresh(last_heartbeat_at: datetime | None, interval_seconds: flo
     if last_heartbeat_at is None:
         return False
     return (now - last_heartbeat_at).total_seconds() <= ready_window_seconds(interval_seconds)
+
+
+def measured_window_seconds() -> float:
+    """The window of a node's measured peak (LLMGW_MEASURED_WINDOW_SECONDS; server.yaml facility.measured_window)."""
+    return settings.LLMGW_MEASURED_WINDOW_SECONDS
+
+
+def measured_peak_of(buckets, watts: float | None, at: datetime) -> tuple[list[list[float]], float | None]:
+    """The node's peak buckets and peak once a reading taken at ``at`` is added: the one rule, for every writer."""
+    return measured_peak(buckets or [], watts, at.timestamp(), measured_window_seconds())
 
 
 def measured_fresh_seconds() -> float:
@@ -52,6 +62,12 @@ class Node(models.Model):
     sensors = models.JSONField(default=dict, blank=True, help_text="The latest sensor readings.")
     sensors_at = models.DateTimeField(null=True, blank=True)
     measured_watts = models.FloatField(null=True, blank=True, help_text="GPU + CPU package draw last read.")
+    # The rolling peak power accounting counts (facility.power.measured_peak): the highest reading of
+    # the last measured window, kept as [[bucket start epoch, highest], ...] so each write is cheap.
+    measured_peak_watts = models.FloatField(
+        null=True, blank=True, help_text="Highest draw read in the last measured window."
+    )
+    measured_peaks = models.JSONField(default=list, blank=True, help_text="Peak buckets of the measured window.")
     # What the last heartbeat said of everything but its sensors: a heartbeat that says the same again
     # takes the fast path (one UPDATE of the readings).
     report_digest = models.CharField(max_length=32, blank=True)
@@ -75,7 +91,7 @@ class Node(models.Model):
     def fresh_measured_watts(self, now=None) -> float | None:
         """The measured draw while it counts (:func:`facility.power.fresh_measured_watts`), else None."""
         return fresh_measured_watts(
-            self.measured_watts, self.sensors_at, now or timezone.now(), measured_fresh_seconds()
+            self.measured_peak_watts, self.sensors_at, now or timezone.now(), measured_fresh_seconds()
         )
 
     def location(self) -> dict[str, str]:

@@ -153,17 +153,21 @@ def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[st
 def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
     """One UPDATE for the rows (a transaction of its own, or a savepoint inside the caller's); a row is
     written only while its stored report is the one remembered."""
-    from agents.models import Node
+    from agents.models import Node, measured_peak_of, measured_window_seconds
+    from facility.power import measured_peak_sql
 
     if connection.vendor == "postgresql":
+        table = Node._meta.db_table
+        # The peak buckets are updated in the same UPDATE, from the row's own: one statement still.
+        buckets_sql, peak_sql = measured_peak_sql("n.measured_peaks", "v.at", "v.watts", measured_window_seconds())
         rows = [(name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in batch.items()]
         values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
         params = [p for row in rows for p in row]
-        table = Node._meta.db_table
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
-                f"measured_watts = v.watts FROM (VALUES {values}) AS v(name, at, sensors, watts, digest) "
+                f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
+                f"FROM (VALUES {values}) AS v(name, at, sensors, watts, digest) "
                 f"WHERE n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
                 params,
             )
@@ -171,8 +175,15 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
     written = set()
     with transaction.atomic():
         for name, (at, sensors, watts, digest) in batch.items():
+            stored = Node.objects.select_for_update().filter(name=name).values_list("measured_peaks", flat=True).first()
+            buckets, peak = measured_peak_of(stored, watts, at)
             if Node.objects.filter(name=name, report_digest=digest).update(
-                last_heartbeat_at=at, sensors_at=at, sensors=sensors, measured_watts=watts
+                last_heartbeat_at=at,
+                sensors_at=at,
+                sensors=sensors,
+                measured_watts=watts,
+                measured_peaks=buckets,
+                measured_peak_watts=peak,
             ):
                 written.add(name)
     return written

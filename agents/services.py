@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import signals
-from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel
+from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
 from agents.node.protocol import MAX_LABELS, is_node_name, node_name_problem
 from facility.domains import DomainError, domains_of, effective_labels, validate_label
 from llmgw.errors import InvalidInput, NotFound
@@ -189,6 +189,7 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
     node.sensors = dict(sensors)
     node.sensors_at = now
     node.measured_watts = measured_watts(sensors)
+    node.measured_peaks, node.measured_peak_watts = measured_peak_of(node.measured_peaks, node.measured_watts, now)
     node.report_digest = digest
     labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
     node.agent_labels = dict(heartbeat.get("labels") or {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agents.models import measured_window_seconds
 from facility import services
 from llmgw.output import kw, print_json, print_table
 from placement import selectors as placement_selectors
@@ -91,7 +92,8 @@ def overview(args) -> int:
                 hold_text,
             ]
         )
-    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", "MEASURED", "HOLD"], rows)
+    window = f"{measured_window_seconds() / 60:g}m"
+    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "HOLD"], rows)
     for node, progress in sorted(data["node_drains"].items()):
         print(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
               + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))

@@ -10,15 +10,20 @@ The rules, as the seed states them:
   profile each reserved core at ``cpu_core_watts``. A draw nobody knows is ``None`` and counts as
   nothing: missing data never blocks.
 - A domain's use is its ``other_watts`` plus, node by node, ``node_watts`` and the larger of what is
-  placed there and what its sensors read while fresh.
-- A shard is refused when a budgeted domain's use plus the shard's draw would pass
-  ``cap × (1 − margin)``. (Use already counts a node's measurement where it exceeds the placed draw;
-  the shard's own draw is added on top, as the refusal text reads: this much in use, this much more.)
+  placed there and what its sensors read while fresh. What the sensors read is the node's measured
+  peak: the highest reading of the last ``measured_window`` (15 minutes by default, kept in buckets
+  of a fifteenth of it by :func:`measured_peak`), since prefill reaches a card's limit in
+  milliseconds while decode draws far below it.
+- A shard is refused when a budgeted domain's use **after** it would pass ``cap × (1 − margin)``.
+  The shard changes its node's term from ``max(placed, measured)`` to ``max(placed + shard,
+  measured)`` (:func:`node_use_added_watts`): a node's measured idle draw is not counted twice.
+  A multi-node replica's shards in one domain are counted together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -103,10 +108,55 @@ def shard_draw_watts(
     return cpu_cores * settings.cpu_core_watts
 
 
+# The rolling peak is kept in this many buckets over the window: exact to a fifteenth of it.
+PEAK_BUCKETS = 15
+
+
+def measured_peak(
+    buckets: Iterable[Sequence[float]], watts: float | None, at: float, window_seconds: float
+) -> tuple[list[list[float]], float | None]:
+    """A node's peak buckets with a reading taken at ``at`` (epoch seconds) added, and the peak over them.
+
+    ``buckets`` is ``[[start, highest], ...]`` (oldest first); a bucket is kept while any of it lies
+    within the window before ``at``. The peak is the highest reading of the window (to a bucket), or
+    None when nothing was read in it.
+    """
+    width = window_seconds / PEAK_BUCKETS
+    kept = [[float(start), float(high)] for start, high in buckets if start + width > at - window_seconds]
+    if watts is not None:
+        start = math.floor(at / width) * width
+        if kept and kept[-1][0] == start:
+            kept[-1][1] = max(kept[-1][1], float(watts))
+        else:
+            kept.append([start, float(watts)])
+    return kept, max((high for _, high in kept), default=None)
+
+
+def measured_peak_sql(peaks: str, at: str, watts: str, window_seconds: float) -> tuple[str, str]:
+    """:func:`measured_peak` as two PostgreSQL expressions: the new buckets (jsonb) and the peak.
+
+    ``peaks`` is the stored buckets column, ``at`` a timestamptz and ``watts`` the reading (NULL: none),
+    all SQL expressions; both results read the old row, as an UPDATE's SET does. A test holds them equal
+    to the Python rule.
+    """
+    width = float(window_seconds) / PEAK_BUCKETS
+    epoch = f"CAST(EXTRACT(EPOCH FROM {at}) AS double precision)"
+    rows = (
+        f"SELECT CAST(e->>0 AS double precision) AS s, CAST(e->>1 AS double precision) AS h "
+        f"FROM jsonb_array_elements(COALESCE({peaks}, '[]'::jsonb)) e "
+        f"UNION ALL SELECT floor({epoch} / {width!r}) * {width!r}, {watts} WHERE {watts} IS NOT NULL"
+    )
+    kept = f"SELECT s, MAX(h) AS h FROM ({rows}) r WHERE s + {width!r} > {epoch} - {float(window_seconds)!r} GROUP BY s"
+    buckets = f"(SELECT COALESCE(jsonb_agg(jsonb_build_array(s, h) ORDER BY s), '[]'::jsonb) FROM ({kept}) b)"
+    peak = f"(SELECT MAX(h) FROM ({kept}) b)"
+    return buckets, peak
+
+
 def fresh_measured_watts(
     measured_watts: float | None, sensors_at: datetime | None, now: datetime, fresh_seconds: float
 ) -> float | None:
-    """A node's measured draw while it counts for power accounting (read at most `fresh_seconds` ago)."""
+    """A node's measured draw (its peak) while it counts for power accounting (last read at most
+    ``fresh_seconds`` ago: a node whose sensors went quiet blocks nothing)."""
     if measured_watts is None or sensors_at is None:
         return None
     if (now - sensors_at).total_seconds() > fresh_seconds:
@@ -120,17 +170,29 @@ def node_use_watts(placed_watts: float, measured_watts: float | None, settings: 
     return (settings.node_watts or 0) + max(placed_watts, measured_watts or 0)
 
 
+def node_use_added_watts(
+    placed_watts: float, measured_watts: float | None, draw_watts: float | None, settings: FacilitySettings
+) -> float:
+    """What placing ``draw_watts`` more on a node adds to the use of each of its domains.
+
+    The node's term after less its term before, both by :func:`node_use_watts`: a shard on a node
+    whose sensors already read more than it has placed adds only what passes the reading.
+    """
+    before = node_use_watts(placed_watts, measured_watts, settings)
+    return node_use_watts(placed_watts + (draw_watts or 0), measured_watts, settings) - before
+
+
 def node_draw_sql(alias: str) -> str:
     """:func:`node_use_watts` less ``node_watts``, as SQL on a node row ``alias``, for sums in the database.
 
-    Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
+    Reads the node's ``measured_peak_watts``. Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
     :func:`fresh_measured_watts` and ``max(placed, measured or 0)`` in one expression. Portable SQL
     (PostgreSQL and SQLite). A test holds it equal to the Python rule on varied rows.
     """
     n = alias
     return (
-        f"CASE WHEN {n}.measured_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
-        f"AND {n}.measured_watts > {n}.placed_watts THEN {n}.measured_watts ELSE {n}.placed_watts END"
+        f"CASE WHEN {n}.measured_peak_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
+        f"AND {n}.measured_peak_watts > {n}.placed_watts THEN {n}.measured_peak_watts ELSE {n}.placed_watts END"
     )
 
 
@@ -160,9 +222,9 @@ def domain_power(
     )
 
 
-def would_pass_limit(use_watts: float, draw_watts: float, limit_watts: float) -> bool:
-    """True when adding ``draw_watts`` leaves the domain past its limit (one already past it refuses all)."""
-    return use_watts + draw_watts > limit_watts + EPSILON_WATTS
+def would_pass_limit(use_after_watts: float, limit_watts: float) -> bool:
+    """True when the domain's use after a placement is past its limit (one already past it refuses all)."""
+    return use_after_watts > limit_watts + EPSILON_WATTS
 
 
 def kw(watts: float) -> str:
@@ -179,22 +241,23 @@ def power_refusal(
     budget: Budget,
     *,
     use_watts: float,
-    need_watts: float | None,
+    after_watts: float,
+    draw_watts: float | None,
     margin: float,
     combined: bool = False,
 ) -> str:
-    """Why a shard may not go into a domain, with the figures.
+    """Why a shard may not go into a domain, with both figures: the use now and the use after it.
 
-    ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW``;
-    ``combined`` says it for a multi-node replica's shards that share the domain.
+    ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard
+    (~2.8 kW)``; ``combined`` says it for a multi-node replica's shards that share the domain.
     """
     head = (
         f"{budget.domain.label}: {kw(use_watts)} of a {kw(budget.limit_watts(margin))} limit "
         f"({kw(budget.cap_watts)} cap less {margin_text(margin)}) in use"
     )
-    if not need_watts:
-        # Nothing known to add, yet refused: the domain is already past its limit.
+    if not draw_watts or after_watts <= use_watts + EPSILON_WATTS:
+        # Nothing added, yet refused: the domain is already past its limit.
         return f"{head}, already past it"
     if combined:
-        return f"{head}, the replica's shards need ~{kw(need_watts)} here"
-    return f"{head}, the shard needs ~{kw(need_watts)}"
+        return f"{head}, {kw(after_watts)} with the replica's shards here (~{kw(draw_watts)})"
+    return f"{head}, {kw(after_watts)} with the shard (~{kw(draw_watts)})"

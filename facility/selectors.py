@@ -37,7 +37,7 @@ def facility_overview() -> dict[str, Any]:
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
-    for node in Node.objects.only("id", "placed_watts", "measured_watts", "sensors_at"):
+    for node in Node.objects.only("id", "placed_watts", "measured_peak_watts", "sensors_at"):
         figures[node.pk] = power.NodePower(node.placed_watts, node.fresh_measured_watts(now))
     members: dict[str, list[int]] = defaultdict(list)
     names: dict[int, str] = dict(Node.objects.values_list("id", "name"))

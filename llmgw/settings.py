@@ -257,6 +257,8 @@ LLMGW_MISSED_HEARTBEATS = 3
 LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "300"))
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
+# A node's measured draw is the highest reading of this window (server.yaml facility.measured_window).
+LLMGW_MEASURED_WINDOW_SECONDS = float(os.environ.get("LLMGW_MEASURED_WINDOW_SECONDS", "900"))
 # Request limits (llmgw.bodies): a heartbeat's body, any other body (Django's own limit, 2.5 MiB), and
 # how long a body may take to arrive; past them the answer is 413 or 408 at once.
 LLMGW_HEARTBEAT_MAX_BYTES = int(os.environ.get("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024)))

@@ -33,7 +33,7 @@ from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fr
 from facility.domains import domains_of as domains_of_labels
 from facility.models import Budget, Hold
 from facility.power import Budget as BudgetFigures
-from facility.power import node_draw_sql
+from facility.power import node_draw_sql, node_use_added_watts
 from placement import snapshot
 from placement.explain import pending_explain, placed_explain
 from placement.index import PlacementIndex
@@ -64,11 +64,14 @@ def placeholders(values: list) -> str:
 
 def _locked_state(
     cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime
-) -> tuple[dict[str, tuple], dict[str, tuple[float, float]], dict[str, str], dict[str, float]]:
+) -> tuple[
+    dict[str, tuple], dict[str, tuple[float, float]], dict[str, str], dict[str, float], dict[str, tuple[float, float]]
+]:
     """Lock the budgets (sorted by domain), then the nodes (sorted by name); read them, holds and use.
 
     Returns (node rows by name, budgets (cap, other) by domain, holds by domain, each locked budget's
-    domain use). Raw SQL: this is the hot path of every placement.
+    domain use, each node's (placed, max(placed, fresh measured)) when a budget is touched). Raw SQL:
+    this is the hot path of every placement.
     """
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     # The replica row is not locked here: the write's guarded UPDATE of it (state still pending) is
@@ -109,20 +112,32 @@ def _locked_state(
             f"WHERE nd.domain IN ({placeholders(domains)}) GROUP BY nd.domain"
         )
         params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
+        # Each placed node's placed draw and its term less node_watts, by the same SQL rule: the check
+        # is on the use after the shard, max(placed + shard, measured), as facility.power says it.
+        sql += (
+            f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, n.placed_watts "
+            f"FROM {node_table} n WHERE n.name IN ({placeholders(names)})"
+            f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, {node_draw_sql('n')} "
+            f"FROM {node_table} n WHERE n.name IN ({placeholders(names)})"
+        )
+        params += [*names, connection.ops.adapt_datetimefield_value(fresh_after), *names]
     cursor.execute(sql, params)
     nodes: dict[str, tuple] = {}
     holds: dict[str, str] = {}
     node_watts = facility.settings.node_watts or 0
     use = {domain: budgets[domain][1] for domain in domains}
+    draws: dict[str, list[float]] = {}
     for kind, key, a, b, c, d, reason, drawn in cursor.fetchall():
         if kind == "node":
             # The labels are the locked row's latest: a relabel committed since the plan is seen here.
             nodes[key] = (key, a, b, c, d, reason)
         elif kind == "hold":
             holds[key] = reason
-        else:
+        elif kind == "use":
             use[key] += a * node_watts + (drawn or 0)
-    return nodes, budgets, holds, use
+        else:
+            draws.setdefault(key, [0.0, 0.0])[kind == "drawn"] = drawn or 0.0
+    return nodes, budgets, holds, use, {name: (placed, drawn) for name, (placed, drawn) in draws.items()}
 
 
 def _is_ready(last_heartbeat_at: datetime | str | None, interval: float, now: datetime) -> bool:
@@ -144,7 +159,7 @@ def _commit(
     domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
     touched = sorted({d for ds in domains_of.values() for d in ds})
     with connection.cursor() as cursor:
-        nodes, budget_rows, held, use = _locked_state(cursor, names, touched, facility, now)
+        nodes, budget_rows, held, use, draws = _locked_state(cursor, names, touched, facility, now)
         for name in names:
             row = nodes.get(name)
             if row is None:
@@ -164,16 +179,21 @@ def _commit(
             budgets = {
                 d: BudgetFigures(snapshot.domain_of(d), cap, other) for d, (cap, other) in budget_rows.items()
             }
-            taken: dict[str, float] = defaultdict(float)
+            taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
             for shard in shards:
                 mine = snapshot.level_sorted(d for d in domains_of[shard.node] if d in budgets)
+                placed, drawn = draws.get(shard.node, (0.0, 0.0))
+                # The SQL gives max(placed, measured): a measurement counts where it passes the placed.
+                measured = drawn if drawn > placed else None
+                added = node_use_added_watts(placed, measured, shard.draw_watts, facility.settings)
                 reason = power_rejection_in(
-                    [(budgets[d], use[d], taken[d]) for d in mine], shard.draw_watts, facility.settings.margin
+                    [(budgets[d], use[d], *taken[d]) for d in mine], shard.draw_watts, added, facility.settings.margin
                 )
                 if reason is not None:
                     raise LostRace(shard.node, f"{shard.node}: {reason}", refresh=snapshot.members_of(mine))
                 for d in mine:
-                    taken[d] += shard.draw_watts or 0
+                    taken[d][0] += added
+                    taken[d][1] += shard.draw_watts or 0
         ids = {name: nodes[name][1] for name in names}
         if connection.vendor == "postgresql":
             return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)

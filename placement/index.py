@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from facility.domains import Domain
-from facility.power import Budget, node_use_watts
+from facility.power import Budget, node_use_added_watts, node_use_watts
 from placement.planner import (
     SPREAD_LEVELS,
     FacilityView,
@@ -54,7 +54,7 @@ class _Cell:
         self.budget = budget
         self.margin = margin
         self._use = budget.other_watts
-        self._refusals: dict[float | None, str | None] = {}
+        self._refusals: dict[tuple[float | None, float], str | None] = {}
 
     @property
     def use(self) -> float:
@@ -65,11 +65,14 @@ class _Cell:
             self._use += watts
             self._refusals.clear()
 
-    def refusal(self, draw: float | None) -> str | None:
-        """Why a shard of this draw may not come into the domain, or None when it fits."""
-        if draw in self._refusals:
-            return self._refusals[draw]
-        reason = self._refusals[draw] = power_rejection_in([(self.budget, self._use, 0.0)], draw, self.margin)
+    def refusal(self, draw: float | None, added: float) -> str | None:
+        """Why a shard of this draw, adding ``added`` to the use, may not come in; None when it fits."""
+        key = (draw, added)
+        if key in self._refusals:
+            return self._refusals[key]
+        reason = self._refusals[key] = power_rejection_in(
+            [(self.budget, self._use, 0.0, 0.0)], draw, added, self.margin
+        )
         return reason
 
 
@@ -284,8 +287,9 @@ class PlacementIndex:
                     reason = base_rejection(node, profile, entry.held, exclude)
                     if reason is None:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
+                        added = node_use_added_watts(node.placed_watts, node.measured_watts, draw, settings)
                         for cell in entry.group.cells:
-                            reason = cell.refusal(draw)
+                            reason = cell.refusal(draw, added)
                             if reason is not None:
                                 break
                     if reason is not None:

@@ -11,7 +11,7 @@ Filters, in the order they are checked, each with its reason in words:
 2. the profile's node_selector: ``needs gpu.model in (H100,H200)``;
 3. resources: ``gpu: 8 requested, 3 free``, ``cpu: …``, ``memory: 256 GiB requested, 100 GiB free``;
 4. for a multi-node replica: a fabric, the keep_within label, and a group with enough nodes;
-5. power: ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW``.
+5. power: ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard (~2.8 kW)``.
 
 What passes is ordered, never filtered, by :func:`order_key`: nodes sharing fewer racks and PDUs
 with the model's replicas first, then nodes holding the weights, then bin packing, then the name.
@@ -31,6 +31,7 @@ from facility.domains import LABEL_PREFIX, Domain
 from facility.power import (
     Budget,
     FacilitySettings,
+    node_use_added_watts,
     node_use_watts,
     power_refusal,
     shard_draw_watts,
@@ -248,39 +249,47 @@ def power_rejection(
     facility: FacilityView,
     use: Mapping[Domain, float],
     *,
-    pending: Mapping[Domain, float] | None = None,
+    pending: Mapping[Domain, tuple[float, float]] | None = None,
 ) -> str | None:
-    """The first budgeted domain (level order) the shard would take past its limit, in words.
+    """The first budgeted domain (level order) whose use after the shard would pass its limit, in words.
 
-    ``pending`` holds, per domain, the draw of shards of the same replica already chosen there:
-    a multi-node replica is counted whole.
+    ``pending`` holds, per domain, what the shards of the same replica already chosen there add to its
+    use and their draw: a multi-node replica is counted whole.
     """
     budgets = facility.budgets
     if not budgets:
         return None
     return power_rejection_in(
         [
-            (budgets[d], use.get(d, budgets[d].other_watts), pending.get(d, 0.0) if pending else 0.0)
+            (budgets[d], use.get(d, budgets[d].other_watts), *(pending.get(d, (0.0, 0.0)) if pending else (0.0, 0.0)))
             for d in node.domains
             if d in budgets
         ],
         draw,
+        node_use_added_watts(node.placed_watts, node.measured_watts, draw, facility.settings),
         facility.settings.margin,
     )
 
 
 def power_rejection_in(
-    domains: Iterable[tuple[Budget, float, float]], draw: float | None, margin: float
+    domains: Iterable[tuple[Budget, float, float, float]], draw: float | None, added: float, margin: float
 ) -> str | None:
-    """The refusal for the first of (budget, use, draw of the replica's other shards there) passed."""
-    need = draw or 0
-    for budget, before, taken in domains:
-        if would_pass_limit(before, taken + need, budget.limit_watts(margin)):
-            if taken:
-                return power_refusal(
-                    budget, use_watts=before, need_watts=taken + need, margin=margin, combined=True
-                )
-            return power_refusal(budget, use_watts=before, need_watts=draw, margin=margin)
+    """The refusal for the first domain whose use after the shard passes its limit, or None.
+
+    Each domain comes as (budget, use before the replica, what the replica's other shards there add
+    to it, their draw); ``added`` is what this shard adds (:func:`facility.power.node_use_added_watts`).
+    """
+    for budget, before, taken_added, taken_draw in domains:
+        after = before + taken_added + added
+        if would_pass_limit(after, budget.limit_watts(margin)):
+            return power_refusal(
+                budget,
+                use_watts=before,
+                after_watts=after,
+                draw_watts=taken_draw + (draw or 0),
+                margin=margin,
+                combined=bool(taken_draw),
+            )
     return None
 
 
@@ -452,7 +461,7 @@ def _plan_multi(
                 rejections[node.name] = too_few
             continue
         chosen: list[tuple[NodeView, float | None]] = []
-        pending: dict[Domain, float] = {}
+        pending: dict[Domain, tuple[float, float]] = {}
         for node in sorted(members, key=lambda n: keys[n.name]):
             draw = draw_of(node, profile, facility.settings)
             alone = power_rejection(node, draw, facility, use)
@@ -466,9 +475,11 @@ def _plan_multi(
                 rejections[node.name] = together
                 continue
             chosen.append((node, draw))
+            added = node_use_added_watts(node.placed_watts, node.measured_watts, draw, facility.settings)
             for domain in node.domains:
                 if domain in facility.budgets:
-                    pending[domain] = pending.get(domain, 0.0) + (draw or 0)
+                    taken_added, taken_draw = pending.get(domain, (0.0, 0.0))
+                    pending[domain] = (taken_added + added, taken_draw + (draw or 0))
         if len(chosen) < wanted:
             for node, _ in chosen:
                 rejections[node.name] = too_few

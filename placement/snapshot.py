@@ -38,7 +38,7 @@ _NODE_FIELDS = (
     "cordoned",
     "heartbeat_interval_seconds",
     "last_heartbeat_at",
-    "measured_watts",
+    "measured_peak_watts",
     "sensors_at",
     "cpu_cores_allocated",
     "memory_gib_allocated",
@@ -88,7 +88,7 @@ def facility_view() -> FacilityView:
 
 
 def _measured(row: dict, now: datetime) -> float | None:
-    return fresh_measured_watts(row["measured_watts"], row["sensors_at"], now, measured_fresh_seconds())
+    return fresh_measured_watts(row["measured_peak_watts"], row["sensors_at"], now, measured_fresh_seconds())
 
 
 def _ready(row: dict, now: datetime) -> bool:

@@ -81,7 +81,7 @@ def test_a_shard_that_would_pass_the_rack_limit_waits_with_the_figures(capsys, j
     join_node("gpu02", rack="r1")
     budget_set(domain="rack:r1", cap_watts=8000)
     apply("m", 2, gpus=8)
-    refusal = "rack r1: 6.3 kW of a 7.2 kW limit (8.0 kW cap less 10%) in use, the shard needs ~5.6 kW"
+    refusal = "rack r1: 6.3 kW of a 7.2 kW limit (8.0 kW cap less 10%) in use, 11.9 kW with the shard (~5.6 kW)"
     [first, second] = selectors.replica_rows(model="m")
     assert first["nodes"] == ["gpu01"]
     assert second["reason"] == f"no node fits (2 nodes): 1 × gpu: 8 requested, 0 free; 1 × {refusal}"
@@ -146,7 +146,7 @@ def test_two_shards_in_one_rack_do_not_both_take_its_last_kilowatts(join_node):
     replica.refresh_from_db()
     assert replica.state == "pending"
     assert replica.explain["conflicts"] == [
-        "gpu02: rack r1: 6.3 kW of a 7.2 kW limit (8.0 kW cap less 10%) in use, the shard needs ~5.6 kW"
+        "gpu02: rack r1: 6.3 kW of a 7.2 kW limit (8.0 kW cap less 10%) in use, 11.9 kW with the shard (~5.6 kW)"
     ]
     assert replica.reason == "no node fits (2 nodes): 1 × excluded (lost a race); 1 × needs pool = y"
 

@@ -184,7 +184,7 @@ def test_power_refusal_names_the_domain_and_figures():
     result = plan(request(4), [target, others], fac)
     assert isinstance(result, NoFit)
     assert result.rejections["a"] == (
-        "rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW"
+        "rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 17.0 kW with the shard (~2.8 kW)"
     )
 
 
@@ -197,11 +197,20 @@ def test_power_uses_the_cards_reported_limit_and_other_watts():
 
 def test_fresh_measurement_above_placed_counts():
     fac = facility(budgets=[Budget(RACK, 10000)], margin=0)
-    # Placed 0, measured 7000: 350 + 7000 = 7350 in use; a 2.8 kW shard takes it to 10.15 kW.
-    assert reason(request(4), node("a", rack="r12-07", measured=7000), fac) == (
-        "rack r12-07: 7.3 kW of a 10.0 kW limit (10.0 kW cap less 0%) in use, the shard needs ~2.8 kW"
+    # Another node measuring 7000 (nothing placed): 350 + 7000 + 350 = 7.7 kW in use; 2.8 kW more is 10.5.
+    busy = node("b", rack="r12-07", free=0, measured=7000)
+    result = plan(request(4), [node("a", rack="r12-07"), busy], fac)
+    assert result.rejections["a"] == (
+        "rack r12-07: 7.7 kW of a 10.0 kW limit (10.0 kW cap less 0%) in use, 10.5 kW with the shard (~2.8 kW)"
     )
-    assert chosen(plan(request(4), [node("a", rack="r12-07", measured=6800)], fac)) == ["a"]
+    assert chosen(plan(request(4), [node("a", rack="r12-07"), node("b", rack="r12-07", free=0, measured=6500)], fac)) == ["a"]
+    # On the node itself the shard's draw is what the measurement already reads, not on top of it:
+    # placed 7000 + 2800 against a reading of 8000 takes the term from 8000 to 9800 (10.15 kW).
+    assert reason(request(4), node("a", rack="r12-07", placed=7000, measured=8000), fac) == (
+        "rack r12-07: 8.3 kW of a 10.0 kW limit (10.0 kW cap less 0%) in use, 10.2 kW with the shard (~2.8 kW)"
+    )
+    # An idle node reading 7000 takes a 2.8 kW shard: its term stays 7000, nothing counted twice.
+    assert chosen(plan(request(4), [node("a", rack="r12-07", measured=7000)], fac)) == ["a"]
     # A measurement below what is placed changes nothing.
     assert chosen(plan(request(4), [node("a", rack="r12-07", placed=6800, measured=100)], fac)) == ["a"]
 
@@ -221,7 +230,7 @@ def test_power_checks_every_budgeted_domain_of_the_node():
     pdu = Domain("pdu", "p1")
     fac = facility(budgets=[Budget(RACK, 100000), Budget(pdu, 3000)], margin=0)
     assert reason(request(4), node("a", rack="r12-07", pdu="p1"), fac) == (
-        "pdu p1: 0.3 kW of a 3.0 kW limit (3.0 kW cap less 0%) in use, the shard needs ~2.8 kW"
+        "pdu p1: 0.3 kW of a 3.0 kW limit (3.0 kW cap less 0%) in use, 3.1 kW with the shard (~2.8 kW)"
     )
 
 
@@ -398,7 +407,7 @@ def test_multi_node_shards_are_counted_together():
     assert result.rejections == {
         "a": "no fabric with 2 nodes that fit",
         "b": "rack r12-07: 0.7 kW of a 5.0 kW limit (5.0 kW cap less 0%) in use, "
-        "the replica's shards need ~5.6 kW here",
+        "6.3 kW with the replica's shards here (~5.6 kW)",
     }
 
 
@@ -431,7 +440,7 @@ def test_headroom_respects_power_and_stops_at_the_limit():
     assert result.fits == 3
     assert result.why_not == (
         "no node fits (2 nodes): 2 × rack r12-07: 4.9 kW of a 6.0 kW limit (6.0 kW cap less 0%) in use, "
-        "the shard needs ~1.4 kW"
+        "6.3 kW with the shard (~1.4 kW)"
     )
     assert headroom(request(1), nodes, NO_FACILITY, limit=5) == Headroom(fits=5, why_not=None)
 

@@ -10,6 +10,7 @@ from facility.power import (
     NodePower,
     domain_power,
     domain_use_watts,
+    node_use_added_watts,
     node_use_watts,
     power_refusal,
     shard_draw_watts,
@@ -105,38 +106,49 @@ def test_domain_power_over_its_limit():
 
 
 def test_landing_exactly_on_the_limit_fits():
-    assert not would_pass_limit(11600, 2800, 14400)
-    assert would_pass_limit(11601, 2800, 14400)
-    assert would_pass_limit(14500, 0, 14400)
+    assert not would_pass_limit(14400, 14400)
+    assert would_pass_limit(14401, 14400)
+    assert would_pass_limit(14500, 14400)
+
+
+def test_a_shard_adds_only_what_passes_the_nodes_measurement():
+    # Idle node measuring 700 W, nothing placed: a 5.6 kW shard takes its term from 700 to 5600.
+    assert node_use_added_watts(0, 700, 5600, SETTINGS) == 4900
+    # Measured above placed + shard: the shard adds nothing the sensors do not already read.
+    assert node_use_added_watts(1000, 9000, 2800, SETTINGS) == 0
+    # No measurement (or one below what is placed): the whole draw.
+    assert node_use_added_watts(2000, None, 2800, SETTINGS) == 2800
+    assert node_use_added_watts(2000, 1500, 2800, SETTINGS) == 2800
+    assert node_use_added_watts(2000, 700, None, SETTINGS) == 0
 
 
 def test_refusal_text_is_exact():
-    text = power_refusal(Budget(RACK, 16000), use_watts=14200, need_watts=2800, margin=0.1)
-    assert (
-        text
-        == "rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, the shard needs ~2.8 kW"
+    text = power_refusal(Budget(RACK, 16000), use_watts=14200, after_watts=16300, draw_watts=2800, margin=0.1)
+    assert text == (
+        "rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard (~2.8 kW)"
     )
 
 
 def test_refusal_text_for_a_replicas_shards_together():
-    text = power_refusal(Budget(RACK, 16000), use_watts=9000, need_watts=5600, margin=0.1, combined=True)
+    text = power_refusal(
+        Budget(RACK, 16000), use_watts=9000, after_watts=14600, draw_watts=5600, margin=0.1, combined=True
+    )
     assert text == (
         "rack r12-07: 9.0 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, "
-        "the replica's shards need ~5.6 kW here"
+        "14.6 kW with the replica's shards here (~5.6 kW)"
     )
 
 
 def test_refusal_text_with_a_fractional_margin_and_a_pdu():
     pdu = Domain("pdu", "r12-07-a")
-    text = power_refusal(Budget(pdu, 7400), use_watts=6000, need_watts=700, margin=0.125)
-    assert (
-        text
-        == "pdu r12-07-a: 6.0 kW of a 6.5 kW limit (7.4 kW cap less 12.5%) in use, the shard needs ~0.7 kW"
+    text = power_refusal(Budget(pdu, 7400), use_watts=6000, after_watts=6700, draw_watts=700, margin=0.125)
+    assert text == (
+        "pdu r12-07-a: 6.0 kW of a 6.5 kW limit (7.4 kW cap less 12.5%) in use, 6.7 kW with the shard (~0.7 kW)"
     )
 
 
 def test_refusal_of_an_unknown_draw_in_a_domain_already_past_its_limit():
-    text = power_refusal(Budget(RACK, 16000), use_watts=15000, need_watts=None, margin=0.1)
+    text = power_refusal(Budget(RACK, 16000), use_watts=15000, after_watts=15000, draw_watts=None, margin=0.1)
     assert text == "rack r12-07: 15.0 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, already past it"
 
 
@@ -152,3 +164,17 @@ def test_the_near_limit_alert_fires_on_the_share_the_console_calls_near():
     near = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "LlmgwDomainNearPowerLimit")
     share = float(re.search(r">\s*([0-9.]+)\s*$", near["expr"]).group(1))
     assert share == NEAR_LIMIT_SHARE
+
+
+def test_the_measured_peak_is_the_highest_reading_of_the_window():
+    from facility.power import measured_peak
+
+    buckets, peak = measured_peak([], 650.0, 1000.0, 900.0)
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, 120.0, 1030.0, 900.0)  # a dip does not lower it
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, None, 1500.0, 900.0)  # no reading: the window's still counts
+    assert peak == 650.0
+    buckets, peak = measured_peak(buckets, 200.0, 1000.0 + 900.0 + 60.0, 900.0)  # the burst left the window
+    assert peak == 200.0
+    assert measured_peak([], None, 0.0, 900.0) == ([], None)
