@@ -184,7 +184,7 @@ def run_concurrently(models: list, processes: int, nodes: int) -> None:
 
     from django.db import connections
 
-    from agents.models import GPU
+    from placement.models import GpuBooking
 
     connections.close_all()
     shares = [models[i::processes] for i in range(processes)]
@@ -194,7 +194,7 @@ def run_concurrently(models: list, processes: int, nodes: int) -> None:
     wall = time.perf_counter() - started
     timings = [t for result in results for t in result[0]]
     conflicts = sum(result[1] for result in results)
-    booked = GPU.objects.filter(shard__isnull=False).count()
+    booked = GpuBooking.objects.count()
     print(
         f"{nodes} nodes, {processes} placers at once: {len(timings)} committed placements in {wall:.2f} s, "
         f"{len(timings) / wall:,.0f} placements/s, p50 {percentile(timings, 0.5) * 1000:.2f} ms, "
@@ -247,9 +247,9 @@ def main() -> None:
     timings, built, conflicts, left = place_all(models)
     if args.profile:
         profiler.disable()
-    from agents.models import GPU
+    from placement.models import GpuBooking
 
-    booked = GPU.objects.filter(shard__isnull=False).count()
+    booked = GpuBooking.objects.count()
     print(
         f"{args.nodes} nodes: index built in {built * 1000:.0f} ms; {len(timings)} committed placements "
         f"(plan + guarded commit on PostgreSQL), {len(timings) / sum(timings):,.0f} placements/s, "

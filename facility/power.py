@@ -120,17 +120,21 @@ def node_use_watts(placed_watts: float, measured_watts: float | None, settings: 
     return (settings.node_watts or 0) + max(placed_watts, measured_watts or 0)
 
 
-def node_draw_sql(alias: str) -> str:
+def node_draw_sql(alias: str, *, placed: str | None = None) -> str:
     """:func:`node_use_watts` less ``node_watts``, as SQL on a node row ``alias``, for sums in the database.
+
+    ``placed`` is the SQL of the node's placed watts (placement keeps them in its own table, joined by
+    the caller); ``{alias}.placed_watts`` when not given.
 
     Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
     :func:`fresh_measured_watts` and ``max(placed, measured or 0)`` in one expression. Portable SQL
     (PostgreSQL and SQLite). A test holds it equal to the Python rule on varied rows.
     """
     n = alias
+    p = placed or f"{n}.placed_watts"
     return (
         f"CASE WHEN {n}.measured_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
-        f"AND {n}.measured_watts > {n}.placed_watts THEN {n}.measured_watts ELSE {n}.placed_watts END"
+        f"AND {n}.measured_watts > {p} THEN {n}.measured_watts ELSE {p} END"
     )
 
 
