@@ -20,25 +20,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BENCH_DB = "llmgw_bench_bulk"
 GPUS_PER_NODE = 8
-
-
-def postgres_database(base_url: str) -> str:
-    """Drop and create the bench database on the server of ``base_url``; its URL."""
-    import psycopg
-
-    parts = urlparse(base_url)
-    admin = urlunparse(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunparse(parts._replace(path=f"/{BENCH_DB}"))
 
 
 def load(replicas: int) -> None:
@@ -86,8 +73,10 @@ def run(backend: str, replicas: int) -> None:
     os.environ["LLMGW_DB_POOL"] = "false"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     if backend == "postgresql":
-        os.environ["DATABASE_URL"] = postgres_database(
-            os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
+        from bench.placements import bench_database
+
+        os.environ["DATABASE_URL"] = bench_database(
+            os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw"), BENCH_DB
         )
     else:
         os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='llmgw-bulk-')}/llmgw.sqlite3"

@@ -30,16 +30,16 @@ MODELS = 20
 BENCH_DB = "llmgw_bench_placements"
 
 
-def bench_database(base_url: str) -> str:
-    """Drop and create the bench database on the server of ``base_url``; its URL."""
+def bench_database(base_url: str, name: str = BENCH_DB) -> str:
+    """Drop and create the bench database ``name`` on the server of ``base_url``; its URL."""
     import psycopg
 
     parts = urlparse(base_url)
     admin = urlunparse(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunparse(parts._replace(path=f"/{BENCH_DB}"))
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    return urlunparse(parts._replace(path=f"/{name}"))
 
 
 def load_cluster(count: int) -> None:
