@@ -6,7 +6,8 @@ The shape of a placement:
 2. in one transaction (a savepoint when nested): lock the replica, then the Budget rows of every
    domain its shards count against in sorted order, then the chosen nodes sorted by name; re-check
    against the locked rows (node ready, not cordoned, not held; domain power from the locked
-   figures; GPUs, cores and memory through guarded UPDATEs); write shards, GPU bookings, counters;
+   figures; GPUs through the unique (node, card) of GpuBooking, cores and memory through the guarded
+   write of NodeBooking); write shards, GPU bookings, node bookings;
 3. a failed re-check is a lost race: the transaction (savepoint) rolls back, the node is excluded, the
    index takes the fresh view of what changed, and the replica is planned again, at most
    :data:`MAX_ATTEMPTS` times.
