@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import admin
 
 from agents import services
 from agents.models import GPU, Node, NodeToken, StoreLabel
-from llmgw.errors import LlmgwError
+from facility.admin import ServiceForm
+from placement import selectors as placement_selectors
 
 
 class GPUInline(admin.TabularInline):
     model = GPU
     extra = 0
-    fields = ["index", "uuid", "model", "memory_gib", "power_limit_watts", "present", "shard"]
+    fields = ["index", "uuid", "model", "memory_gib", "power_limit_watts", "present", "booked_by"]
     readonly_fields = fields
     can_delete = False
+
+    @admin.display(description="booked by")
+    def booked_by(self, gpu: GPU) -> str:
+        return placement_selectors.gpu_bookers(node_id=gpu.node_id).get(gpu.index, "")
 
 
 @admin.register(Node)
@@ -33,26 +37,26 @@ class NodeAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # nodes join through their agent's heartbeat
 
+    @admin.display(description="placed watts")
+    def placed_watts(self, node: Node) -> float:
+        return placement_selectors.placed_watts(node_ids=[node.pk]).get(node.pk, 0.0)
+
     def save_model(self, request, obj, form, change):
         services.node_cordon(node_name=obj.name, cordoned=obj.cordoned, reason=obj.cordon_reason)
 
 
-class StoreLabelForm(forms.ModelForm):
+class StoreLabelForm(ServiceForm):
+    """A store label, checked by the service the API and ctl call (same words, on the form)."""
+
+    service_fields = {"node": "node_name", "labels": "value"}
+
     class Meta:
         model = StoreLabel
         fields = ["node_name", "key", "value"]
 
-    def clean(self):
-        from facility.domains import DomainError, validate_label
-
-        data = super().clean()
-        if "key" in data and "value" in data:
-            try:
-                services.clean_node_name(data.get("node_name"), field="node_name")
-                validate_label(data["key"], data["value"])
-            except (DomainError, LlmgwError) as exc:
-                self.add_error("value" if isinstance(exc, DomainError) else "node_name", str(exc))
-        return data
+    def service_check(self, data: dict) -> dict:
+        services.labels_check(node_name=data.get("node_name"), changes={data.get("key"): data.get("value")})
+        return {}
 
 
 @admin.register(StoreLabel)

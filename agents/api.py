@@ -29,6 +29,7 @@ from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
 from llmgw.api import ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
+from placement import selectors as placement_selectors
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
@@ -58,6 +59,7 @@ class NodeListView(ApiView):
 def node_detail(node: Node) -> dict:
     row = facility_nodes.node_rows(selectors.node_queryset().filter(pk=node.pk))[0]
     body = row.as_dict()
+    replicas = placement_selectors.gpu_replica_ids(node_id=node.pk)
     body.update(
         {
             "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
@@ -72,14 +74,14 @@ def node_detail(node: Node) -> dict:
                     "memory_gib": g.memory_gib,
                     "power_limit_watts": g.power_limit_watts,
                     "present": g.present,
-                    "replica": g.shard.replica_id if g.shard_id else None,
+                    "replica": replicas.get(g.index),
                 }
-                for g in node.gpus.select_related("shard").all()
+                for g in node.gpus.all()
             ],
             "sensors": node.sensors,
             "sensors_at": node.sensors_at.isoformat() if node.sensors_at else None,
             "measured_watts": node.measured_watts,
-            "placed_watts": node.placed_watts,
+            "placed_watts": placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0),
         }
     )
     return body

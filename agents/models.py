@@ -71,10 +71,6 @@ class Node(models.Model):
     # What the last heartbeat said of everything but its sensors: a heartbeat that says the same again
     # takes the fast path (one UPDATE of the readings).
     report_digest = models.CharField(max_length=32, blank=True)
-    # Kept by the guarded commit of placement, so free room needs no sum over shards.
-    cpu_cores_allocated = models.PositiveIntegerField(default=0)
-    memory_gib_allocated = models.FloatField(default=0)
-    placed_watts = models.FloatField(default=0)
     weights = models.JSONField(default=list, blank=True, help_text="Models whose weights the node holds.")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -99,7 +95,7 @@ class Node(models.Model):
 
 
 class GPU(models.Model):
-    """One card of a node, as NVML reports it; `shard` is who has it booked."""
+    """One card of a node, as NVML reports it (who has it booked is placement's: its GPU bookings)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveIntegerField()
@@ -108,9 +104,6 @@ class GPU(models.Model):
     memory_gib = models.FloatField(null=True, blank=True)
     power_limit_watts = models.FloatField(null=True, blank=True)
     present = models.BooleanField(default=True, help_text="False once the agent stops reporting it.")
-    shard = models.ForeignKey(
-        "placement.Shard", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus"
-    )
 
     class Meta:
         ordering = ["node", "index"]

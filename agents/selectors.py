@@ -13,7 +13,6 @@ from agents.models import Node, NodeDomain, StoreLabel
 def node_queryset() -> QuerySet[Node]:
     return Node.objects.annotate(
         gpus_total=Count("gpus", filter=Q(gpus__present=True), distinct=True),
-        gpus_free=Count("gpus", filter=Q(gpus__present=True, gpus__shard__isnull=True), distinct=True),
     ).prefetch_related(Prefetch("domains", queryset=NodeDomain.objects.order_by("domain")))
 
 

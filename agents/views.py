@@ -27,6 +27,7 @@ from facility.models import Hold
 from facility.nodes import NodeRow, node_rows
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
+from placement import selectors as placement_selectors
 
 PAGE_SIZE = 100
 
@@ -113,12 +114,9 @@ def _sort_keys(queryset, lines, column: str) -> dict[int, Any]:
     """The value each node sorts by in a column other than name and state."""
     pks = [line.pk for line in lines]
     if column == "gpus":
-        counts = (
-            Node.objects.filter(pk__in=pks)
-            .annotate(free=Count("gpus", filter=Q(gpus__present=True, gpus__shard__isnull=True)))
-            .values_list("pk", "free")
-        )
-        return dict(counts)
+        totals = Node.objects.filter(pk__in=pks).annotate(n=Count("gpus", filter=Q(gpus__present=True)))
+        booked = placement_selectors.booked_gpus(pks)
+        return {pk: total - booked.get(pk, 0) for pk, total in totals.values_list("pk", "n")}
     if column == "where":
         from facility.domains import location_text
 
@@ -192,7 +190,8 @@ def gpu_lines(node: Node) -> list[dict[str, Any]]:
     """Each card with its live readings next to its inventory, and the replica that has it booked."""
     readings = {g.get("index"): g for g in (node.sensors or {}).get("gpus") or []}
     out = []
-    for gpu in node.gpus.select_related("shard__replica__model").all():
+    bookers = placement_selectors.gpu_bookers(node_id=node.pk)
+    for gpu in node.gpus.all():
         reading = readings.get(gpu.index, {})
         limit = reading.get("power_limit_watts", gpu.power_limit_watts)
         power = reading.get("power_watts")
@@ -208,7 +207,7 @@ def gpu_lines(node: Node) -> list[dict[str, Any]]:
                 "power_limit_watts": limit,
                 "power_pct": round(100 * power / limit) if power is not None and limit else None,
                 "throttle_text": throttle_text(reading.get("throttle_reasons") or []),
-                "replica": str(gpu.shard.replica) if gpu.shard_id else "",
+                "replica": bookers.get(gpu.index, ""),
             }
         )
     return out
@@ -229,6 +228,7 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),
         "shards": list(shards),
+        "placed_watts": placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0),
         "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
     }
 

@@ -30,16 +30,16 @@ MODELS = 20
 BENCH_DB = "llmgw_bench_placements"
 
 
-def bench_database(base_url: str) -> str:
-    """Drop and create the bench database on the server of ``base_url``; its URL."""
+def bench_database(base_url: str, name: str = BENCH_DB) -> str:
+    """Drop and create the bench database ``name`` on the server of ``base_url``; its URL."""
     import psycopg
 
     parts = urlparse(base_url)
     admin = urlunparse(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunparse(parts._replace(path=f"/{BENCH_DB}"))
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    return urlunparse(parts._replace(path=f"/{name}"))
 
 
 def load_cluster(count: int) -> None:
@@ -184,7 +184,7 @@ def run_concurrently(models: list, processes: int, nodes: int) -> None:
 
     from django.db import connections
 
-    from agents.models import GPU
+    from placement.models import GpuBooking
 
     connections.close_all()
     shares = [models[i::processes] for i in range(processes)]
@@ -194,7 +194,7 @@ def run_concurrently(models: list, processes: int, nodes: int) -> None:
     wall = time.perf_counter() - started
     timings = [t for result in results for t in result[0]]
     conflicts = sum(result[1] for result in results)
-    booked = GPU.objects.filter(shard__isnull=False).count()
+    booked = GpuBooking.objects.count()
     print(
         f"{nodes} nodes, {processes} placers at once: {len(timings)} committed placements in {wall:.2f} s, "
         f"{len(timings) / wall:,.0f} placements/s, p50 {percentile(timings, 0.5) * 1000:.2f} ms, "
@@ -247,9 +247,9 @@ def main() -> None:
     timings, built, conflicts, left = place_all(models)
     if args.profile:
         profiler.disable()
-    from agents.models import GPU
+    from placement.models import GpuBooking
 
-    booked = GPU.objects.filter(shard__isnull=False).count()
+    booked = GpuBooking.objects.count()
     print(
         f"{args.nodes} nodes: index built in {built * 1000:.0f} ms; {len(timings)} committed placements "
         f"(plan + guarded commit on PostgreSQL), {len(timings) / sum(timings):,.0f} placements/s, "

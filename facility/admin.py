@@ -15,9 +15,20 @@ class ServiceForm(forms.ModelForm):
     """Runs the service's check in clean(), so a refusal shows on the form in the service's words (the
     API's and ctl's) and nothing is saved; the model's own validators are not run, so no second wording."""
 
+    # The service's name of a field (its first part) → the form's, where they differ.
+    service_fields: dict[str, str] = {}
+
     def service_check(self, data: dict) -> dict:
         """The service's checked values for the form's data; raises LlmgwError naming the field."""
         raise NotImplementedError
+
+    def form_field(self, field: str | None) -> str | None:
+        """The form field a refusal of the service's ``field`` shows on (None: on the form)."""
+        if not field or field in self.fields:
+            return field
+        head, _, _ = field.partition(".")
+        mapped = self.service_fields.get(head, field.rpartition(".")[2])
+        return mapped if mapped in self.fields else None
 
     def clean(self):
         data = super().clean()
@@ -26,8 +37,7 @@ class ServiceForm(forms.ModelForm):
         try:
             data.update(self.service_check(data))
         except LlmgwError as exc:
-            field = exc.field if exc.field in self.fields else None
-            self.add_error(field, exc.message)
+            self.add_error(self.form_field(exc.field), exc.message)
         return data
 
     def _post_clean(self):

@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from agents import bookings
 from agents.models import Node
 from agents.selectors import node_queryset
 from facility.domains import LABEL_PREFIX, LEVELS, location_text
@@ -82,8 +83,10 @@ def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = No
     holds = held_domains()
     now = timezone.now()
     rows = []
-    for node in qs:
+    nodes = list(qs)
+    booked = bookings.booked_gpus([node.pk for node in nodes])
+    for node in nodes:
         domains = [d.domain for d in node.domains.all()]
         state, hold = node_state(node, domains, holds, now)
-        rows.append(NodeRow(node, state, node.gpus_free, node.gpus_total, domains, hold))
+        rows.append(NodeRow(node, state, node.gpus_total - booked.get(node.pk, 0), node.gpus_total, domains, hold))
     return rows

@@ -182,17 +182,22 @@ def node_use_added_watts(
     return node_use_watts(placed_watts + (draw_watts or 0), measured_watts, settings) - before
 
 
-def node_draw_sql(alias: str) -> str:
+def node_draw_sql(alias: str, *, placed: str) -> str:
     """:func:`node_use_watts` less ``node_watts``, as SQL on a node row ``alias``, for sums in the database.
 
-    Reads the node's ``measured_peak_watts``. Takes one parameter: the oldest ``sensors_at`` still fresh (now minus the fresh seconds), so it is
+    ``placed`` is the SQL of the node's placed watts (placement keeps them in its own table, joined by
+    the caller).
+
+    Reads the node's ``measured_peak_watts``. Takes one parameter: the oldest ``sensors_at`` still fresh
+    (now minus the fresh seconds), so it is
     :func:`fresh_measured_watts` and ``max(placed, measured or 0)`` in one expression. Portable SQL
     (PostgreSQL and SQLite). A test holds it equal to the Python rule on varied rows.
     """
     n = alias
+    p = placed
     return (
         f"CASE WHEN {n}.measured_peak_watts IS NOT NULL AND {n}.sensors_at IS NOT NULL AND {n}.sensors_at >= %s "
-        f"AND {n}.measured_peak_watts > {n}.placed_watts THEN {n}.measured_peak_watts ELSE {n}.placed_watts END"
+        f"AND {n}.measured_peak_watts > {p} THEN {n}.measured_peak_watts ELSE {p} END"
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from agents import bookings
 from agents.models import Node, NodeDomain
 from facility import power
 from facility.domains import LEVELS, Domain, parse_domain
@@ -37,8 +38,9 @@ def facility_overview() -> dict[str, Any]:
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
-    for node in Node.objects.only("id", "placed_watts", "measured_peak_watts", "sensors_at"):
-        figures[node.pk] = power.NodePower(node.placed_watts, node.fresh_measured_watts(now))
+    placed = bookings.placed_watts()
+    for node in Node.objects.only("id", "measured_peak_watts", "sensors_at"):
+        figures[node.pk] = power.NodePower(placed.get(node.pk, 0.0), node.fresh_measured_watts(now))
     members: dict[str, list[int]] = defaultdict(list)
     names: dict[int, str] = dict(Node.objects.values_list("id", "name"))
     for node_id, domain in NodeDomain.objects.values_list("node_id", "domain"):

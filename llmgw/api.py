@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import DatabaseError
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from llmgw.errors import InvalidInput, LlmgwError
+from llmgw.errors import WRITE_CONFLICT_TEXT, InvalidInput, LlmgwError, is_write_conflict
 from llmgw.jsonguard import MAX_JSON_DEPTH
 from llmgw.parsers import BoundedJSONParser
 
@@ -78,6 +79,9 @@ def exception_handler(exc, context):
     """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape."""
     if isinstance(exc, LlmgwError):
         return Response({"field": None, **exc.as_dict()}, status=exc.status)
+    if isinstance(exc, DatabaseError) and is_write_conflict(exc):
+        # Every writer locks nodes in one order, so this is rare; the client may simply try again.
+        return Response({"detail": WRITE_CONFLICT_TEXT, "field": None}, status=status.HTTP_409_CONFLICT)
     response = drf_exception_handler(exc, context)
     if response is None or not isinstance(response.data, dict):
         return response

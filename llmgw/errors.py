@@ -33,3 +33,21 @@ class NotFound(LlmgwError):
 
 class Conflict(LlmgwError):
     status = 409
+
+
+# SQLSTATEs of a write that lost to another at the same time: deadlock, serialization, lock not available.
+WRITE_CONFLICT_STATES = frozenset({"40P01", "40001", "55P03"})
+WRITE_CONFLICT_TEXT = "the write conflicted with another one at the same time; nothing was changed, try again"
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """A database error that says another writer was in the way (PostgreSQL deadlock or serialization,
+    SQLite's "database is locked"): worth a retry, and a 409 to a client, never a 500."""
+    for error in (exc, exc.__cause__):
+        if error is None:
+            continue
+        if getattr(error, "sqlstate", None) in WRITE_CONFLICT_STATES:
+            return True
+        if "database is locked" in str(error) or "deadlock detected" in str(error):
+            return True
+    return False

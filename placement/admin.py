@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import admin
 
+from facility.admin import ServiceForm
 from llmgw.errors import LlmgwError
 from placement import documents, services
 from placement.models import Model, Replica, Shard
@@ -19,19 +19,16 @@ def document_of(data: dict) -> dict:
     return {"kind": "Model", "name": data.get("name"), "replicas": data.get("replicas"), "profile": profile}
 
 
-class ModelForm(forms.ModelForm):
+class ModelForm(ServiceForm):
+    """A model, checked as the document the API and ctl apply (same words, on the form)."""
+
     class Meta:
         model = Model
         fields = ["name", "replicas", *PROFILE_FIELDS]
 
-    def clean(self):
-        data = super().clean()
-        try:
-            documents.parse_model_document(document_of(data))
-        except documents.DocumentError as bad:  # the document's own refusal, shown on the form
-            field = bad.path[-1] if bad.path and bad.path[-1] in self.fields else None
-            self.add_error(field, bad.whole or bad.message)
-        return data
+    def service_check(self, data: dict) -> dict:
+        documents.model_parse(data=document_of(data))
+        return {}
 
 
 @admin.register(Model)

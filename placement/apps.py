@@ -7,11 +7,11 @@ class PlacementConfig(AppConfig):
 
     def ready(self) -> None:
         # Placement listens to the layers below it; they never import placement (README, Architecture).
-        from agents import readings
+        from agents import bookings, readings
         from agents.signals import node_reported, nodes_changed
         from facility.signals import facility_changed
         from placement import receivers
-        from placement.selectors import all_assignments
+        from placement.selectors import all_assignments, booked_gpus, placed_watts
         from placement.signals import placement_changed
 
         facility_changed.connect(receivers.reconcile_on_change, dispatch_uid="placement-reconcile-on-facility")
@@ -19,4 +19,6 @@ class PlacementConfig(AppConfig):
         node_reported.connect(receivers.record_report, dispatch_uid="placement-record-report")
         # The heartbeat's answer: what each node must run comes from placement, cached by the node layer.
         readings.register_assignments_provider(all_assignments)
+        # What is booked on each node: placement's tables, read for the node list and facility power.
+        bookings.register_booking_readers(booked_gpus=booked_gpus, placed_watts=placed_watts)
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")

@@ -6,7 +6,8 @@ The shape of a placement:
 2. in one transaction (a savepoint when nested): lock the replica, then the Budget rows of every
    domain its shards count against in sorted order, then the chosen nodes sorted by name; re-check
    against the locked rows (node ready, not cordoned, not held; domain power from the locked
-   figures; GPUs, cores and memory through guarded UPDATEs); write shards, GPU bookings, counters;
+   figures; GPUs through the unique (node, card) of GpuBooking, cores and memory through the guarded
+   write of NodeBooking); write shards, GPU bookings, node bookings;
 3. a failed re-check is a lost race: the transaction (savepoint) rolls back, the node is excluded, the
    index takes the fresh view of what changed, and the replica is planned again, at most
    :data:`MAX_ATTEMPTS` times.
@@ -37,7 +38,7 @@ from facility.power import node_draw_sql, node_use_added_watts
 from placement import snapshot
 from placement.explain import pending_explain, placed_explain
 from placement.index import PlacementIndex
-from placement.models import Replica, ReplicaState, Shard
+from placement.models import GpuBooking, NodeBooking, Replica, ReplicaState, Shard
 from placement.planner import FacilityView, NoFit, Plan, ReplicaRequest, power_rejection_in
 from placement.signals import placement_changed_on_commit
 
@@ -107,18 +108,23 @@ def _locked_state(
         # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
         fresh_after = now - timedelta(seconds=measured_fresh_seconds())
         sql += (
-            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM({node_draw_sql('n')}) "
+            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, "
+            f"SUM({node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')}) "
             f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
+            f"LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
             f"WHERE nd.domain IN ({placeholders(domains)}) GROUP BY nd.domain"
         )
         params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
         # Each placed node's placed draw and its term less node_watts, by the same SQL rule: the check
         # is on the use after the shard, max(placed + shard, measured), as facility.power says it.
         sql += (
-            f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, n.placed_watts "
-            f"FROM {node_table} n WHERE n.name IN ({placeholders(names)})"
-            f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, {node_draw_sql('n')} "
-            f"FROM {node_table} n WHERE n.name IN ({placeholders(names)})"
+            f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
+            f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
+            f"WHERE n.name IN ({placeholders(names)})"
+            f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, "
+            f"{node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')} "
+            f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
+            f"WHERE n.name IN ({placeholders(names)})"
         )
         params += [*names, connection.ops.adapt_datetimefield_value(fresh_after), *names]
     cursor.execute(sql, params)
@@ -235,21 +241,31 @@ def _write_postgresql(
             RETURNING id, node_id
         ),
         g AS (
-            UPDATE {GPU._meta.db_table} AS gpu SET shard_id = s.id FROM s JOIN v ON v.node_id = s.node_id
-            WHERE gpu.node_id = s.node_id AND gpu.index = ANY(v.gpus) AND gpu.present AND gpu.shard_id IS NULL
-            RETURNING gpu.node_id
+            -- A card booked already (by a commit before this one, or one waited for) is a conflict on
+            -- the unique (node, index): not inserted, so not counted.
+            INSERT INTO {GpuBooking._meta.db_table} AS gb (shard_id, node_id, index)
+            SELECT s.id, s.node_id, gpu.index FROM s JOIN v ON v.node_id = s.node_id
+            JOIN {GPU._meta.db_table} AS gpu ON gpu.node_id = s.node_id AND gpu.index = ANY(v.gpus) AND gpu.present
+            ON CONFLICT (node_id, index) DO NOTHING
+            RETURNING gb.node_id
         ),
         n AS (
-            UPDATE {Node._meta.db_table} AS node SET
-                cpu_cores_allocated = node.cpu_cores_allocated + v.cores,
-                memory_gib_allocated = node.memory_gib_allocated + v.mem,
-                placed_watts = node.placed_watts + COALESCE(v.draw, 0)
-            FROM v, r
-            WHERE node.id = v.node_id AND node.cpu_cores >= node.cpu_cores_allocated + v.cores
-              AND node.memory_gib >= node.memory_gib_allocated + v.mem - 1e-9
-            RETURNING node.id
+            -- The node's first shard makes its booking row; later ones add to it. Either way the
+            -- guard is the node's capacity against what is booked with this shard.
+            INSERT INTO {NodeBooking._meta.db_table} AS nb (node_id, cpu_cores, memory_gib, placed_watts)
+            SELECT v.node_id, v.cores, v.mem, COALESCE(v.draw, 0)
+            FROM v JOIN {Node._meta.db_table} AS node ON node.id = v.node_id, r
+            WHERE node.cpu_cores >= v.cores AND node.memory_gib >= v.mem - 1e-9
+            ON CONFLICT (node_id) DO UPDATE SET
+                cpu_cores = nb.cpu_cores + EXCLUDED.cpu_cores,
+                memory_gib = nb.memory_gib + EXCLUDED.memory_gib,
+                placed_watts = nb.placed_watts + EXCLUDED.placed_watts
+            WHERE (SELECT node.cpu_cores >= nb.cpu_cores + EXCLUDED.cpu_cores
+                          AND node.memory_gib >= nb.memory_gib + EXCLUDED.memory_gib - 1e-9
+                   FROM {Node._meta.db_table} AS node WHERE node.id = nb.node_id)
+            RETURNING nb.node_id
         )
-        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT id FROM n), (SELECT COUNT(*) FROM r), {hold_guard}
+        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT node_id FROM n), (SELECT COUNT(*) FROM r), {hold_guard}
         """,
         [
             *params,
@@ -302,20 +318,27 @@ def _write_portable(replica_id: int, shards, ids: dict[str, int], explain, now: 
     for shard, row in zip(shards, created, strict=True):
         node_id = ids[shard.node]
         if shard.gpu_indices:
-            booked = GPU.objects.filter(
-                node_id=node_id, index__in=shard.gpu_indices, present=True, shard__isnull=True
-            ).update(shard_id=row.pk)
-            if booked != len(shard.gpu_indices):
+            present = list(
+                GPU.objects.filter(node_id=node_id, index__in=shard.gpu_indices, present=True).values_list(
+                    "index", flat=True
+                )
+            )
+            # A card booked already is a conflict on the unique (node, index): left as it was.
+            GpuBooking.objects.bulk_create(
+                [GpuBooking(shard_id=row.pk, node_id=node_id, index=i) for i in present], ignore_conflicts=True
+            )
+            if GpuBooking.objects.filter(shard_id=row.pk).count() != len(shard.gpu_indices):
                 raise LostRace(
                     shard.node, f"{shard.node}: GPUs {_indices(shard.gpu_indices)} were booked meanwhile"
                 )
-        updated = Node.objects.filter(
-            pk=node_id,
-            cpu_cores__gte=F("cpu_cores_allocated") + shard.cpu_cores,
-            memory_gib__gte=F("memory_gib_allocated") + shard.memory_gib - 1e-9,
+        NodeBooking.objects.bulk_create([NodeBooking(node_id=node_id)], ignore_conflicts=True)
+        updated = NodeBooking.objects.filter(
+            node_id=node_id,
+            node__cpu_cores__gte=F("cpu_cores") + shard.cpu_cores,
+            node__memory_gib__gte=F("memory_gib") + shard.memory_gib - 1e-9,
         ).update(
-            cpu_cores_allocated=F("cpu_cores_allocated") + shard.cpu_cores,
-            memory_gib_allocated=F("memory_gib_allocated") + shard.memory_gib,
+            cpu_cores=F("cpu_cores") + shard.cpu_cores,
+            memory_gib=F("memory_gib") + shard.memory_gib,
             placed_watts=F("placed_watts") + (shard.draw_watts or 0),
         )
         if updated != 1:

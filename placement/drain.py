@@ -27,7 +27,7 @@ from facility.models import Hold
 from placement import snapshot
 from placement.commit import replica_place
 from placement.models import Model, Replica, ReplicaState, Shard
-from placement.services import replica_free
+from placement.services import replicas_free
 
 
 def draining_nodes() -> dict[int, str]:
@@ -68,21 +68,22 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
 
     # A replacement whose original no longer drains (released, uncordoned) is not needed: the drain stopped.
     freed: set[str] = set()
+    # Everything this step stops is freed at once: one lock of all their nodes, in the global order.
+    stopping: list[Replica] = []
     for replacement in replacements:
         if replacement.replaces_id not in on_draining:
-            freed |= _nodes_of(replacement)
-            replica_free(replica=replacement)
-            run.removed += 1
+            stopping.append(replacement)
     replacements = [r for r in replacements if r.replaces_id in on_draining]
 
     in_flight = None
     for replacement in replacements:
         if _ready_long_enough(replacement, model, run.now):
-            freed |= _nodes_of(replacement.replaces)
-            replica_free(replica=replacement.replaces)  # the old one stops; the new one takes over
-            run.removed += 1
+            stopping.append(replacement.replaces)  # the old one stops; the new one takes over
         else:
             in_flight = replacement
+    for replica in stopping:
+        freed |= _nodes_of(replica)
+    run.removed += replicas_free(replica_ids=[replica.pk for replica in stopping])
     run.refresh(freed)
     if in_flight is not None:
         return  # one at a time per model: the replacement is placed (or pending) and not yet ready

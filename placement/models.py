@@ -76,7 +76,7 @@ class Replica(models.Model):
 
 
 class Shard(models.Model):
-    """A replica's share of one node: the GPUs (booked through GPU.shard), cores, memory and draw."""
+    """A replica's share of one node: the GPUs (booked through GpuBooking), cores, memory and draw."""
 
     replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
     node = models.ForeignKey("agents.Node", on_delete=models.PROTECT, related_name="shards")
@@ -96,3 +96,33 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.replica} on {self.node.name}"
+
+
+class GpuBooking(models.Model):
+    """One GPU of a node booked by a shard: a card is booked at most once, by the unique constraint."""
+
+    shard = models.ForeignKey(Shard, on_delete=models.CASCADE, related_name="gpu_bookings")
+    node = models.ForeignKey("agents.Node", on_delete=models.CASCADE, related_name="+")
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_booked_once")]
+
+    def __str__(self) -> str:
+        return f"gpu{self.index} of node {self.node_id} for shard {self.shard_id}"
+
+
+class NodeBooking(models.Model):
+    """What a node's shards book in all: kept by the guarded commit and freeing, so room needs no sum.
+
+    A node without a row has nothing booked; the commit makes the row on the node's first shard.
+    """
+
+    node = models.OneToOneField("agents.Node", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_gib = models.FloatField(default=0)
+    placed_watts = models.FloatField(default=0)
+
+    def __str__(self) -> str:
+        return f"booked on node {self.node_id}"

@@ -20,7 +20,7 @@ from placement.commit import replica_place
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
-from placement.services import replica_free
+from placement.services import replicas_free
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,10 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
             )
             run.created += missing
         elif missing < 0:
-            for replica in reversed(replicas[locked.replicas :]):
-                freed.update(Shard.objects.filter(replica=replica).values_list("node__name", flat=True))
-                replica_free(replica=replica)
-                run.removed += 1
+            # The newest beyond the count, all in one set-based free (one lock of all their nodes).
+            doomed = [replica.pk for replica in replicas[locked.replicas :]]
+            freed.update(Shard.objects.filter(replica_id__in=doomed).values_list("node__name", flat=True).distinct())
+            run.removed += replicas_free(replica_ids=doomed)
     run.refresh(freed)
 
 

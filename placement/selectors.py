@@ -9,11 +9,12 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
 
 from llmgw.errors import NotFound
 from placement import index, snapshot
-from placement.models import Model, Replica, ReplicaState, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
 
 HEADROOM_LIMIT = 1000
 # Replica states that hold shards.
@@ -302,6 +303,42 @@ def node_assignments(node) -> list[dict]:
     """
     shards = Shard.objects.filter(**({"node__name": node} if isinstance(node, str) else {"node": node}))
     return [item for _, item in _assignment_rows(shards)]
+
+
+def booked_gpus(node_ids: Iterable[int]) -> dict[int, int]:
+    """Node id → how many of its present GPUs are booked (nodes with none booked are absent)."""
+    from agents.models import GPU
+
+    booked = GpuBooking.objects.filter(node_id=OuterRef("node_id"), index=OuterRef("index"))
+    rows = (
+        GPU.objects.filter(node_id__in=list(node_ids), present=True)
+        .filter(Exists(booked))
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .values_list("node_id", "n")
+    )
+    return dict(rows)
+
+
+def placed_watts(node_ids: Iterable[int] | None = None) -> dict[int, float]:
+    """Node id → the declared draw its shards book (nodes that never had a shard are absent)."""
+    rows = NodeBooking.objects.all()
+    if node_ids is not None:
+        rows = rows.filter(node_id__in=list(node_ids))
+    return dict(rows.values_list("node_id", "placed_watts"))
+
+
+def gpu_bookers(*, node_id: int) -> dict[int, str]:
+    """A node's booked GPU indices → the replica that has each (``model#ordinal``)."""
+    rows = GpuBooking.objects.filter(node_id=node_id).values_list(
+        "index", "shard__replica__model__name", "shard__replica__ordinal"
+    )
+    return {index: f"{model}#{ordinal}" for index, model, ordinal in rows}
+
+
+def gpu_replica_ids(*, node_id: int) -> dict[int, int]:
+    """A node's booked GPU indices → the id of the replica that has each."""
+    return dict(GpuBooking.objects.filter(node_id=node_id).values_list("index", "shard__replica_id"))
 
 
 def all_assignments() -> dict[str, list[dict]]:

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F
 
-from agents.models import GPU, Node
+from agents.models import Node
 from llmgw.errors import NotFound
 from llmgw.yamldoc import read_text
 from placement import documents
 from placement.commit import placeholders
-from placement.models import Model, Replica, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
 from placement.signals import placement_changed_on_commit
 
 
@@ -81,12 +80,10 @@ def model_delete(*, name: str) -> int:
     model = Model.objects.select_for_update().filter(name=name).first()
     if model is None:
         raise NotFound(f"model {name!r} is not known", field="name")
-    replicas = list(Replica.objects.filter(model=model).order_by("-ordinal"))
-    for replica in replicas:
-        replica_free(replica=replica)
+    freed = replicas_free(replica_ids=Replica.objects.filter(model=model).values_list("pk", flat=True))
     model.delete()
     _request_reconcile()
-    return len(replicas)
+    return freed
 
 
 def _request_reconcile() -> None:
@@ -99,38 +96,60 @@ def _request_reconcile() -> None:
 # -- freeing ----------------------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def replica_free(*, replica: Replica) -> bool:
-    """Remove a replica and give back what its shards booked, in one transaction; False if already gone.
+    """Remove one replica and give back what its shards booked (:func:`replicas_free`); False if already gone."""
+    return replicas_free(replica_ids=[replica.pk]) == 1
 
-    Safe to call twice at once (two reconciles finishing one drain): the replica row is locked, and
-    only the shards this call deletes are given back.
+
+@transaction.atomic
+def replicas_free(*, replica_ids: Iterable[int]) -> int:
+    """Remove replicas and give back what their shards booked, in one transaction; how many were still there.
+
+    Set-based, whatever their number: the nodes of all their shards are locked at once, by name (the
+    one order every writer that locks nodes keeps: placements, holds, freeing), so freeing several
+    replicas never deadlocks with a hold or a placement; then the replica rows, then a few statements
+    delete bookings, shards and replicas and recount the nodes' booking rows. Safe to call twice at
+    once (two reconciles finishing one drain): the second finds the rows gone and gives back nothing.
     """
-    # Nodes first, by name, as a placement locks them (after budgets: freeing only lowers use).
-    node_ids = list(Shard.objects.filter(replica=replica).values_list("node_id", flat=True))
-    locked = set(nodes_lock(node_ids))
-    if not Replica.objects.select_for_update().filter(pk=replica.pk).exists():
-        return False  # freed meanwhile
-    shard_ids = list(Shard.objects.filter(replica=replica).values_list("id", flat=True))
-    if shard_ids:
-        GPU.objects.filter(shard_id__in=shard_ids).update(shard=None)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {Shard._meta.db_table} WHERE id IN ({placeholders(shard_ids)}) "
-                f"RETURNING node_id, cpu_cores, memory_gib, draw_watts",
-                shard_ids,
-            )
-            deleted = cursor.fetchall()
-        nodes_lock([row[0] for row in deleted if row[0] not in locked])  # placed between the two reads
-        for node_id, cores, memory, draw in deleted:
-            Node.objects.filter(pk=node_id).update(
-                cpu_cores_allocated=F("cpu_cores_allocated") - cores,
-                memory_gib_allocated=F("memory_gib_allocated") - memory,
-                placed_watts=F("placed_watts") - (draw or 0),
-            )
-    Replica.objects.filter(pk=replica.pk).delete()
+    ids = sorted(set(replica_ids))
+    if not ids:
+        return 0
+    shards = Shard.objects.filter(replica_id__in=ids)
+    locked = set(nodes_lock(shards.values_list("node_id", flat=True).distinct()))
+    present = list(Replica.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
+    if not present:
+        return 0  # freed meanwhile
+    node_ids = set(Shard.objects.filter(replica_id__in=present).values_list("node_id", flat=True).distinct())
+    # Placed between the two reads (the replica's lock waited for that commit): rare, and that placer
+    # is done, so these locks wait for nobody who waits for us.
+    nodes_lock(node_ids - locked)
+    GpuBooking.objects.filter(shard__replica_id__in=present).delete()
+    marks = placeholders(present)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Shard._meta.db_table} WHERE replica_id IN ({marks})", present)
+        bookings_recount(cursor, sorted(node_ids))
+        cursor.execute(
+            f"UPDATE {Replica._meta.db_table} SET replaces_id = NULL WHERE replaces_id IN ({marks})", present
+        )
+        cursor.execute(f"DELETE FROM {Replica._meta.db_table} WHERE id IN ({marks})", present)
     placement_changed_on_commit()
-    return True
+    return len(present)
+
+
+def bookings_recount(cursor, node_ids: list[int]) -> None:
+    """Set locked nodes' booking rows to the sums of the shards they still have (one statement)."""
+    if not node_ids:
+        return
+    shard, booking = Shard._meta.db_table, NodeBooking._meta.db_table
+
+    def total(column: str) -> str:
+        return f"COALESCE((SELECT SUM({column}) FROM {shard} s WHERE s.node_id = {booking}.node_id), 0)"
+
+    cursor.execute(
+        f"UPDATE {booking} SET cpu_cores = {total('s.cpu_cores')}, memory_gib = {total('s.memory_gib')}, "
+        f"placed_watts = {total('COALESCE(s.draw_watts, 0)')} WHERE node_id IN ({placeholders(node_ids)})",
+        node_ids,
+    )
 
 
 def nodes_lock(node_ids: Iterable[int]) -> list[int]:

@@ -21,7 +21,7 @@ from facility import selectors as facility_selectors
 from facility.domains import LEVELS, Domain, parse_domain
 from facility.models import Hold
 from facility.power import fresh_measured_watts
-from placement.models import Model, Replica, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
 from placement.planner import FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
 
@@ -40,9 +40,6 @@ _NODE_FIELDS = (
     "last_heartbeat_at",
     "measured_peak_watts",
     "sensors_at",
-    "cpu_cores_allocated",
-    "memory_gib_allocated",
-    "placed_watts",
     "weights",
 )
 
@@ -56,7 +53,7 @@ def gpu_model_of(product: str) -> str | None:
 def derived_labels(labels: dict[str, str], gpus: list[tuple]) -> dict[str, str]:
     """Effective labels plus the GPU attributes selectors ask for, where the node has no such label.
 
-    ``gpus`` holds ``(index, shard_id, power_limit_watts, product, memory_gib)`` of present cards.
+    ``gpus`` holds ``(index, booked, power_limit_watts, product, memory_gib)`` of present cards.
     """
     out = dict(labels)
     out.setdefault("gpu.count", str(len(gpus)))
@@ -96,7 +93,7 @@ def _ready(row: dict, now: datetime) -> bool:
 
 
 def node_views(*, names: Iterable[str] | None = None, now: datetime | None = None) -> list[NodeView]:
-    """Every node (or the named ones) as the planner sees it, from four queries whatever their number."""
+    """Every node (or the named ones) as the planner sees it, from six queries whatever their number."""
     now = now or timezone.now()
     nodes = Node.objects.all()
     if names is not None:
@@ -108,14 +105,20 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     gpu_rows = GPU.objects.filter(present=True)
     domain_rows = NodeDomain.objects.all()
     shard_rows = Shard.objects.all()
+    booked_rows = GpuBooking.objects.all()
+    booking_rows = NodeBooking.objects.all()
     if scoped:
         gpu_rows = gpu_rows.filter(node_id__in=ids)
         domain_rows = domain_rows.filter(node_id__in=ids)
         shard_rows = shard_rows.filter(node_id__in=ids)
-    for node_id, *rest in gpu_rows.order_by("node_id", "index").values_list(
-        "node_id", "index", "shard_id", "power_limit_watts", "model", "memory_gib"
+        booked_rows = booked_rows.filter(node_id__in=ids)
+        booking_rows = booking_rows.filter(node_id__in=ids)
+    booked = set(booked_rows.values_list("node_id", "index"))
+    for node_id, index, *rest in gpu_rows.order_by("node_id", "index").values_list(
+        "node_id", "index", "power_limit_watts", "model", "memory_gib"
     ):
-        gpus[node_id].append(tuple(rest))
+        gpus[node_id].append((index, (node_id, index) in booked, *rest))
+    bookings = {row[0]: row[1:] for row in booking_rows.values_list("node_id", "cpu_cores", "memory_gib", "placed_watts")}
     domains: dict[int, list[str]] = defaultdict(list)
     for node_id, domain in domain_rows.values_list("node_id", "domain"):
         domains[node_id].append(domain)
@@ -123,6 +126,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     views = []
     for row in rows:
         cards = gpus.get(row["id"], [])
+        cores, memory, placed = bookings.get(row["id"], (0, 0.0, 0.0))
         limits = [g[2] for g in cards if g[2] is not None]
         views.append(
             NodeView(
@@ -133,13 +137,13 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
                 domains=ordered_domains(domains.get(row["id"], ())),
                 fabric=row["fabric"] or None,
                 gpus_total=len(cards),
-                free_gpus=tuple(g[0] for g in cards if g[1] is None),
+                free_gpus=tuple(g[0] for g in cards if not g[1]),
                 cpu_cores_total=row["cpu_cores"],
-                cpu_cores_free=row["cpu_cores"] - row["cpu_cores_allocated"],
+                cpu_cores_free=row["cpu_cores"] - cores,
                 memory_gib_total=row["memory_gib"],
-                memory_gib_free=row["memory_gib"] - row["memory_gib_allocated"],
+                memory_gib_free=row["memory_gib"] - memory,
                 gpu_power_limit_watts=max(limits) if limits else None,
-                placed_watts=row["placed_watts"],
+                placed_watts=placed,
                 measured_watts=_measured(row, now),
                 weights=frozenset(w for w in (row["weights"] or []) if isinstance(w, str)),
                 replicas=replicas.get(row["id"], 0),

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
+
+from llmgw.errors import is_write_conflict
 
 log = logging.getLogger(__name__)
 
+
+# A reconcile that loses a write conflict (a deadlock, a locked database) runs again at once, this often.
+WRITE_CONFLICT_TRIES = 3
 
 # pg_try_advisory_lock key of the reconcile: one at a time across every worker.
 RECONCILE_LOCK = 0x6C6C6D67  # "llmg"
@@ -25,7 +31,7 @@ def reconcile() -> None:
     from placement.reconcile import reconcile_all
 
     if app.conf.task_always_eager or connection.vendor != "postgresql":
-        reconcile_all()
+        _with_retries(reconcile_all)
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
@@ -33,10 +39,28 @@ def reconcile() -> None:
             reconcile.apply_async(countdown=2, expires=60)
             return
     try:
-        reconcile_all()
+        _with_retries(reconcile_all)
+    except DatabaseError as exc:
+        if not is_write_conflict(exc):
+            raise
+        log.warning("reconcile lost a write conflict %d times; tried again in 1 s", WRITE_CONFLICT_TRIES)
+        reconcile.apply_async(countdown=1, expires=60)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
+
+
+def _with_retries(run) -> None:
+    """Run, and run again (up to WRITE_CONFLICT_TRIES in all) when another writer was in the way."""
+    for attempt in range(1, WRITE_CONFLICT_TRIES + 1):
+        try:
+            run()
+            return
+        except DatabaseError as exc:
+            if attempt == WRITE_CONFLICT_TRIES or not is_write_conflict(exc):
+                raise
+            log.info("reconcile met a write conflict (%s); trying again", exc)
+            time.sleep(0.05 * attempt)
 
 
 def _enqueue() -> None:

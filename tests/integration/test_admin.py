@@ -124,3 +124,63 @@ def test_delete_selected_holds_releases_them_through_the_service(admin_client, j
     assert not Hold.objects.exists()
     assert released == ["rack:r1"]  # the service: a reconcile (a drain stops) and live updates follow
     assert [r.state for r in node_rows()] == ["ready"]
+
+
+@pytest.mark.parametrize(
+    "node_name, key, value",
+    [
+        ("gpu01", "llmgw.io/rak", "r1"),  # a misspelt key
+        ("gpu 01", "llmgw.io/rack", "r1"),  # not a node name
+        ("gpu01", "llmgw.io/rack", "r1 01"),  # not a rack name
+    ],
+)
+def test_a_bad_store_label_gets_the_same_words_in_the_admin_and_the_api(admin_client, api, node_name, key, value):
+    import html
+    from urllib.parse import quote
+
+    from agents.models import StoreLabel
+
+    answer = api.post(f"/api/v1/nodes/{quote(node_name)}/labels", {"labels": {key: value}}, format="json")
+    assert answer.status_code == 400
+    words = answer.json()["detail"]
+    response = admin_client.post("/admin/agents/storelabel/add/", {"node_name": node_name, "key": key, "value": value})
+    assert response.status_code == 200  # the form again, with the refusal on it: never a 500
+    assert words in html.unescape(response.content.decode())
+    assert not StoreLabel.objects.exists()
+
+
+def test_a_store_label_saved_in_the_admin_goes_through_the_service(admin_client, join_node):
+    from agents.models import Node
+
+    join_node("gpu01")
+    response = admin_client.post(
+        "/admin/agents/storelabel/add/", {"node_name": "gpu01", "key": "llmgw.io/rack", "value": "r1-01"}, follow=True
+    )
+    assert [str(m) for m in response.context["messages"]][-1].endswith("was added successfully.")
+    assert Node.objects.get(name="gpu01").labels["llmgw.io/rack"] == "r1-01"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"keep_within": "shelf"},
+        {"node_selector": "gpu.model in ("},
+        {"name": "Bad Name!"},
+    ],
+)
+def test_a_bad_model_gets_the_same_words_in_the_admin_and_the_api(admin_client, api, fields):
+    import html
+
+    from placement.admin import document_of
+    from placement.models import Model
+
+    form = {"name": "m", "replicas": "1", "gpus": "0", "nodes": "1", "cpu_cores": "1", "memory_gib": "0",
+            "health_path": "/health", "min_ready_seconds": "10", **fields}
+    answer = api.post("/api/v1/models", document_of({**form, "replicas": 1, "gpus": 0, "nodes": 1, "cpu_cores": 1,
+                                                     "memory_gib": 0, "min_ready_seconds": 10}), format="json")
+    assert answer.status_code == 400
+    words = answer.json()["detail"]
+    response = admin_client.post("/admin/placement/model/add/", form)
+    assert response.status_code == 200  # the form again, with the refusal on it: never a 500
+    assert words in html.unescape(response.content.decode())
+    assert not Model.objects.exists()

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from agents.models import GPU, Node
+from agents.models import Node
 from facility import power
 from facility.selectors import budgets, facility_settings
 from facility.services import budget_set
-from placement.models import Model, Replica, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
+from placement.selectors import placed_watts
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -89,7 +90,7 @@ def test_four_processes_place_200_replicas_into_a_smaller_pool(join_node):
     # No GPU booked twice: each shard's cards are exactly the GPU rows pointing at it, and no card twice.
     cards = Counter()
     booked = defaultdict(list)
-    for gpu in GPU.objects.filter(shard__isnull=False):
+    for gpu in GpuBooking.objects.all():
         booked[gpu.shard_id].append(gpu.index)
     for shard in Shard.objects.all():
         assert sorted(booked.pop(shard.pk, [])) == sorted(shard.gpu_indices)
@@ -100,14 +101,16 @@ def test_four_processes_place_200_replicas_into_a_smaller_pool(join_node):
 
     # Counters match the shards, and no domain is past its limit.
     settings = facility_settings()
+    placed = placed_watts()
     for node in Node.objects.all():
         shards = list(Shard.objects.filter(node=node))
-        assert node.cpu_cores_allocated == sum(s.cpu_cores for s in shards) <= node.cpu_cores
-        assert node.placed_watts == pytest.approx(sum(s.draw_watts or 0 for s in shards))
+        booking = NodeBooking.objects.filter(node=node).first() or NodeBooking(node=node)
+        assert booking.cpu_cores == sum(s.cpu_cores for s in shards) <= node.cpu_cores
+        assert booking.placed_watts == pytest.approx(sum(s.draw_watts or 0 for s in shards))
     for domain, budget in budgets().items():
         members = Node.objects.filter(domains__domain=str(domain))
         use = power.domain_use_watts(
-            [power.NodePower(n.placed_watts) for n in members],
+            [power.NodePower(placed.get(n.pk, 0.0)) for n in members],
             other_watts=budget.other_watts,
             settings=settings,
         )

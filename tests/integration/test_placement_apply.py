@@ -7,9 +7,8 @@ import textwrap
 
 import pytest
 
-from agents.models import GPU, Node
 from llmgw.ctl import main as ctl
-from placement.models import Model, Replica, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,8 +68,8 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
         "llama-70b  2/2     0      0        8 GPUs × 1 node, 16 cores, 256 GiB; "
         "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot",
     ]
-    node = Node.objects.get(name="gpu01")
-    assert (node.cpu_cores_allocated, node.memory_gib_allocated) == (24, 272)
+    booking = NodeBooking.objects.get(node__name="gpu01")
+    assert (booking.cpu_cores, booking.memory_gib) == (24, 272)
     # Applying the same file again changes nothing.
     code, out, _ = run(capsys, "apply", "-f", str(path))
     assert out.splitlines() == ["model llama-70b unchanged: 2 placed", "model embed unchanged: 1 placed"]
@@ -150,8 +149,8 @@ def test_scale_down_removes_the_newest_and_frees_its_gpus(capsys, tmp_path, join
     code, out, _ = run(capsys, "apply", "-f", str(path))
     assert out == "model m updated: 1 placed\n"
     assert list(Replica.objects.values_list("ordinal", flat=True)) == [1]
-    assert GPU.objects.filter(shard__isnull=False).count() == 4
-    assert sum(Node.objects.values_list("cpu_cores_allocated", flat=True)) == 4
+    assert GpuBooking.objects.count() == 4
+    assert sum(NodeBooking.objects.values_list("cpu_cores", flat=True)) == 4
 
 
 def test_delete_model_frees_everything(capsys, tmp_path, join_node):
@@ -164,9 +163,9 @@ def test_delete_model_frees_everything(capsys, tmp_path, join_node):
     )
     code, out, _ = run(capsys, "delete", "model", "m")
     assert out == "model m deleted (2 replicas removed)\n"
-    assert not GPU.objects.filter(shard__isnull=False).exists()
-    node = Node.objects.get(name="gpu01")
-    assert (node.cpu_cores_allocated, node.placed_watts) == (0, 0)
+    assert not GpuBooking.objects.exists()
+    booking = NodeBooking.objects.get(node__name="gpu01")
+    assert (booking.cpu_cores, booking.placed_watts) == (0, 0)
     code, _, err = run(capsys, "delete", "model", "m")
     assert (code, err) == (1, "error: model 'm' is not known\n")
 
@@ -200,7 +199,7 @@ def test_api_applies_json_documents_and_refuses_naming_the_field(api, viewer_api
     assert viewer_api.get("/api/v1/replicas?model=m").json()[0]["nodes"] == ["gpu01"]
     assert viewer_api.get("/api/v1/models/nope").status_code == 404
     assert api.delete("/api/v1/models/m").status_code == 204
-    assert not GPU.objects.filter(shard__isnull=False).exists()
+    assert not GpuBooking.objects.exists()
 
 
 def test_models_json_output(capsys, tmp_path, join_node):

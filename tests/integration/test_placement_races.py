@@ -10,11 +10,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agents.models import GPU, Node
+from agents.models import Node
 from agents.services import labels_set
 from facility.services import budget_set, hold_create
 from placement import reconcile, services
-from placement.models import Model, Replica, ReplicaState, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
 from tests.integration.drive import Cluster
 
 
@@ -59,9 +59,9 @@ def test_a_replica_freed_twice_at_once_gives_its_room_back_once(join_node):
         t.start()
     for t in threads:
         t.join(30)
-    node = Node.objects.get(name="a1")
-    assert (node.cpu_cores_allocated, node.memory_gib_allocated) == (4, 10)
-    assert GPU.objects.filter(shard__isnull=False).count() == 2
+    booking = NodeBooking.objects.get(node__name="a1")
+    assert (booking.cpu_cores, booking.memory_gib) == (4, 10)
+    assert GpuBooking.objects.count() == 2
     assert Replica.objects.count() == 1
 
 

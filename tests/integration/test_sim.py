@@ -185,7 +185,7 @@ def test_sim_once_with_a_wrong_token_fails_saying_why(live_server, tmp_path, cap
 
 def test_a_placed_replica_is_reported_ready_and_its_gpus_draw(live_server):
     from agents.services import node_token_create
-    from placement.models import Model, Replica, Shard
+    from placement.models import GpuBooking, Model, Replica, Shard
     from placement.signals import placement_changed
 
     nodes = [SimNode(spec("sim01"), ready_delay=0)]
@@ -195,7 +195,7 @@ def test_a_placed_replica_is_reported_ready_and_its_gpus_draw(live_server):
     model = Model.objects.create(name="llama-70b", replicas=1, gpus=2, command="serve")
     replica = Replica.objects.create(model=model, ordinal=0, state="placed")
     shard = Shard.objects.create(replica=replica, node=node, gpu_indices=[2, 3])
-    node.gpus.filter(index__in=[2, 3]).update(shard=shard)
+    GpuBooking.objects.bulk_create([GpuBooking(shard=shard, node=node, index=i) for i in (2, 3)])
     # Written here past placement's services: say so as they do, so the heartbeat reads assignments again.
     placement_changed.send(sender=Shard)
 
