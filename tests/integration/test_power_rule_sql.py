@@ -78,7 +78,7 @@ def test_a_nodes_measured_draw_is_its_peak_over_the_window_on_both_write_paths(j
     assert node.fresh_measured_watts(start + timedelta(seconds=40)) == 650.0
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {node_draw_sql('n')} FROM {Node._meta.db_table} n WHERE n.name = 'gpu01'",
+            f"SELECT {node_draw_sql('n', placed='0')} FROM {Node._meta.db_table} n WHERE n.name = 'gpu01'",  # nothing placed
             [start + timedelta(seconds=40) - timedelta(seconds=measured_fresh_seconds())],
         )
         assert cursor.fetchone()[0] == 650.0
