@@ -59,13 +59,8 @@ def node_refresh_labels(node: Node) -> None:
         )
 
 
-@transaction.atomic
-def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str = "") -> dict[str, str]:
-    """Set (value) or remove (None) store labels of a node, known yet or not. All or nothing.
-
-    Returns the node's effective labels after the change (the store's alone when the node has not joined).
-    """
-    node_name = clean_node_name(node_name)
+def labels_check(*, changes: Mapping[str, str | None]) -> None:
+    """Store label changes checked (keys and values), or InvalidInput naming the label; writes nothing."""
     if not changes:
         raise InvalidInput("labels: give at least one key=value or key-", field="labels")
     for key, value in changes.items():
@@ -77,6 +72,16 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
             validate_label(key, value)
         except DomainError as exc:
             raise InvalidInput(f"labels: {exc}", field=f"labels.{key}") from exc
+
+
+@transaction.atomic
+def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str = "") -> dict[str, str]:
+    """Set (value) or remove (None) store labels of a node, known yet or not. All or nothing.
+
+    Returns the node's effective labels after the change (the store's alone when the node has not joined).
+    """
+    node_name = clean_node_name(node_name)
+    labels_check(changes=changes)
     for key, value in changes.items():
         if value is None:
             StoreLabel.objects.filter(node_name=node_name, key=key).delete()

@@ -85,3 +85,15 @@ def facility_overview() -> dict[str, Any]:
         },
         "domains": rows,
     }
+
+
+def domain_figures(*, domain: str) -> power.DomainPower:
+    """One domain's power figures now (use, limit, reserved, measured), as the overview computes them."""
+    settings = facility_settings()
+    parsed = parse_domain(domain)
+    now = timezone.now()
+    members = [
+        power.NodePower(node.placed_watts, node.fresh_measured_watts(now))
+        for node in Node.objects.filter(domains__domain=domain).only("id", "placed_watts", "measured_watts", "sensors_at")
+    ]
+    return power.domain_power(parsed, members, budgets().get(parsed), settings)
