@@ -23,6 +23,7 @@ from agents.filtersets import STATES, NodeFilterSet, node_state_lines
 from agents.models import Node, NodeDomain, StoreLabel
 from facility import services as facility_services
 from facility.domains import LABEL_PREFIX, LEVELS
+from facility.power import kw
 from facility.models import Hold
 from facility.nodes import NodeRow, node_rows
 from llmgw.errors import LlmgwError
@@ -282,6 +283,8 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "shards": list(shards),
         "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
         "age": reading_age(node),
+        "measured_kw": kw(node.measured_watts) if node.measured_watts is not None else None,
+        "placed_kw": kw(node.placed_watts),
         "history": node_history_spark(node.name),
     }
 
