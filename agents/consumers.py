@@ -29,6 +29,18 @@ MAX_SHOWN = 500
 MAX_DEPTH = 8
 
 
+def page_message(text_data: str | None) -> dict:
+    """What a page sent (a flat object), or {}: anything large or nested is not from it, and is ignored
+    (unread by a recursive parser: `[` × 100,000 would end in RecursionError)."""
+    if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
+        return {}
+    try:
+        message = json.loads(text_data)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
 class ReaderConsumer(WebsocketConsumer):
     """A console socket: only for a user who may read; joins `groups()` and leaves them on close."""
 
@@ -68,17 +80,10 @@ class NodesConsumer(ReaderConsumer):
         return [NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        # The page sends a flat object: anything large or nested is not from it, and is ignored
-        # (unread by a recursive parser: `[` × 100,000 would end in RecursionError).
-        if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
-            return
-        try:
-            message = json.loads(text_data)
-        except ValueError:
-            return
-        if isinstance(message, dict) and isinstance(message.get("shown"), str):
+        message = page_message(text_data)
+        if isinstance(message.get("shown"), str):
             self.shown = set(message["shown"].split()[:MAX_SHOWN])
-        if isinstance(message, dict) and isinstance(message.get("filter"), str):
+        if isinstance(message.get("filter"), str):
             self.filter = message["filter"][:1000]
             self.summary = self.summary_html()
 
@@ -167,13 +172,8 @@ class FilteredPageConsumer(ReaderConsumer):
         return [PLACEMENT_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if not text_data or len(text_data) > 4096 or json_depth_exceeds(text_data, MAX_DEPTH):
-            return
-        try:
-            message = json.loads(text_data)
-        except ValueError:
-            return
-        if isinstance(message, dict) and isinstance(message.get("filter"), str):
+        message = page_message(text_data)
+        if isinstance(message.get("filter"), str):
             self.filter = message["filter"][:1000]
 
     def params(self) -> dict[str, str]:

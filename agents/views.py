@@ -23,9 +23,9 @@ from agents.filtersets import STATES, NodeFilterSet, node_state_lines
 from agents.models import Node, NodeDomain, StoreLabel
 from facility import services as facility_services
 from facility.domains import LABEL_PREFIX, LEVELS
-from facility.power import kw
 from facility.models import Hold
 from facility.nodes import NodeRow, node_rows
+from facility.power import kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
 
