@@ -76,7 +76,7 @@ class NodesConsumer(ReaderConsumer):
         self.shown = set()
         self.filter = ""
         self.summary_at = 0.0
-        self.summary = ""
+        self.summary: str | None = None  # as the page shows it: set when the page says its filter
         return [NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -103,7 +103,9 @@ class NodesConsumer(ReaderConsumer):
             return
         self.summary_at = time.monotonic()
         html = self.summary_html()
-        if html != self.summary:  # only when a count changed: a heartbeat alone sends nothing
+        if self.summary is None:  # the page never said its filter: what it shows is not known yet
+            self.summary = html
+        elif html != self.summary:  # only when a count changed: a heartbeat alone sends nothing
             self.summary = html
             self.send(text_data=html)
 

@@ -86,7 +86,8 @@ class DomainHistoryView(ApiView):
     @documented(
         summary="A domain's power history: use, reserved, measured peak (1-minute points to 48 h, 15-minute to 30 days)",
         ok={200: DomainHistorySerializer},
-        parameters=[*DOMAIN_IN_PATH, OpenApiParameter("hours", float, OpenApiParameter.QUERY, required=False)],
+        errors=(404,),  # a path no route takes (a '/' in the domain)
+        parameters=[*DOMAIN_IN_PATH, HistoryQuerySerializer],
     )
     def get(self, request, domain: str):
         from facility.history import domain_history
