@@ -55,7 +55,8 @@ class StoreLabelForm(ServiceForm):
         fields = ["node_name", "key", "value"]
 
     def service_check(self, data: dict) -> dict:
-        services.labels_check(node_name=data.get("node_name"), changes={data.get("key"): data.get("value")})
+        services.clean_node_name(data.get("node_name"))
+        services.labels_check(changes={data.get("key"): data.get("value")})
         return {}
 
 

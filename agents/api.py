@@ -25,6 +25,7 @@ from agents.serializers import (
     NodeRowSerializer,
 )
 from facility import nodes as facility_nodes
+from facility import services as facility_services
 from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
 from llmgw.api import ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
@@ -109,10 +110,11 @@ class NodeLabelsView(ApiView):
     def post(self, request, name: str):
         data = LabelsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        warnings = facility_services.location_warnings(node_name=name, changes=data.validated_data["labels"])
         labels = services.labels_set(
             node_name=name, changes=data.validated_data["labels"], set_by=request.user.get_username()
         )
-        return Response({"node": name, "labels": labels})
+        return Response({"node": name, "labels": labels, "warning": "; ".join(warnings) or None})
 
 
 # -- heartbeats ------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 
 from agents import services
 from facility import nodes as facility_nodes
+from facility import services as facility_services
 from facility.domains import DomainError, parse_domain
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
@@ -80,9 +81,12 @@ def nodes(args) -> int:
 
 def label(args) -> int:
     changes = services.parse_label_args(args.labels)
+    warnings = facility_services.location_warnings(node_name=args.node, changes=changes)
     labels = services.labels_set(node_name=args.node, changes=changes, set_by="ctl")
     shown = " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(no labels)"
     print(f"{args.node}: {shown}")
+    for warning in warnings:
+        print(f"warning: {warning}")
     return 0
 
 

@@ -9,13 +9,15 @@ rendering reads the database, and Channels runs each handler in a thread for it.
 from __future__ import annotations
 
 import json
+import time
 
 from asgiref.sync import async_to_sync
 from channels.generic.websocket import WebsocketConsumer
 from django.conf import settings
 from django.template.loader import render_to_string
 
-from agents.events import NODES_GROUP, node_group
+from agents import events
+from agents.events import NODES_GROUP, PLACEMENT_GROUP, node_group
 from agents.models import Node
 from agents.node.protocol import is_node_name
 from llmgw.jsonguard import json_depth_exceeds
@@ -25,6 +27,18 @@ from llmgw.permissions import can_read
 MAX_SHOWN = 500
 # How deep a message from the page may nest ({"shown": …, "HEADERS": {…}} is 2).
 MAX_DEPTH = 8
+
+
+def page_message(text_data: str | None) -> dict:
+    """What a page sent (a flat object), or {}: anything large or nested is not from it, and is ignored
+    (unread by a recursive parser: `[` × 100,000 would end in RecursionError)."""
+    if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
+        return {}
+    try:
+        message = json.loads(text_data)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 class ReaderConsumer(WebsocketConsumer):
@@ -55,31 +69,52 @@ class NodesConsumer(ReaderConsumer):
     """
 
     shown: set[str]
+    # The summary line counts every node of the filter: sent again at most this often.
+    SUMMARY_SECONDS = 2.0
 
     def groups_to_join(self) -> list[str]:
         self.shown = set()
+        self.filter = ""
+        self.summary_at = 0.0
+        self.summary: str | None = None  # as the page shows it: set when the page says its filter
         return [NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        # The page sends a flat object: anything large or nested is not from it, and is ignored
-        # (unread by a recursive parser: `[` × 100,000 would end in RecursionError).
-        if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
-            return
-        try:
-            message = json.loads(text_data)
-        except ValueError:
-            return
-        if isinstance(message, dict) and isinstance(message.get("shown"), str):
+        message = page_message(text_data)
+        if isinstance(message.get("shown"), str):
             self.shown = set(message["shown"].split()[:MAX_SHOWN])
+        if isinstance(message.get("filter"), str):
+            self.filter = message["filter"][:1000]
+            self.summary = self.summary_html()
 
     def node_changed(self, event: dict) -> None:
         if event.get("node") in self.shown:
             self.send_rows([event["node"]])
+        self.send_summary()
 
     def nodes_changed(self, event: dict) -> None:
         # A hold or a budget: any shown row may have changed state.
         if self.shown:
             self.send_rows(sorted(self.shown))
+        self.send_summary(force=True)
+
+    def send_summary(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self.summary_at < self.SUMMARY_SECONDS:
+            return
+        self.summary_at = time.monotonic()
+        html = self.summary_html()
+        if self.summary is None:  # the page never said its filter: what it shows is not known yet
+            self.summary = html
+        elif html != self.summary:  # only when a count changed: a heartbeat alone sends nothing
+            self.summary = html
+            self.send(text_data=html)
+
+    def summary_html(self) -> str:
+        from urllib.parse import parse_qsl
+
+        from agents.views import node_summary
+
+        return render_to_string("agents/_node_summary.html", {**node_summary(dict(parse_qsl(self.filter))), "oob": True})
 
     def send_rows(self, names: list[str]) -> None:
         from agents.views import rows_for
@@ -122,3 +157,82 @@ class NodeConsumer(ReaderConsumer):
             text_data=render_to_string("agents/_node_live.html", context)
             + render_to_string("agents/_node_location.html", context)
         )
+
+
+# -- the Facility and Models pages ---------------------------------------------------------------------------
+
+# A heartbeat changes measured draw: the Facility page renders again for it at most this often.
+READINGS_RENDER_SECONDS = 5.0
+
+
+class FilteredPageConsumer(ReaderConsumer):
+    """A page that renders one body for the filter the page reports (a `ws-send` of `filter`, a query string)."""
+
+    def groups_to_join(self) -> list[str]:
+        self.filter = ""
+        self.last_render = 0.0
+        return [PLACEMENT_GROUP]
+
+    def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        message = page_message(text_data)
+        if isinstance(message.get("filter"), str):
+            self.filter = message["filter"][:1000]
+
+    def params(self) -> dict[str, str]:
+        from urllib.parse import parse_qsl
+
+        return dict(parse_qsl(self.filter))
+
+    def placement_changed(self, event: dict) -> None:
+        self.render()
+
+    def render(self) -> None:
+        self.last_render = time.monotonic()
+        self.send(text_data=self.html())
+
+    def html(self) -> str:
+        raise NotImplementedError
+
+
+class FacilityConsumer(FilteredPageConsumer):
+    """The Facility page's socket: rack map, bars, domain table and holds (with drain progress) rendered
+    again when placement, a hold or a budget changes, and at most every few seconds for new readings."""
+
+    def groups_to_join(self) -> list[str]:
+        return [*super().groups_to_join(), NODES_GROUP]
+
+    def node_changed(self, event: dict) -> None:
+        if time.monotonic() - self.last_render >= READINGS_RENDER_SECONDS:
+            self.render()
+
+    def nodes_changed(self, event: dict) -> None:
+        pass  # a hold or a budget: placement.changed follows it
+
+    def html(self) -> str:
+        from facility.views import facility_context
+        from llmgw.permissions import can_operate
+
+        context = {**facility_context(self.params()), "oob": True, "can_operate": can_operate(self.scope.get("user"))}
+        return render_to_string("facility/_facility_body.html", context) + render_to_string("facility/_holds.html", context)
+
+
+class ModelsConsumer(FilteredPageConsumer):
+    """The Models page's socket: every model's replicas, states and pending summaries rendered again when
+    placement changes."""
+
+    def html(self) -> str:
+        from placement.views import models_context
+
+        return render_to_string("placement/_models.html", {**models_context(), "oob": True})
+
+
+def placement_changed_receiver(**_: object) -> None:
+    """placement.signals.placement_changed (sent on commit): tell the open Facility and Models pages."""
+    events.placement_changed()
+
+
+def facility_changed_receiver(**_: object) -> None:
+    """facility.signals.facility_changed (sent in the writing transaction): tell them once it commits."""
+    from django.db import transaction
+
+    transaction.on_commit(events.placement_changed)

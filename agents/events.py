@@ -16,6 +16,8 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 NODES_GROUP = "nodes"
+# The Facility and Models pages: told when placement or the facility changed (replicas, drains, budgets).
+PLACEMENT_GROUP = "placement"
 
 
 # What Channels takes for a group name: ASCII letters, digits, '-', '_', '.', under 100 characters.
@@ -57,6 +59,14 @@ def node_changed(name: str) -> None:
 def nodes_changed() -> None:
     """Something that touches many nodes changed (a hold, a budget)."""
     _send(NODES_GROUP, {"type": "nodes.changed"})
+    _send(PLACEMENT_GROUP, {"type": "placement.changed"})
+
+
+def placement_changed() -> None:
+    """Replicas, shards or facility figures changed (a placement, a drain's step, a budget): the Facility
+    and Models pages render again. Sent by the interface layer's receivers of placement's and the
+    facility's signals (agents.consumers), on commit."""
+    _send(PLACEMENT_GROUP, {"type": "placement.changed"})
 
 
 # Sensor readings arrive with every heartbeat of every node; sending one update per heartbeat would cost

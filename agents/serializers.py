@@ -94,6 +94,10 @@ class LabelsSerializer(serializers.Serializer):
 class LabelsResultSerializer(serializers.Serializer):
     node = serializers.CharField()
     labels = serializers.DictField(child=serializers.CharField(), help_text="the node's effective labels now")
+    warning = serializers.CharField(
+        allow_null=True,
+        help_text="a location no node was in (a typo?, with the nearest known names) or a limit the node's draw passes",
+    )
 
 
 class HeartbeatRequestSchema(serializers.Serializer):

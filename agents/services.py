@@ -59,9 +59,8 @@ def node_refresh_labels(node: Node) -> None:
         )
 
 
-def labels_check(*, node_name: Any, changes: Mapping[str, str | None]) -> str:
-    """The checks of :func:`labels_set` alone (the admin form runs them first); the node's name."""
-    node_name = clean_node_name(node_name)
+def labels_check(*, changes: Mapping[str, str | None]) -> None:
+    """Store label changes checked (keys and values), or InvalidInput naming the label; writes nothing."""
     if not changes:
         raise InvalidInput("labels: give at least one key=value or key-", field="labels")
     if len(changes) > MAX_LABELS:
@@ -78,7 +77,6 @@ def labels_check(*, node_name: Any, changes: Mapping[str, str | None]) -> str:
             validate_label(key, value)
         except DomainError as exc:
             raise InvalidInput(f"labels: {exc}", field=f"labels.{key}") from exc
-    return node_name
 
 
 @transaction.atomic
@@ -87,7 +85,8 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
 
     Returns the node's effective labels after the change (the store's alone when the node has not joined).
     """
-    node_name = labels_check(node_name=node_name, changes=changes)
+    node_name = clean_node_name(node_name)
+    labels_check(changes=changes)
     for key, value in changes.items():
         if value is None:
             StoreLabel.objects.filter(node_name=node_name, key=key).delete()

@@ -25,6 +25,7 @@ from facility import services as facility_services
 from facility.domains import LABEL_PREFIX, LEVELS
 from facility.models import Hold
 from facility.nodes import NodeRow, node_rows
+from facility.power import kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
 from placement import selectors as placement_selectors
@@ -66,6 +67,36 @@ def require_operator(request: HttpRequest) -> None:
 # -- what a row shows ----------------------------------------------------------------------------------------
 
 
+def temperature_class(celsius: float | None) -> str:
+    """hot, warm or nothing, from the temperature as shown (whole degrees): two cards both reading
+    ``75 °C`` never differ in colour."""
+    if celsius is None:
+        return ""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    # floatformat:0 rounds half up (84.5 shows as 85), not Python's round to even.
+    shown = int(Decimal(str(celsius)).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return "hot" if shown >= 85 else "warm" if shown >= 75 else ""
+
+
+def reading_age(node: Node, now=None) -> dict[str, Any]:
+    """How old a node's readings are (``12 s``, ``3 min``, ``2 h``), and whether they are stale (older than
+    what power accounting counts: settings.LLMGW_MEASURED_FRESH_SECONDS)."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    if node.sensors_at is None:
+        return {"age_text": "never read", "stale": True}
+    seconds = max(0, int(((now or timezone.now()) - node.sensors_at).total_seconds()))
+    if seconds < 120:
+        text = f"{seconds} s"
+    elif seconds < 7200:
+        text = f"{seconds // 60} min"
+    else:
+        text = f"{seconds // 3600} h"
+    return {"age_text": f"read {text} ago", "stale": seconds > settings.LLMGW_MEASURED_FRESH_SECONDS}
+
+
 def throttle_text(reasons: Iterable[str]) -> str:
     """``["sw_thermal", "sw_power_cap"]`` → ``power cap, thermal (software)``."""
     return ", ".join(sorted(THROTTLE_WORDS.get(r, r) for r in reasons))
@@ -83,6 +114,7 @@ def sensor_summary(sensors: Mapping[str, Any] | None) -> dict[str, Any]:
         "gpu_power_watts": sum(power) if power else None,
         "gpu_limit_watts": sum(limits) if limits and len(limits) == len(power) else None,
         "hottest_celsius": max(temps) if temps else None,
+        "hottest_class": temperature_class(max(temps) if temps else None),
         "throttled_gpus": len(throttled),
         "throttle_text": throttle_text(reasons),
     }
@@ -92,6 +124,7 @@ def decorate(rows: Sequence[NodeRow]) -> list[NodeRow]:
     """Add the sensor summary and the location lines to each row (kept in row.extra)."""
     for row in rows:
         row.extra.update(sensor_summary(row.node.sensors))
+        row.extra.update(reading_age(row.node))
         location = row.location
         row.extra["where_main"] = " · ".join(f"{lvl} {location[lvl]}" for lvl in ("rack", "pdu") if lvl in location)
         row.extra["where_more"] = " · ".join(
@@ -129,12 +162,29 @@ def _sort_keys(queryset, lines, column: str) -> dict[int, Any]:
     return out
 
 
-def node_list_context(request: HttpRequest) -> dict[str, Any]:
-    """Filter, sort and page the nodes; only the page's rows are loaded whole."""
-    filterset = NodeFilterSet(request.GET or None, queryset=Node.objects.all())
+def filtered_nodes(params) -> tuple[NodeFilterSet, Any]:
+    """The Nodes list's filter (domain, state, name) applied: (filterset, queryset)."""
+    filterset = NodeFilterSet(params or None, queryset=Node.objects.all())
     queryset = filterset.qs if filterset.is_bound and filterset.is_valid() else Node.objects.all()
     if filterset.is_bound and not filterset.is_valid():
         queryset = Node.objects.none()
+    return filterset, queryset
+
+
+def node_summary(params) -> dict[str, Any]:
+    """The Nodes summary line for a filter: how many nodes, and how many in each state (the live socket
+    sends it again as rows change)."""
+    _, queryset = filtered_nodes(params)
+    lines = node_state_lines(queryset)
+    counts = {state: 0 for state in STATES}
+    for line in lines:
+        counts[line.state] += 1
+    return {"total": len(lines), "counts": counts}
+
+
+def node_list_context(request: HttpRequest) -> dict[str, Any]:
+    """Filter, sort and page the nodes; only the page's rows are loaded whole."""
+    filterset, queryset = filtered_nodes(request.GET)
     sort = request.GET.get("sort") or "name"
     descending = sort.startswith("-")
     column = sort.lstrip("-")
@@ -169,6 +219,7 @@ def node_list_context(request: HttpRequest) -> dict[str, Any]:
         "descending": descending,
         "sort_columns": SORT_COLUMNS,
         "query": params.urlencode(),
+        "filter_query": request.GET.urlencode(),
         "known_domains": NodeDomain.objects.order_by("domain").values_list("domain", flat=True).distinct(),
         "states": STATES,
     }
@@ -202,6 +253,7 @@ def gpu_lines(node: Node) -> list[dict[str, Any]]:
                 "memory_gib": gpu.memory_gib,
                 "present": gpu.present,
                 "temperature_celsius": reading.get("temperature_celsius"),
+                "temperature_class": temperature_class(reading.get("temperature_celsius")),
                 "memory_temperature_celsius": reading.get("memory_temperature_celsius"),
                 "power_watts": power,
                 "power_limit_watts": limit,
@@ -228,9 +280,24 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),
         "shards": list(shards),
-        "placed_watts": placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0),
         "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
+        "age": reading_age(node),
+        "measured_kw": kw(node.measured_watts) if node.measured_watts is not None else None,
+        "placed_kw": kw(placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0)),
+        "history": node_history_spark(node.name),
     }
+
+
+def node_history_spark(name: str):
+    """The node's last 48 h of use as a sparkline (15-minute points)."""
+    from facility.history import node_history
+    from llmgw.charts import sparkline
+
+    series = node_history(node_name=name, hours=48)
+    points = series["points"]
+    if len(points) > 192:  # minute points: one in fifteen is enough for 120 pixels
+        points = points[::15] + [points[-1]]
+    return sparkline([p["use_watts"] for p in points])
 
 
 def node_page_context(
@@ -240,6 +307,7 @@ def node_page_context(
     open_form: str = "",
     errors: Mapping[str, str] | None = None,
     values: Mapping[str, str] | None = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     context = node_live_context(node)
     store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
@@ -268,6 +336,8 @@ def node_page_context(
             "rack": rack or "",
             "rack_domain": rack_domain,
             "rack_hold": Hold.objects.filter(domain=rack_domain).first() if rack_domain else None,
+            "release_text": facility_services.release_text(domain=rack_domain) if rack_domain else "",
+            "warnings": list(warnings),
         }
     )
     return context
@@ -291,11 +361,11 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
 def _after_change(request: HttpRequest, node: Node, **page) -> HttpResponse:
     """The node page again: htmx swaps its body in; a plain form post follows a redirect (or sees the errors)."""
     node.refresh_from_db()
-    failed = bool(page.get("errors"))
+    failed = bool(page.get("errors"))  # warnings waiting for a confirmation are not a failure
     status = 422 if failed else 200
     if request.htmx:
         return render(request, "agents/_node_page.html", node_page_context(request, node, **page), status=status)
-    if failed:
+    if failed or page.get("warnings"):
         return render(request, "agents/node_detail.html", node_page_context(request, node, **page), status=status)
     return redirect(reverse("node-detail", args=[node.name]))
 
@@ -334,6 +404,11 @@ def node_location(request: HttpRequest, name: str) -> HttpResponse:
         changes = location_changes(request.POST, store)
         if not changes:
             return _after_change(request, node, open_form="location", errors={"form": "Nothing changed."}, values=values)
+        if not request.POST.get("confirm"):
+            services.labels_check(changes=changes)  # a refusal first: its error, not a warning
+            warnings = facility_services.location_warnings(node_name=node.name, changes=changes)
+            if warnings:
+                return _after_change(request, node, open_form="location", warnings=warnings, values=values)
         services.labels_set(node_name=node.name, changes=changes, set_by=request.user.get_username())
     except LlmgwError as exc:
         field = exc.field or "form"

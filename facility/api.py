@@ -11,7 +11,9 @@ from facility.serializers import (
     DOMAIN_PATTERN,
     BudgetBodySerializer,
     BudgetSerializer,
+    DomainHistorySerializer,
     FacilitySerializer,
+    HistoryQuerySerializer,
     HoldBodySerializer,
     HoldSerializer,
 )
@@ -47,8 +49,9 @@ class HoldListView(ApiView):
     def post(self, request):
         data = HoldSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        warning = services.domain_warning(domain=data.validated_data["domain"])
         hold = services.hold_create(**data.validated_data, created_by=request.user.get_username())
-        return Response(hold_body(hold), status=status.HTTP_201_CREATED)
+        return Response({**hold_body(hold), "warning": warning}, status=status.HTTP_201_CREATED)
 
 
 class HoldDetailView(ApiView):
@@ -77,3 +80,18 @@ class BudgetDetailView(ApiView):
     def delete(self, request, domain: str):
         services.budget_delete(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DomainHistoryView(ApiView):
+    @documented(
+        summary="A domain's power history: use, reserved, measured peak (1-minute points to 48 h, 15-minute to 30 days)",
+        ok={200: DomainHistorySerializer},
+        errors=(404,),  # a path no route takes (a '/' in the domain)
+        parameters=[*DOMAIN_IN_PATH, HistoryQuerySerializer],
+    )
+    def get(self, request, domain: str):
+        from facility.history import domain_history
+
+        query = HistoryQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(domain_history(domain=services.clean_domain(domain), hours=query.validated_data["hours"]))

@@ -113,8 +113,9 @@ def apply(args) -> int:
 
 
 def hold(args) -> int:
+    warning = services.domain_warning(domain=args.domain)
     h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
-    print(f"{h.domain} held{' and draining' if h.drain else ''}: {h.reason}")
+    print(f"{h.domain} held{' and draining' if h.drain else ''}: {h.reason}" + (f" ({warning})" if warning else ""))
     return 0
 
 

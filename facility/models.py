@@ -100,3 +100,46 @@ class Hold(models.Model):
 
     def clean(self) -> None:
         _clean_domain_field(self)
+
+
+class Resolution(models.IntegerChoices):
+    """How many minutes one history point covers."""
+
+    MINUTE = 1, "1 minute"
+    QUARTER = 15, "15 minutes"
+
+
+class DomainSample(models.Model):
+    """One point of a domain's power history: use and reserved (averaged over the point), measured peak."""
+
+    domain = models.CharField(max_length=300)
+    resolution = models.PositiveSmallIntegerField(choices=Resolution.choices)
+    at = models.DateTimeField(help_text="start of the minute or quarter hour the point covers")
+    use_watts = models.FloatField()
+    reserved_watts = models.FloatField()
+    measured_peak_watts = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["domain", "resolution", "at"], name="domain_sample_unique")]
+        indexes = [models.Index(fields=["resolution", "at"], name="domain_sample_at")]
+
+    def __str__(self) -> str:
+        return f"{self.domain} at {self.at:%Y-%m-%d %H:%M} ({self.resolution} min)"
+
+
+class NodeSample(models.Model):
+    """One point of a node's power history (its own use, what is placed, its measured peak)."""
+
+    node_name = models.CharField(max_length=253)
+    resolution = models.PositiveSmallIntegerField(choices=Resolution.choices)
+    at = models.DateTimeField()
+    use_watts = models.FloatField()
+    reserved_watts = models.FloatField()
+    measured_peak_watts = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node_name", "resolution", "at"], name="node_sample_unique")]
+        indexes = [models.Index(fields=["resolution", "at"], name="node_sample_at")]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} at {self.at:%Y-%m-%d %H:%M} ({self.resolution} min)"

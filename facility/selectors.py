@@ -87,3 +87,14 @@ def facility_overview() -> dict[str, Any]:
         },
         "domains": rows,
     }
+
+
+def domain_figures(*, domain: str) -> power.DomainPower:
+    """One domain's power figures now (use, limit, reserved, measured), as the overview computes them."""
+    settings = facility_settings()
+    parsed = parse_domain(domain)
+    now = timezone.now()
+    nodes = list(Node.objects.filter(domains__domain=domain).only("id", "measured_peak_watts", "sensors_at"))
+    placed = bookings.placed_watts([n.pk for n in nodes])
+    members = [power.NodePower(placed.get(n.pk, 0.0), n.fresh_measured_watts(now)) for n in nodes]
+    return power.domain_power(parsed, members, budgets().get(parsed), settings)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -122,6 +124,9 @@ class HoldBodySerializer(serializers.Serializer):
     drain = serializers.BooleanField()
     created_by = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField()
+    warning = serializers.CharField(
+        allow_null=True, help_text="set when no node is in the domain yet (a typo?), with the nearest known names"
+    )
 
 
 class BudgetSerializer(StrictSerializer):
@@ -135,3 +140,29 @@ class BudgetBodySerializer(serializers.Serializer):
     domain = serializers.CharField()
     cap_watts = serializers.FloatField()
     other_watts = serializers.FloatField()
+
+
+class HistoryQuerySerializer(StrictSerializer):
+    hours = serializers.FloatField(
+        required=False, default=48, min_value=0.1, max_value=720,
+        help_text="how far back: up to 48 h in 1-minute points, up to 720 h (30 days) in 15-minute points",
+    )
+
+    def validate_hours(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("a number of hours in [0.1, 720]")
+        return value
+
+
+class HistoryPointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="start of the minute or quarter hour the point covers")
+    use_watts = serializers.FloatField(help_text="use, averaged over the point")
+    reserved_watts = serializers.FloatField(help_text="reserved, averaged over the point")
+    measured_peak_watts = serializers.FloatField(allow_null=True, help_text="the highest fresh measurement")
+
+
+class DomainHistorySerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    hours = serializers.FloatField()
+    resolution_minutes = serializers.IntegerField(help_text="1 or 15")
+    points = HistoryPointSerializer(many=True)

@@ -12,7 +12,8 @@ from typing import Any
 from django.db import transaction
 
 from agents.node.protocol import value_shown
-from facility.domains import DomainError, parse_domain
+from facility import power
+from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY, DomainError, parse_domain
 from facility.models import Budget, FacilitySettings, Hold, Source
 from facility.signals import facility_changed
 from llmgw.errors import InvalidInput, NotFound
@@ -290,3 +291,116 @@ def _notify_nodes_changed() -> None:
     from agents.events import nodes_changed
 
     transaction.on_commit(nodes_changed)
+
+
+# -- warnings before saving: names nobody is in, limits a change would pass --------------------------------
+
+# How many known names a warning offers for a name no node is in.
+NEAREST_SHOWN = 2
+
+
+def domain_warning(*, domain: str) -> str | None:
+    """Why holding or labelling into `domain` may be a typo: no node is in it yet (nearest known names
+    of its level offered), or None when nodes are in it. The API's `warning`, ctl and the console say it.
+
+    Holding ahead of time is allowed (nodes labelled in later are held too); this only says so.
+    """
+    import difflib
+
+    from agents.models import NodeDomain
+
+    domain = clean_domain(domain)
+    if NodeDomain.objects.filter(domain=domain).exists():
+        return None
+    level, _, name = domain.partition(":")
+    known = sorted(
+        d.split(":", 1)[1]
+        for d in NodeDomain.objects.filter(level=level).values_list("domain", flat=True).distinct()
+    )
+    # Closest first; a swap of two characters (r1-10 for r1-01) counts as closest of all, ties by name.
+    scored = [(difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known]
+    scored = [(sorted(k) == sorted(name), ratio, k) for ratio, k in scored if ratio >= 0.5]
+    nearest = [k for *_, k in sorted(scored, key=lambda s: (not s[0], -s[1], s[2]))[:NEAREST_SHOWN]]
+    text = f"no node is in {level} {name} yet"
+    if nearest:
+        text += f"; known {level}s nearest that name: {', '.join(nearest)}"
+    elif not known:
+        text += f"; no node is in any {level}"
+    return text
+
+
+def node_own_watts(*, node_name: str) -> float:
+    """What a node counts for in each domain it is in (facility.power.node_use_watts), 0 when unknown."""
+    from django.utils import timezone
+
+    from agents.models import Node
+    from facility.selectors import facility_settings
+
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        return 0.0
+    from agents import bookings
+
+    placed = bookings.placed_watts([node.pk]).get(node.pk, 0.0)
+    return power.node_use_watts(placed, node.fresh_measured_watts(timezone.now()), facility_settings())
+
+
+def limit_warning(*, domain: str, add_watts: float) -> str | None:
+    """The figures when adding `add_watts` would take `domain` past its limit, else None."""
+    from facility.selectors import domain_figures
+
+    figure = domain_figures(domain=clean_domain(domain))
+    if figure.limit_watts is None or not add_watts:
+        return None
+    if not power.would_pass_limit(figure.use_watts, add_watts, figure.limit_watts):
+        return None
+    after = figure.use_watts + add_watts
+    return (
+        f"{figure.domain.label} would be at {power.kw(after)} of its {power.kw(figure.limit_watts)} limit "
+        f"({power.kw(figure.use_watts)} now + {power.kw(add_watts)}): {power.kw(after - figure.limit_watts)} over"
+    )
+
+
+def location_warnings(*, node_name: str, changes: dict[str, str | None]) -> list[str]:
+    """What a Location… change would cause that a person should confirm: each new domain no node is in
+    (a typo?) and each domain the node's draw would take past its limit."""
+    from agents.models import NodeDomain
+
+    current = set(NodeDomain.objects.filter(node__name=node_name).values_list("domain", flat=True))
+    own = None
+    warnings: list[str] = []
+    for key, value in changes.items():
+        if value is None or not key.startswith(LABEL_PREFIX) or key.removeprefix(LABEL_PREFIX) not in LEVELS:
+            continue
+        values = value.split(",") if key == PDU_KEY else [value]
+        for name in values:
+            domain = f"{key.removeprefix(LABEL_PREFIX)}:{name.strip()}"
+            if domain in current:
+                continue
+            try:
+                warning = domain_warning(domain=domain)
+            except InvalidInput:
+                continue  # labels_set refuses it, naming the field
+            if warning:
+                warnings.append(warning)
+                continue
+            if own is None:
+                own = node_own_watts(node_name=node_name)
+            warning = limit_warning(domain=domain, add_watts=own)
+            if warning:
+                warnings.append(warning)
+    return warnings
+
+
+def release_text(*, domain: str) -> str:
+    """What releasing a hold puts back in play, for the confirmation: ``new replicas may be placed on
+    rack r1-01's 4 nodes (gpu01, gpu02, gpu03, gpu04) again``."""
+    from agents.models import Node
+
+    domain = clean_domain(domain)
+    level, _, name = domain.partition(":")
+    nodes = sorted(Node.objects.filter(domains__domain=domain).values_list("name", flat=True))
+    if not nodes:
+        return f"no node is in {level} {name}: releasing changes no placement"
+    shown = ", ".join(nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
+    return f"new replicas may be placed on {level} {name}'s {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({shown}) again"

@@ -10,3 +10,12 @@ class LlmgwConfig(AppConfig):
         # llmgw but never Django) does not load Celery; every Django process (serve, ctl, the in-process
         # eager mode, the worker) gets it, so @shared_task tasks bind to it and not to Celery's default.
         import llmgw.celery  # noqa: F401
+
+        # The console's live pages hear of placement's and the facility's changes here, in the interface
+        # layer (the layers below never import it).
+        from agents.consumers import facility_changed_receiver, placement_changed_receiver
+        from facility.signals import facility_changed
+        from placement.signals import placement_changed
+
+        placement_changed.connect(placement_changed_receiver, dispatch_uid="console-live-placement")
+        facility_changed.connect(facility_changed_receiver, dispatch_uid="console-live-facility")

@@ -53,3 +53,21 @@ def start(interval: float, reconcile: Callable[[], None]) -> threading.Thread:
     _thread = threading.Thread(target=loop, name="llmgw-reconcile", daemon=True)
     _thread.start()
     return _thread
+
+
+def start_periodic(name: str, interval: float, task: Callable[[], None]) -> threading.Thread:
+    """Run `task` every `interval` seconds in a daemon thread (the embedded server's stand-in for beat)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval)
+            try:
+                task()
+            except Exception:  # the next round tries again
+                log.exception("periodic %s failed", name)
+            finally:
+                close_old_connections()
+
+    thread = threading.Thread(target=loop, name=f"llmgw-{name}", daemon=True)
+    thread.start()
+    return thread

@@ -246,7 +246,14 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": RECONCILE_INTERVAL_SECONDS,
         "options": {"expires": RECONCILE_INTERVAL_SECONDS},
     },
+    # Power history: a point per domain and node every minute (facility.history).
+    "facility-history": {
+        "task": "facility.tasks.history_record",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
 }
+HISTORY_INTERVAL_SECONDS = 60.0
 
 LLMGW_CONFIG = os.environ.get("LLMGW_CONFIG", "")
 # When set, /metrics asks for `Authorization: Bearer <it>`; Prometheus scrapes it otherwise unauthenticated.

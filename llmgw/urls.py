@@ -11,6 +11,7 @@ from placement import api as placement_api
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("facility", facility_api.FacilityView.as_view(), name="facility"),
+    path("facility/domains/<path:domain>/history", facility_api.DomainHistoryView.as_view(), name="domain-history"),
     path("facility/holds", facility_api.HoldListView.as_view(), name="holds"),
     path("facility/holds/<path:domain>", facility_api.HoldDetailView.as_view(), name="hold"),
     path("facility/budgets", facility_api.BudgetListView.as_view(), name="budgets"),

@@ -1,14 +1,18 @@
 """Console page of models: replicas, where they run and why (explain-placement), pending, headroom.
 
-Reads through placement.selectors, the same dicts `llmgw ctl` and the API show.
+Reads through placement.selectors, the same dicts `llmgw ctl` and the API show; the live socket
+(agents.consumers.ModelsConsumer) renders the same partial.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from agents.models import NodeDomain
 from agents.views import require_reader
 from llmgw.errors import NotFound
 from placement import selectors
@@ -16,10 +20,9 @@ from placement import selectors
 PENDING_SHOWN = 3
 
 
-@login_required
-def model_list(request: HttpRequest) -> HttpResponse:
-    """Every model with its replicas, each with its explain-placement; headroom loads per model after."""
-    require_reader(request)
+def models_context() -> dict[str, Any]:
+    """Every model with its replicas (each with its explain-placement and the rack of each node)."""
+    racks = dict(NodeDomain.objects.filter(level="rack").values_list("node__name", "domain"))
     models = []
     for row in selectors.model_rows():
         explain = selectors.model_explain(row["name"])
@@ -34,8 +37,18 @@ def model_list(request: HttpRequest) -> HttpResponse:
             replica["gpus_text"] = "; ".join(
                 f"{s['node']}: {selectors.gpus_text(s['gpus']) or '—'}" for s in replica["shards"]
             )
+            replica["where"] = [
+                {"node": n, "rack": racks.get(n, "").removeprefix("rack:")} for n in replica["nodes"]
+            ]
         models.append({**row, "profile_text": selectors.profile_text(row["profile"]), "explain": explain})
-    return render(request, "placement/model_list.html", {"models": models})
+    return {"models": models}
+
+
+@login_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    """Every model with its replicas, each with its explain-placement; headroom loads per model after."""
+    require_reader(request)
+    return render(request, "placement/model_list.html", models_context())
 
 
 @login_required

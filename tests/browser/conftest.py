@@ -52,6 +52,34 @@ def database_url() -> str:
 @pytest.fixture(scope="module")
 def server(django_db_setup, django_db_blocker):
     """`llmgw serve` on a free port against the test database; its base URL."""
+    yield from serve()
+
+
+def redis_url() -> str:
+    return os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="module")
+def redis_server(django_db_setup, django_db_blocker):
+    """`llmgw serve` with REDIS_URL: live updates reach it from other processes (ctl, the tests), as in
+    production. Nothing reconciles in it (no worker): the tests drive placement themselves."""
+    yield from serve({"REDIS_URL": redis_url()})
+
+
+@pytest.fixture
+def redis_layer(settings):
+    """This process sends its live updates through Redis, where the redis_server listens."""
+    from channels.layers import channel_layers
+
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url()]}}
+    }
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def serve(extra_env: dict[str, str] | None = None):
     port = free_port()
     llmgw = shutil.which("llmgw", path=str(Path(sys.executable).parent)) or "llmgw"
     data_dir = tempfile.mkdtemp(prefix="llmgw-browser-")
@@ -64,6 +92,7 @@ def server(django_db_setup, django_db_blocker):
     }
     env.pop("REDIS_URL", None)
     env.pop("LLMGW_CONFIG", None)
+    env.update(extra_env or {})
     log = open(Path(data_dir) / "server.log", "w")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen([llmgw, "serve", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -119,9 +148,23 @@ def operator(transactional_db, make_user):
 
 @pytest.fixture
 def page(browser, server, operator, request):
-    """A fresh browser page, logged in as the operator; its screenshot is saved when the test ends."""
-    context = browser.new_context(base_url=server, viewport={"width": 1400, "height": 900})
+    """A fresh browser page, logged in as the operator; its screenshot is saved when the test ends. Any
+    error in the browser's console (an htmx error, a failed script) fails the test."""
+    yield from open_page(browser, server, operator, request)
+
+
+@pytest.fixture
+def redis_page(browser, redis_server, operator, request):
+    """As `page`, on the server that hears live updates through Redis."""
+    yield from open_page(browser, redis_server, operator, request)
+
+
+def open_page(browser, server, operator, request):
+    context = browser.new_context(base_url=server, viewport={"width": 1440, "height": 900})
     tab = context.new_page()
+    errors: list[str] = []
+    tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    tab.on("pageerror", lambda error: errors.append(str(error)))
     tab.set_default_timeout(10_000)
     tab.goto("/login/")
     tab.fill("input[name=username]", operator.username)
@@ -132,3 +175,7 @@ def page(browser, server, operator, request):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SCREENSHOTS / f"{request.node.name}.png"), full_page=True)
     context.close()
+    # A form refused with its errors answers 422 by design (shown next to the field); Chromium logs every
+    # 4xx as a failed load. Anything else is an error of the page.
+    errors = [e for e in errors if "status of 422" not in e]
+    assert not errors, f"errors in the browser's console: {errors}"

@@ -60,7 +60,10 @@ def test_set_a_nodes_rack_from_location_and_see_where_change(racks, page):
     page.goto("/nodes/gpu01/")
     page.click("summary:has-text('Location…')")
     page.fill("#location-form input[name=rack]", "r14-01")
-    page.click("#location-form button[type=submit]")
+    page.click("#location-form button.primary")
+    # No node is in r14-01 yet: it asks first.
+    expect(page.locator("#location-warning")).to_contain_text("no node is in rack r14-01 yet")
+    page.click("#location-warning button[name=confirm]")
     expect(page.locator("#node-where")).to_contain_text("rack r14-01")
     page.goto("/nodes/?domain=rack:r14-01")
     expect(page.locator("#node-table tbody tr")).to_have_count(1)

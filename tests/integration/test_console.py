@@ -227,7 +227,7 @@ def test_facility_page_queries_do_not_grow_with_nodes(login, django_assert_max_n
     for r in range(10):
         budget_set(domain=f"rack:r{r:02d}", cap_watts=20000)
     client = login("viewer")
-    with django_assert_max_num_queries(15):  # 13, one for nodes being drained, one for placed watts
+    with django_assert_max_num_queries(17):  # 13, drained nodes, placed watts, two for the history lines
         assert client.get("/facility/").status_code == 200
 
 
@@ -261,7 +261,7 @@ def test_location_form_sets_and_removes_store_labels(login):
 
     heartbeat("gpu01", rack="r1")
     client = login()
-    response = client.post("/nodes/gpu01/location", {"rack": "r12-07", "row": "12", "more": "team=infer"}, HTTP_HX_REQUEST="true")
+    response = client.post("/nodes/gpu01/location", {"rack": "r12-07", "row": "12", "more": "team=infer", "confirm": "1"}, HTTP_HX_REQUEST="true")
     assert response.status_code == 200
     body = response.content.decode()
     assert '<span class="lvl">rack</span> r12-07' in body and "<html" not in body
@@ -370,7 +370,9 @@ def test_facility_hold_form_refuses_a_bad_domain(login):
     response = client.post("/facility/holds", {"domain": "rak:r1", "reason": "x"})
     assert response.status_code == 422
     assert "domain: &#x27;rak:r1&#x27;: unknown level &#x27;rak&#x27;" in response.content.decode()
-    assert client.post("/facility/holds", {"domain": "pdu:r1-a", "reason": "swap"}).status_code == 302
+    # No node is in pdu:r1-a: it asks first, and holds once confirmed.
+    assert "no node is in pdu r1-a yet" in client.post("/facility/holds", {"domain": "pdu:r1-a", "reason": "swap"}).content.decode()
+    assert client.post("/facility/holds", {"domain": "pdu:r1-a", "reason": "swap", "confirm": "1"}).status_code == 302
     assert Hold.objects.get().domain == "pdu:r1-a"
     assert client.post("/facility/holds/release", {"domain": "pdu:r1-a"}).status_code == 302
     assert not Hold.objects.exists()

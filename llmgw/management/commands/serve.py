@@ -23,9 +23,12 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
     """Without Redis there is no beat: run the periodic reconcile in a thread of the server instead."""
     if settings.REDIS_URL:
         return None
+    from facility.history import history_record
     from llmgw import inprocess
     from placement.tasks import reconcile
 
+    # Beat's other task: the minute's power history points.
+    inprocess.start_periodic("history", settings.HISTORY_INTERVAL_SECONDS, history_record)
     return inprocess.start(interval, reconcile)
 
 

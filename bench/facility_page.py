@@ -1,0 +1,115 @@
+"""Server time of the console's Facility page at 1,000 nodes, 40 racks and 80 PDUs, with 48 h of history.
+
+Makes its own database (``llmgw_bench_facility`` on the server of DATABASE_URL), bulk-loads the cluster of
+bench/placements.py (budgets on every rack and PDU, a few holds), writes 48 h of minute points and their
+quarter-hour roll-ups for every domain, then times GET /facility/ (the whole page), the filtered
+body htmx asks for, and what the live socket renders (facility_context + the two partials).
+Run: ``.venv/bin/python bench/facility_page.py`` (``--nodes``, ``--runs``). Prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.placements import load_cluster, percentile  # noqa: E402
+
+BENCH_DB = "llmgw_bench_facility"
+
+
+def load_history(hours: int = 48) -> int:
+    """Minute and quarter-hour points for every domain over `hours` (what history_record leaves)."""
+    from django.utils import timezone
+
+    from facility.models import DomainSample, Resolution
+    from placement.selectors import facility_overview
+
+    domains = [d["domain"] for d in facility_overview()["domains"]]
+    now = timezone.now().replace(second=0, microsecond=0)
+    rows = []
+    for minute in range(hours * 60):
+        at = now - timedelta(minutes=minute)
+        resolutions = [Resolution.MINUTE] + ([Resolution.QUARTER] if at.minute % 15 == 0 else [])
+        for resolution in resolutions:
+            rows += [
+                DomainSample(domain=d, resolution=resolution, at=at, use_watts=1000.0 + minute,
+                             reserved_watts=900.0, measured_peak_watts=1100.0)
+                for d in domains
+            ]
+        if len(rows) > 20000:
+            DomainSample.objects.bulk_create(rows, batch_size=5000)
+            rows = []
+    DomainSample.objects.bulk_create(rows, batch_size=5000)
+    return DomainSample.objects.count()
+
+
+def timed(runs: int, fn) -> tuple[float, float]:
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return percentile(samples, 0.5), percentile(samples, 0.99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+
+    import bench.placements as placements
+
+    placements.BENCH_DB = BENCH_DB  # bench_database makes the database this names
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
+    os.environ["DATABASE_URL"] = placements.bench_database(base)
+    os.environ.pop("REDIS_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    os.environ.setdefault("ALLOWED_HOSTS", "testserver")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    t0 = time.perf_counter()
+    load_cluster(args.nodes)
+    from facility.services import hold_create
+
+    for rack in ("r003", "r017", "r031"):
+        hold_create(domain=f"rack:{rack}", reason="bench", drain=rack == "r017")
+    points = load_history()
+    print(f"loaded {args.nodes} nodes, 40 racks, 80 PDUs, {points} history points in {time.perf_counter() - t0:.1f} s")
+
+    from django.contrib.auth import get_user_model
+    from django.template.loader import render_to_string
+    from django.test import Client
+
+    from facility.views import facility_context
+    from llmgw.users_cli import token_create
+
+    token_create(username="bench", role="viewer")
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="bench"))
+    size = len(client.get("/facility/").content)
+    p50, p99 = timed(args.runs, lambda: client.get("/facility/"))
+    print(f"GET /facility/ (whole page, {size // 1024} KiB): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    p50, p99 = timed(args.runs, lambda: client.get("/facility/?q=r01", HTTP_HX_REQUEST="true"))
+    print(f"GET /facility/?q=r01 (htmx body): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+
+    def live():
+        context = {**facility_context({}), "oob": True}
+        render_to_string("facility/_facility_body.html", context) + render_to_string("facility/_holds.html", context)
+
+    p50, p99 = timed(args.runs, live)
+    print(f"live render (socket): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
