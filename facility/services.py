@@ -352,9 +352,10 @@ def limit_warning(*, domain: str, add_watts: float) -> str | None:
     figure = domain_figures(domain=clean_domain(domain))
     if figure.limit_watts is None or not add_watts:
         return None
-    if not power.would_pass_limit(figure.use_watts, add_watts, figure.limit_watts):
-        return None
+    # A node moving in brings its whole term (node_watts and the larger of placed and measured).
     after = figure.use_watts + add_watts
+    if not power.would_pass_limit(after, figure.limit_watts):
+        return None
     return (
         f"{figure.domain.label} would be at {power.kw(after)} of its {power.kw(figure.limit_watts)} limit "
         f"({power.kw(figure.use_watts)} now + {power.kw(add_watts)}): {power.kw(after - figure.limit_watts)} over"
