@@ -240,11 +240,18 @@ CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", 
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "180"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 RECONCILE_INTERVAL_SECONDS = float(os.environ.get("LLMGW_RECONCILE_INTERVAL", "15"))
+CONDITIONS_INTERVAL_SECONDS = float(os.environ.get("LLMGW_CONDITIONS_INTERVAL", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "placement.tasks.reconcile",
         "schedule": RECONCILE_INTERVAL_SECONDS,
         "options": {"expires": RECONCILE_INTERVAL_SECONDS},
+    },
+    # Thermal conditions: the sources polled (each at its own interval) and every domain judged.
+    "facility-conditions": {
+        "task": "facility.tasks.evaluate_conditions",
+        "schedule": CONDITIONS_INTERVAL_SECONDS,
+        "options": {"expires": CONDITIONS_INTERVAL_SECONDS},
     },
 }
 

@@ -24,9 +24,20 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
     if settings.REDIS_URL:
         return None
     from llmgw import inprocess
+
+    return inprocess.start(interval, periodic_round)
+
+
+def periodic_round() -> None:
+    """What beat runs on workers, in one round: thermal conditions judged, then a reconcile."""
+    from facility.evaluation import conditions_evaluate
     from placement.tasks import reconcile
 
-    return inprocess.start(interval, reconcile)
+    try:
+        conditions_evaluate()
+    except Exception:  # conditions are a fact to show; a failed round must not stop the reconcile
+        log.exception("evaluating facility conditions failed")
+    reconcile()
 
 
 class Command(BaseCommand):

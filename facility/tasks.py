@@ -1,0 +1,13 @@
+"""Celery tasks of the facility: the periodic evaluation of thermal conditions (thin; state in the database)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="facility.tasks.evaluate_conditions", ignore_result=True)
+def evaluate_conditions() -> None:
+    """Poll the facility sources and judge every domain's condition; a change asks for a reconcile."""
+    from facility.evaluation import conditions_evaluate
+
+    conditions_evaluate()
