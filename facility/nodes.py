@@ -14,7 +14,9 @@ from django.utils import timezone
 
 from agents.models import Node
 from agents.selectors import node_queryset
+from facility.conditions import UNKNOWN, worst
 from facility.domains import LABEL_PREFIX, LEVELS, location_text
+from facility.evaluation import effective_conditions
 from facility.models import Hold
 
 
@@ -29,6 +31,8 @@ class NodeRow:
     domains: list[str]
     hold: Hold | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The worst of its domains' thermal conditions (ok, warm, hot; unknown when none is known).
+    condition: str = "unknown"
 
     @property
     def name(self) -> str:
@@ -53,6 +57,7 @@ class NodeRow:
             "location": self.location,
             "domains": self.domains,
             "fabric": self.node.fabric or None,
+            "condition": self.condition,
             "last_heartbeat_at": self.node.last_heartbeat_at.isoformat() if self.node.last_heartbeat_at else None,
         }
 
@@ -81,9 +86,11 @@ def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = No
         qs = qs.filter(domains__domain=domain)
     holds = held_domains()
     now = timezone.now()
+    known = {domain: state["condition"] for domain, state in effective_conditions(now=now).items()}
     rows = []
     for node in qs:
         domains = [d.domain for d in node.domains.all()]
         state, hold = node_state(node, domains, holds, now)
-        rows.append(NodeRow(node, state, node.gpus_free, node.gpus_total, domains, hold))
+        condition = worst([known[d] for d in domains if d in known] or [UNKNOWN])
+        rows.append(NodeRow(node, state, node.gpus_free, node.gpus_total, domains, hold, condition=condition))
     return rows

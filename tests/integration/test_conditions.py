@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -146,3 +147,25 @@ def test_a_wrong_block_names_file_line_and_path_and_applies_nothing(block, messa
     assert str(caught.value).startswith(message), str(caught.value)
     assert FacilitySettings.load().margin == 0.1
     assert FacilitySettings.load().conditions == {}
+
+
+def test_ctl_shows_conditions_events_and_sets_an_override(capsys, join_node):
+    join_node("gpu01", rack="r1-01")
+    apply_mode("enforce")
+    replay(15)
+    code, out = run(capsys, "facility")
+    row = next(line for line in out.splitlines() if line.startswith("rack:r1-01"))
+    assert "hot (inlet 35.0 °C, " in row and " s old)" in row
+    code, out = run(capsys, "nodes")
+    assert out.splitlines()[1].split()[3] == "hot"
+    code, out = run(capsys, "facility", "events", "--domain", "rack:r1-01")
+    assert [line.split()[4] for line in out.splitlines()[1:]] == ["hot", "warm", "ok"]
+    code, out = run(capsys, "facility", "events", "-o", "json")
+    assert {e["to"] for e in json.loads(out)} >= {"ok", "warm", "hot"}
+    code, out = run(capsys, "facility", "condition", "set", "rack:r1-01", "ok", "--reason", "probe fault", "--for", "2h")
+    assert code == 0 and out.startswith("rack:r1-01 set ok until ")
+    code, out = run(capsys, "facility")
+    row = next(line for line in out.splitlines() if line.startswith("rack:r1-01"))
+    assert "ok (set by hand, inlet 35.0 °C" in row
+    code, out = run(capsys, "facility", "condition", "clear", "rack:r1-01")
+    assert out == "rack:r1-01: condition set by hand cleared\n"
