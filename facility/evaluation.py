@@ -181,7 +181,11 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
             row.condition = state.condition
             row.since = _moment(state.since)
             row.timers = {f: getattr(state, f) for f in _TIMER_FIELDS}
-            row.readings = {s: {"value": r.value, "at": r.at, "source": r.source} for s, r in fresh.items()}
+            # A signal that went stale keeps its last reading, so its age shows (and the stale alert fires).
+            row.readings = {
+                **(row.readings or {}),
+                **{s: {"value": r.value, "at": r.at, "source": r.source} for s, r in fresh.items()},
+            }
             row.evaluated_at = now
             if change is not None:
                 row.reason = change.reason[:1000]
