@@ -169,3 +169,21 @@ def test_ctl_shows_conditions_events_and_sets_an_override(capsys, join_node):
     assert "ok (set by hand, inlet 35.0 °C" in row
     code, out = run(capsys, "facility", "condition", "clear", "rack:r1-01")
     assert out == "rack:r1-01: condition set by hand cleared\n"
+
+
+def test_sim_facility_starts_the_replay_the_evaluation_reads(capsys, join_node):
+    from django.core.management import call_command
+
+    from facility.models import ScenarioRun
+
+    call_command("sim", "facility", "-f", str(CRAC), "--speed", "2")
+    assert "replaying crac-failure at ×2 from now (25.0 min)" in capsys.readouterr().out
+    run_ = ScenarioRun.objects.get()
+    assert run_.speed == 2
+    apply_mode("enforce")
+    # 8 minutes at ×2 are 16 of the scenario's: above 32 °C since 5 minutes (hold times do not shrink).
+    moment = run_.started_at
+    while moment <= run_.started_at + timedelta(minutes=8):
+        conditions_evaluate(now=moment)
+        moment += timedelta(seconds=6)
+    assert condition("rack:r1-01") == "hot"
