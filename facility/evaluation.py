@@ -119,13 +119,18 @@ def _prometheus(config: SourcesConfig, now: datetime, client: Any) -> dict[Domai
     finally:
         if own_client:
             client.close()
+    # Readings a poll did not give again (the source down, a series gone) keep their time and age out.
+    readings = _stored_poll(status)
+    for domain, signals in poll.readings.items():
+        readings.setdefault(domain, {}).update(signals)
     stored = {
         str(domain): {s: {"value": r.value, "at": r.at, "stale_after": r.stale_after} for s, r in signals.items()}
-        for domain, signals in poll.readings.items()
+        for domain, signals in readings.items()
+        if any(r.is_fresh(now.timestamp()) for r in signals.values())
     }
     _status("prometheus", poll, now)
     SourceStatus.objects.filter(name="prometheus").update(readings=stored)
-    return poll.readings
+    return readings
 
 
 def gather_readings(*, now: datetime, client: Any = None) -> dict[Domain, dict[str, cond.Reading]]:
