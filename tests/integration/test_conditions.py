@@ -187,3 +187,26 @@ def test_sim_facility_starts_the_replay_the_evaluation_reads(capsys, join_node):
         conditions_evaluate(now=moment)
         moment += timedelta(seconds=6)
     assert condition("rack:r1-01") == "hot"
+
+
+def test_the_api_shows_conditions_and_events_and_sets_overrides(api, viewer_api, join_node):
+    join_node("gpu01", rack="r1-01")
+    apply_mode("enforce")
+    replay(15)
+    facility = api.get("/api/v1/facility").json()
+    row = next(d for d in facility["domains"] if d["domain"] == "rack:r1-01")
+    assert row["condition"]["condition"] == "hot" and row["condition"]["mode"] == "enforce"
+    assert row["condition"]["readings"]["inlet_temp_c"] == 35.0
+    assert {s["name"]: s["up"] for s in facility["sources"]} == {"simulated": True}
+    events = api.get("/api/v1/facility/events", {"domain": "rack:r1-01"}).json()
+    assert [(e["from"], e["to"]) for e in events] == [("warm", "hot"), ("ok", "warm"), ("unknown", "ok")]
+    assert api.get("/api/v1/facility/events", {"limit": "0"}).json()["field"] == "limit"
+    body = {"domain": "rack:r1-01", "condition": "ok", "reason": "probe fault", "for_seconds": 7200}
+    assert viewer_api.post("/api/v1/facility/conditions", body, format="json").status_code == 403
+    response = api.post("/api/v1/facility/conditions", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["condition"] == "ok" and response.json()["until"]
+    row = next(d for d in api.get("/api/v1/facility").json()["domains"] if d["domain"] == "rack:r1-01")
+    assert (row["condition"]["condition"], row["condition"]["overridden"]) == ("ok", True)
+    assert api.delete("/api/v1/facility/conditions/rack:r1-01").status_code == 204
+    assert api.delete("/api/v1/facility/conditions/rack:r1-01").status_code == 404
