@@ -101,17 +101,20 @@ class SourceStatusSerializer(serializers.Serializer):
     last_poll_at = serializers.DateTimeField(allow_null=True)
 
 
-class ConditionEventSerializer(serializers.Serializer):
-    domain = serializers.CharField()
-    # "from" is a Python keyword: the field is declared under another name and renamed in the output.
-    from_ = serializers.ChoiceField(choices=CONDITIONS, source="from")
-    to = serializers.ChoiceField(choices=CONDITIONS)
-    reason = serializers.CharField(allow_blank=True)
-    readings = serializers.DictField(child=serializers.FloatField())
-    at = serializers.DateTimeField()
-
-
-ConditionEventSerializer._declared_fields["from"] = ConditionEventSerializer._declared_fields.pop("from_")
+# "from" is a Python keyword, so this serializer is made with type() rather than a class statement.
+ConditionEventSerializer = type(
+    "ConditionEventSerializer",
+    (serializers.Serializer,),
+    {
+        "__doc__": "A change of a domain's condition and the readings that caused it.",
+        "domain": serializers.CharField(),
+        "from": serializers.ChoiceField(choices=CONDITIONS),
+        "to": serializers.ChoiceField(choices=CONDITIONS),
+        "reason": serializers.CharField(allow_blank=True),
+        "readings": serializers.DictField(child=serializers.FloatField()),
+        "at": serializers.DateTimeField(),
+    },
+)
 
 
 class ConditionOverrideSerializer(StrictSerializer):
