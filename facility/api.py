@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from facility import selectors, services
 from facility.serializers import (
+    DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
     BudgetBodySerializer,
     BudgetSerializer,
@@ -84,9 +85,12 @@ class BudgetDetailView(ApiView):
 
 
 EVENT_PARAMETERS = [
-    OpenApiParameter("domain", str, OpenApiParameter.QUERY, required=False, pattern=DOMAIN_PATTERN,
-                     description="only this domain"),
-    OpenApiParameter("limit", int, OpenApiParameter.QUERY, required=False, description="at most this many (1–1000)"),
+    OpenApiParameter("domain", str, OpenApiParameter.QUERY, required=False, pattern=DOMAIN_OR_EMPTY_PATTERN,
+                     description="only this domain (empty: every domain)"),
+    OpenApiParameter(
+        "limit", {"type": "integer", "minimum": 1, "maximum": selectors.MAX_EVENTS}, OpenApiParameter.QUERY,
+        required=False, description="at most this many (default 200)",
+    ),
 ]
 
 
