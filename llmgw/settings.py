@@ -217,6 +217,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "agents.filtersets.STATES",
         "ReplicaStateEnum": "placement.serializers.REPLICA_STATES",
+        "ConditionEnum": "facility.serializers.CONDITIONS",
     },
 }
 
