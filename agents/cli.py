@@ -73,8 +73,8 @@ def nodes(args) -> int:
         print_json([r.as_dict() for r in rows])
         return 0
     print_table(
-        ["NAME", "STATE", "GPUS", "LOCATION"],
-        [[r.name, r.state, f"{r.gpus_free}/{r.gpus_total}", r.location_text] for r in rows],
+        ["NAME", "STATE", "GPUS", "CONDITION", "LOCATION"],
+        [[r.name, r.state, f"{r.gpus_free}/{r.gpus_total}", r.condition, r.location_text] for r in rows],
     )
     return 0
 

@@ -110,7 +110,8 @@ class HeartbeatRequestSchema(serializers.Serializer):
                                       "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric")
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
-                                    "memory_temperature_celsius, power_watts, power_limit_watts, throttle_reasons}], "
+                                    "memory_temperature_celsius, slowdown_temperature_celsius, power_watts, power_limit_watts, "
+                                    "throttle_reasons}], "
                                     "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts")
     replicas = serializers.ListField(child=serializers.DictField(), required=False,
                                      help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")

@@ -6,11 +6,15 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import services
+from facility import selectors, services
 from facility.serializers import (
+    DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
     BudgetBodySerializer,
     BudgetSerializer,
+    ConditionEventSerializer,
+    ConditionOverrideBodySerializer,
+    ConditionOverrideSerializer,
     DomainHistorySerializer,
     FacilitySerializer,
     HistoryQuerySerializer,
@@ -18,6 +22,7 @@ from facility.serializers import (
     HoldSerializer,
 )
 from llmgw.api import ApiView, documented
+from llmgw.errors import InvalidInput
 from placement import selectors as placement_selectors
 
 DOMAIN_IN_PATH = [OpenApiParameter("domain", str, OpenApiParameter.PATH, pattern=DOMAIN_PATTERN, description="level:name")]
@@ -95,3 +100,61 @@ class DomainHistoryView(ApiView):
         query = HistoryQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(domain_history(domain=services.clean_domain(domain), hours=query.validated_data["hours"]))
+EVENT_PARAMETERS = [
+    OpenApiParameter("domain", str, OpenApiParameter.QUERY, required=False, pattern=DOMAIN_OR_EMPTY_PATTERN,
+                     description="only this domain (empty: every domain)"),
+    OpenApiParameter(
+        "limit", {"type": "integer", "minimum": 1, "maximum": selectors.MAX_EVENTS}, OpenApiParameter.QUERY,
+        required=False, description="at most this many (default 200)",
+    ),
+]
+
+
+class ConditionEventListView(ApiView):
+    @documented(
+        summary="The timeline of condition changes, newest first (kept 30 days)",
+        ok={200: ConditionEventSerializer(many=True)}, parameters=EVENT_PARAMETERS,
+    )
+    def get(self, request):
+        domain = request.query_params.get("domain") or None
+        if domain is not None:
+            domain = services.clean_domain(domain)
+        limit_text = request.query_params.get("limit", "200")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= selectors.MAX_EVENTS:
+            raise InvalidInput(f"limit: a whole number from 1 to {selectors.MAX_EVENTS}", field="limit")
+        return Response(selectors.condition_events(domain=domain, limit=int(limit_text)))
+
+
+def override_body(override) -> dict:
+    return {
+        "domain": override.domain,
+        "condition": override.condition,
+        "reason": override.reason,
+        "until": override.until.isoformat() if override.until else None,
+        "created_by": override.created_by,
+    }
+
+
+class ConditionOverrideListView(ApiView):
+    @documented(
+        summary="Set a domain's condition by hand (a known sensor fault)",
+        request=ConditionOverrideSerializer, ok={201: ConditionOverrideBodySerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = ConditionOverrideSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        seconds = values.pop("for_seconds")
+        override = services.condition_override_set(
+            **values, seconds=seconds, created_by=request.user.get_username()
+        )
+        return Response(override_body(override), status=status.HTTP_201_CREATED)
+
+
+class ConditionOverrideDetailView(ApiView):
+    @documented(
+        summary="Clear a condition set by hand", ok={204: None}, errors=(404, 409), parameters=DOMAIN_IN_PATH
+    )
+    def delete(self, request, domain: str):
+        services.condition_override_clear(domain=domain)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -54,6 +54,26 @@ def register(commands) -> None:
     r.add_argument("domain")
     r.set_defaults(handler=release)
 
+    c = sub.add_parser("condition", help="set a domain's thermal condition by hand (a known sensor fault), or clear it")
+    csub = c.add_subparsers(dest="condition_command", metavar="COMMAND", required=True)
+    cs = csub.add_parser(
+        "set", help="set a domain's condition until cleared or for a while",
+        epilog='example: llmgw ctl facility condition set rack:r12-07 ok --reason "probe fault" --for 2h',
+    )
+    cs.add_argument("domain")
+    cs.add_argument("condition", choices=("ok", "warm", "hot", "unknown"))
+    cs.add_argument("--reason", required=True, help="why; kept in the events and shown with the condition")
+    cs.add_argument("--for", dest="duration", default=None, help="how long: 90s, 30m, 2h (default: until cleared)")
+    cs.set_defaults(handler=condition_set)
+    cc = csub.add_parser("clear", help="clear a condition set by hand: the evaluated one counts again")
+    cc.add_argument("domain")
+    cc.set_defaults(handler=condition_clear)
+
+    e = sub.add_parser("events", help="the timeline of condition changes, newest first (kept 30 days)")
+    e.add_argument("--domain", default=None, help="only this domain (rack:r12-07)")
+    output_option(e)
+    e.set_defaults(handler=events)
+
     b = sub.add_parser("budget", help="set or remove one domain's power budget")
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
@@ -89,14 +109,74 @@ def overview(args) -> int:
                 kw(d["limit_watts"]),
                 kw(d["reserved_watts"]),
                 kw(d["measured_watts"]),
+                condition_text(d["condition"]),
                 hold_text,
             ]
         )
     window = f"{measured_window_seconds() / 60:g}m"
-    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "HOLD"], rows)
+    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD"], rows)
+    for source in data.get("sources") or []:
+        if not source["up"]:
+            print(f"source {source['name']} down: {source['last_error']} (last success {source['last_success_at'] or 'never'})")
     for node, progress in sorted(data["node_drains"].items()):
         print(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
               + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))
+    return 0
+
+
+SHOWN_SIGNALS = (("inlet_temp_c", "inlet {:.1f} °C"), ("thermal_throttle_share", "{:.0%} throttling"),
+                 ("cooling_alarm", "alarm {:g}"))
+
+
+def condition_text(c: dict) -> str:
+    """``hot (inlet 35.0 °C, 20 s old)``: the condition, its main reading and how old it is."""
+    if c["condition"] == "unknown" and not c["readings"]:
+        return "unknown"
+    shown = [fmt.format(c["readings"][key]) for key, fmt in SHOWN_SIGNALS if key in c["readings"]]
+    if c["age_seconds"] is not None:
+        shown.append(f"{c['age_seconds']:.0f} s old")
+    if c["overridden"]:
+        shown.insert(0, "set by hand")
+    mode = " observed" if c["mode"] == "observe" and c["condition"] in ("warm", "hot") else ""
+    return f"{c['condition']}{mode}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def condition_set(args) -> int:
+    from facility.sources import parse_duration
+    from llmgw.errors import InvalidInput
+
+    seconds = None
+    if args.duration is not None:
+        try:
+            seconds = parse_duration(args.duration)
+        except ValueError as exc:
+            raise InvalidInput(f"--for: {exc}", field="for") from exc
+    o = services.condition_override_set(
+        domain=args.domain, condition=args.condition, reason=args.reason, seconds=seconds, created_by="ctl"
+    )
+    until = f" until {o.until:%Y-%m-%d %H:%M}" if o.until else " until cleared"
+    print(f"{o.domain} set {o.condition}{until}: {o.reason}")
+    return 0
+
+
+def condition_clear(args) -> int:
+    services.condition_override_clear(domain=args.domain)
+    print(f"{args.domain}: condition set by hand cleared")
+    return 0
+
+
+def events(args) -> int:
+    from facility.selectors import condition_events
+
+    domain = services.clean_domain(args.domain) if args.domain else None
+    rows = condition_events(domain=domain)
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    print_table(
+        ["AT", "DOMAIN", "FROM", "TO", "REASON"],
+        [[e["at"][:19].replace("T", " "), e["domain"], e["from"], e["to"], e["reason"] or "-"] for e in rows],
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ Defaults: ASHRAE's recommended inlet envelope tops out at 27 °C and class A1 al
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -214,3 +215,130 @@ def worst(conditions: list[str]) -> str:
 def replace(state: DomainState, **changes) -> DomainState:
     """A copy of ``state`` with ``changes`` (for overrides and tests)."""
     return dataclasses.replace(state, **changes)
+
+
+# --- server.yaml's facility.conditions --------------------------------------------------------------
+
+THRESHOLD_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Thresholds))
+# Hold times are written as durations; the rest are numbers.
+_DURATION_KEYS = frozenset({"enter_seconds", "leave_seconds"})
+THRESHOLD_BOUNDS: dict[str, tuple[float, float]] = {
+    "warm_inlet_c": (-40.0, 150.0),
+    "hot_inlet_c": (-40.0, 150.0),
+    "band_c": (0.0, 50.0),
+    "enter_seconds": (0.0, 86_400.0),
+    "leave_seconds": (0.0, 86_400.0),
+    "slowdown_margin_c": (0.0, 100.0),
+    "hot_throttle_share": (0.0, 1.0),
+}
+
+
+class ConfigError(ValueError):
+    """A wrong value in a configuration block: ``path`` (keys from the block) and what to write."""
+
+    def __init__(self, path: tuple, message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRule:
+    """A domain's thresholds and mode: the cluster-wide ones, or its own override."""
+
+    thresholds: Thresholds = Thresholds()
+    mode: str = "observe"
+
+    @property
+    def enforce(self) -> bool:
+        return self.mode == "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionsConfig:
+    """``facility.conditions``: the mode (observe by default), thresholds, and per-domain overrides."""
+
+    default: DomainRule = DomainRule()
+    domains: Mapping[str, DomainRule] = field(default_factory=dict)
+
+    def rule(self, domain: str) -> DomainRule:
+        """The rule of a domain (``rack:r12-07``): its own, or the cluster's."""
+        return self.domains.get(domain, self.default)
+
+
+def _threshold_value(key: str, value: object, path: tuple) -> float:
+    from facility.sources import parse_duration  # sources imports this module's names
+
+    if key in _DURATION_KEYS:
+        try:
+            number = parse_duration(value)
+        except ValueError as exc:
+            raise ConfigError(path, str(exc)) from None
+    elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(path, f"a number, not {value!r}")
+    else:
+        number = float(value)
+    lo, hi = THRESHOLD_BOUNDS[key]
+    if not lo <= number <= hi:
+        raise ConfigError(path, f"between {lo:g} and {hi:g}, got {number:g}")
+    return number
+
+
+def _rule(raw: object, base: DomainRule, path: tuple, *, allow_domains: bool) -> tuple[DomainRule, object]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "a mapping of mode and thresholds")
+    allowed = ("mode", "thresholds", *(("domains",) if allow_domains else ()))
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError((*path, key), f"unknown key; this block takes: {', '.join(allowed)}")
+    mode = raw.get("mode", base.mode)
+    if mode not in MODES:
+        raise ConfigError((*path, "mode"), f"one of {', '.join(MODES)}, not {mode!r}")
+    thresholds_raw = raw.get("thresholds") or {}
+    if not isinstance(thresholds_raw, Mapping):
+        raise ConfigError((*path, "thresholds"), f"a mapping of {', '.join(THRESHOLD_KEYS)}")
+    values = {}
+    for key, value in thresholds_raw.items():
+        if key not in THRESHOLD_KEYS:
+            raise ConfigError((*path, "thresholds", key), f"unknown threshold; thresholds are {', '.join(THRESHOLD_KEYS)}")
+        values[key] = _threshold_value(key, value, (*path, "thresholds", key))
+    thresholds = dataclasses.replace(base.thresholds, **values)
+    if thresholds.hot_inlet_c < thresholds.warm_inlet_c:
+        raise ConfigError((*path, "thresholds", "hot_inlet_c"), "at least warm_inlet_c")
+    return DomainRule(thresholds, mode), raw.get("domains")
+
+
+def parse_conditions_config(raw: object) -> ConditionsConfig:
+    """``{mode, thresholds, domains: {rack:r12-07: {mode, thresholds}}}`` → ConditionsConfig; ConfigError names the path."""
+    from facility.domains import DomainError, parse_domain
+
+    if raw is None:
+        return ConditionsConfig()
+    default, domains_raw = _rule(raw, DomainRule(), (), allow_domains=True)
+    domains: dict[str, DomainRule] = {}
+    if domains_raw is not None:
+        if not isinstance(domains_raw, Mapping):
+            raise ConfigError(("domains",), "a mapping of domain (rack:r12-07) to {mode, thresholds}")
+        for name, rule_raw in domains_raw.items():
+            try:
+                domain = str(parse_domain(name))
+            except DomainError as exc:
+                raise ConfigError(("domains", name), str(exc)) from None
+            domains[domain], _ = _rule(rule_raw, default, ("domains", name), allow_domains=False)
+    return ConditionsConfig(default, domains)
+
+
+def describe(
+    condition: str, state: DomainState, values: Mapping[str, float], now: float, reason: str,
+    thresholds: Thresholds = Thresholds(),
+) -> str:
+    """A condition's reading in words, now: ``inlet 33.1 °C for 6 min, hot above 32 °C`` (else ``reason``)."""
+    inlet = values.get(INLET)
+    if condition == HOT and inlet is not None and state.above_hot_since is not None:
+        return f"inlet {inlet:.1f} °C for {_minutes(now - state.above_hot_since)}, hot above {thresholds.hot_inlet_c:g} °C"
+    if condition == WARM and inlet is not None and state.above_warm_since is not None:
+        return (
+            f"inlet {inlet:.1f} °C for {_minutes(now - state.above_warm_since)}, "
+            f"warm above {thresholds.warm_inlet_c:g} °C"
+        )
+    return reason

@@ -39,11 +39,46 @@ class DomainPowerCollector(Collector):
             held.add_metric(labels, 0.0 if hold is None else 2.0 if hold["drain"] else 1.0)
         yield from families.values()
         yield held
+        yield from condition_families()
 
     def describe(self) -> Iterator[Metric]:
         for name, _, doc in GAUGES:
             yield GaugeMetricFamily(name, doc, labels=LABELS)
         yield GaugeMetricFamily("llmgw_domain_held", "", labels=LABELS)
+        for name, _, labels in CONDITION_FAMILIES:
+            yield GaugeMetricFamily(name, "", labels=labels)
+
+
+CONDITION_FAMILIES = (
+    ("llmgw_domain_condition", "1 for the domain's current thermal condition, 0 for the others.",
+     [*LABELS, "condition"]),
+    ("llmgw_domain_reading_age_seconds", "How old the domain's latest reading of a signal is.", [*LABELS, "signal"]),
+    ("llmgw_facility_source_up", "1 while a facility source answered its last poll.", ["source"]),
+)
+
+
+def condition_families() -> Iterator[Metric]:
+    """Conditions, reading ages and source status, from what `llmgw ctl facility` shows."""
+    from django.utils import timezone
+
+    from facility.conditions import CONDITIONS
+    from facility.evaluation import effective_conditions
+    from facility.models import DomainCondition, SourceStatus
+
+    condition, age, up = (GaugeMetricFamily(name, doc, labels=labels) for name, doc, labels in CONDITION_FAMILIES)
+    now = timezone.now().timestamp()
+    for domain, state in sorted(effective_conditions().items()):
+        labels = [domain, domain.split(":", 1)[0]]
+        for name in CONDITIONS:
+            condition.add_metric([*labels, name], 1.0 if state["condition"] == name else 0.0)
+    for domain, readings in DomainCondition.objects.values_list("domain", "readings"):
+        for signal, reading in sorted((readings or {}).items()):
+            age.add_metric([domain, domain.split(":", 1)[0], signal], max(0.0, now - reading["at"]))
+    for name, is_up in SourceStatus.objects.values_list("name", "up"):
+        up.add_metric([name], 1.0 if is_up else 0.0)
+    yield condition
+    yield age
+    yield up
 
 
 _collector: DomainPowerCollector | None = None

@@ -46,6 +46,10 @@ class FacilitySettings(models.Model):
         help_text="Each node's own draw beyond its cards (blank: unknown).",
     )
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.ADMIN)
+    # server.yaml's facility.conditions and facility.sources, as validated (facility.conditions and
+    # facility.sources parse them again when read).
+    conditions = models.JSONField(default=dict, blank=True)
+    sources = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -143,3 +147,94 @@ class NodeSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_name} at {self.at:%Y-%m-%d %H:%M} ({self.resolution} min)"
+
+
+class Condition(models.TextChoices):
+    OK = "ok"
+    WARM = "warm"
+    HOT = "hot"
+    UNKNOWN = "unknown"
+
+
+class DomainCondition(models.Model):
+    """A domain's thermal condition as the last evaluation left it: the evaluator's timers and readings."""
+
+    domain = models.CharField(max_length=300, unique=True)
+    condition = models.CharField(max_length=8, choices=Condition.choices, default=Condition.UNKNOWN)
+    since = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=1000, blank=True)
+    # facility.conditions.DomainState's *_since timers, epoch seconds or null.
+    timers = models.JSONField(default=dict, blank=True)
+    # {signal: {"value": float, "at": epoch seconds, "source": name}}: the fresh readings it was judged by.
+    readings = models.JSONField(default=dict, blank=True)
+    evaluated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return f"{self.domain}: {self.condition}"
+
+
+class ConditionEvent(models.Model):
+    """A change of a domain's condition, with the readings that caused it (kept 30 days)."""
+
+    domain = models.CharField(max_length=300, db_index=True)
+    before = models.CharField(max_length=8, choices=Condition.choices)
+    after = models.CharField(max_length=8, choices=Condition.choices)
+    reason = models.CharField(max_length=1000, blank=True)
+    readings = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.domain}: {self.before} → {self.after}"
+
+
+class ConditionOverride(models.Model):
+    """A condition set by hand (a known sensor fault), until it is cleared or its time runs out."""
+
+    domain = models.CharField(max_length=300, unique=True)
+    condition = models.CharField(max_length=8, choices=Condition.choices)
+    reason = models.CharField(max_length=500)
+    until = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return f"{self.domain} set {self.condition}: {self.reason}"
+
+
+class SourceStatus(models.Model):
+    """Whether a facility source answered at its last poll: a fact shown, never a block."""
+
+    name = models.CharField(max_length=20, unique=True)
+    up = models.BooleanField(default=False)
+    last_error = models.CharField(max_length=2000, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_poll_at = models.DateTimeField(null=True, blank=True)
+    # The last poll's readings (prometheus), kept between polls: {domain: {signal: {value, at, stale_after}}}.
+    readings = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {'up' if self.up else 'down'}"
+
+
+class ScenarioRun(models.Model):
+    """The scenario the simulated source replays: its data, when it started and at what speed."""
+
+    name = models.CharField(max_length=100)
+    data = models.JSONField()
+    started_at = models.DateTimeField()
+    speed = models.FloatField(default=1.0)
+
+    def __str__(self) -> str:
+        return f"{self.name} from {self.started_at:%Y-%m-%d %H:%M:%S} at ×{self.speed:g}"

@@ -15,7 +15,9 @@ from django.utils import timezone
 from agents import bookings
 from agents.models import Node
 from agents.selectors import node_queryset
+from facility.conditions import UNKNOWN, worst
 from facility.domains import LABEL_PREFIX, LEVELS, location_text
+from facility.evaluation import effective_conditions
 from facility.models import Hold
 
 
@@ -30,6 +32,8 @@ class NodeRow:
     domains: list[str]
     hold: Hold | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The worst of its domains' thermal conditions (ok, warm, hot; unknown when none is known).
+    condition: str = "unknown"
 
     @property
     def name(self) -> str:
@@ -54,6 +58,7 @@ class NodeRow:
             "location": self.location,
             "domains": self.domains,
             "fabric": self.node.fabric or None,
+            "condition": self.condition,
             "last_heartbeat_at": self.node.last_heartbeat_at.isoformat() if self.node.last_heartbeat_at else None,
         }
 
@@ -82,11 +87,14 @@ def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = No
         qs = qs.filter(domains__domain=domain)
     holds = held_domains()
     now = timezone.now()
+    known = {domain: state["condition"] for domain, state in effective_conditions(now=now).items()}
     rows = []
     nodes = list(qs)
     booked = bookings.booked_gpus([node.pk for node in nodes])
     for node in nodes:
         domains = [d.domain for d in node.domains.all()]
         state, hold = node_state(node, domains, holds, now)
-        rows.append(NodeRow(node, state, node.gpus_total - booked.get(node.pk, 0), node.gpus_total, domains, hold))
+        condition = worst([known[d] for d in domains if d in known] or [UNKNOWN])
+        free = node.gpus_total - booked.get(node.pk, 0)
+        rows.append(NodeRow(node, state, free, node.gpus_total, domains, hold, condition=condition))
     return rows

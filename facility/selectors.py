@@ -11,7 +11,8 @@ from agents import bookings
 from agents.models import Node, NodeDomain
 from facility import power
 from facility.domains import LEVELS, Domain, parse_domain
-from facility.models import Budget, FacilitySettings, Hold
+from facility.evaluation import effective_conditions
+from facility.models import Budget, ConditionEvent, FacilitySettings, Hold, SourceStatus
 
 
 def facility_settings() -> power.FacilitySettings:
@@ -45,7 +46,8 @@ def facility_overview() -> dict[str, Any]:
     names: dict[int, str] = dict(Node.objects.values_list("id", "name"))
     for node_id, domain in NodeDomain.objects.values_list("node_id", "domain"):
         members[domain].append(node_id)
-    all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds)
+    conditions = effective_conditions(now=now)
+    all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds) | set(conditions)
     order = {level: i for i, level in enumerate(LEVELS)}
     rows = []
     for text in sorted(all_domains, key=lambda t: (order.get(t.split(":")[0], 99), t)):
@@ -66,6 +68,7 @@ def facility_overview() -> dict[str, Any]:
                 "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
                 "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
                 "over_limit": figure.is_over_limit,
+                "condition": condition_dict(conditions.get(text)),
                 "hold": (
                     {
                         "reason": hold.reason,
@@ -86,6 +89,7 @@ def facility_overview() -> dict[str, Any]:
             "node_watts": settings.node_watts,
         },
         "domains": rows,
+        "sources": source_statuses(),
     }
 
 
@@ -98,3 +102,53 @@ def domain_figures(*, domain: str) -> power.DomainPower:
     placed = bookings.placed_watts([n.pk for n in nodes])
     members = [power.NodePower(placed.get(n.pk, 0.0), n.fresh_measured_watts(now)) for n in nodes]
     return power.domain_power(parsed, members, budgets().get(parsed), settings)
+
+
+def condition_dict(state: dict[str, Any] | None) -> dict[str, Any]:
+    """A domain's condition as shown: condition, mode, the reading in words, readings and their age."""
+    if state is None:
+        return {"condition": "unknown", "mode": None, "detail": "no reading", "overridden": False,
+                "readings": {}, "age_seconds": None}
+    return {
+        "condition": state["condition"],
+        "mode": "enforce" if state["enforce"] else "observe",
+        "detail": state["detail"] or ("no fresh reading" if state["condition"] == "unknown" else ""),
+        "overridden": state["overridden"],
+        "readings": state["readings"],
+        "age_seconds": None if state["age_seconds"] is None else round(state["age_seconds"], 1),
+    }
+
+
+MAX_EVENTS = 1000
+
+
+def condition_events(*, domain: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """The timeline of condition changes, newest first (kept 30 days)."""
+    rows = ConditionEvent.objects.all()
+    if domain:
+        rows = rows.filter(domain=domain)
+    return [
+        {
+            "domain": e.domain,
+            "from": e.before,
+            "to": e.after,
+            "reason": e.reason,
+            "readings": e.readings,
+            "at": e.at.isoformat(),
+        }
+        for e in rows[: max(1, min(limit, MAX_EVENTS))]
+    ]
+
+
+def source_statuses() -> list[dict[str, Any]]:
+    """Each facility source's last poll: up or down, the last error, the last success."""
+    return [
+        {
+            "name": s.name,
+            "up": s.up,
+            "last_error": s.last_error,
+            "last_success_at": s.last_success_at.isoformat() if s.last_success_at else None,
+            "last_poll_at": s.last_poll_at.isoformat() if s.last_poll_at else None,
+        }
+        for s in SourceStatus.objects.all()
+    ]

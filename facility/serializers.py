@@ -83,6 +83,60 @@ class DomainHoldSerializer(serializers.Serializer):
     drain_text = serializers.CharField(allow_null=True)
 
 
+CONDITIONS = ("ok", "warm", "hot", "unknown")
+
+
+class ConditionStateSerializer(serializers.Serializer):
+    condition = serializers.ChoiceField(choices=CONDITIONS)
+    mode = serializers.ChoiceField(choices=("observe", "enforce"), allow_null=True)
+    detail = serializers.CharField(allow_blank=True, help_text="the reading in words")
+    overridden = serializers.BooleanField(help_text="set by hand")
+    readings = serializers.DictField(child=serializers.FloatField(), help_text="signal → latest value")
+    age_seconds = serializers.FloatField(allow_null=True, help_text="age of the oldest of those readings")
+
+
+class SourceStatusSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    up = serializers.BooleanField()
+    last_error = serializers.CharField(allow_blank=True)
+    last_success_at = serializers.DateTimeField(allow_null=True)
+    last_poll_at = serializers.DateTimeField(allow_null=True)
+
+
+# "from" is a Python keyword, so this serializer is made with type() rather than a class statement.
+ConditionEventSerializer = type(
+    "ConditionEventSerializer",
+    (serializers.Serializer,),
+    {
+        "__doc__": "A change of a domain's condition and the readings that caused it.",
+        "domain": serializers.CharField(),
+        "from": serializers.ChoiceField(choices=CONDITIONS),
+        "to": serializers.ChoiceField(choices=CONDITIONS),
+        "reason": serializers.CharField(allow_blank=True),
+        "readings": serializers.DictField(child=serializers.FloatField()),
+        "at": serializers.DateTimeField(),
+    },
+)
+
+
+class ConditionOverrideSerializer(StrictSerializer):
+    domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
+    condition = serializers.ChoiceField(choices=CONDITIONS)
+    reason = TextField(max_length=500)
+    for_seconds = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=366 * 86_400,
+        help_text="how long (seconds); not given: until cleared",
+    )
+
+
+class ConditionOverrideBodySerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    condition = serializers.ChoiceField(choices=CONDITIONS)
+    reason = serializers.CharField()
+    until = serializers.DateTimeField(allow_null=True)
+    created_by = serializers.CharField(allow_blank=True)
+
+
 class DomainRowSerializer(serializers.Serializer):
     domain = serializers.CharField(help_text="level:name")
     level = serializers.ChoiceField(choices=LEVELS)
@@ -95,6 +149,7 @@ class DomainRowSerializer(serializers.Serializer):
     limit_watts = serializers.FloatField(allow_null=True)
     other_watts = serializers.FloatField(allow_null=True)
     over_limit = serializers.BooleanField()
+    condition = ConditionStateSerializer()
     hold = DomainHoldSerializer(allow_null=True)
 
 
@@ -109,6 +164,7 @@ class FacilitySerializer(serializers.Serializer):
     settings = FacilitySettingsSerializer()
     domains = DomainRowSerializer(many=True)
     node_drains = serializers.DictField(child=DrainProgressSerializer(), help_text="node name → its drain")
+    sources = SourceStatusSerializer(many=True, help_text="each facility source's last poll")
 
 
 class HoldSerializer(StrictSerializer):

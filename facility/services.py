@@ -9,13 +9,25 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
 from django.db import transaction
+from django.utils import timezone
 
 from agents.node.protocol import value_shown
 from facility import power
+from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
 from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY, DomainError, parse_domain
-from facility.models import Budget, FacilitySettings, Hold, Source
+from facility.models import (
+    Budget,
+    ConditionEvent,
+    ConditionOverride,
+    FacilitySettings,
+    Hold,
+    ScenarioRun,
+    Source,
+)
 from facility.signals import facility_changed
+from facility.sources import SourcesConfig, parse_scenario, parse_sources_config
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.yamldoc import Document, load_documents, read_text
 
@@ -74,6 +86,29 @@ def clean_margin(value: Any, field: str = "margin") -> float:
 # -- server.yaml ---------------------------------------------------------------------------------------------
 
 
+def _parse_block(doc: Document, key: str, parse) -> Any:
+    """facility.<key> through its pure parser, its ConfigError as the file, line and path."""
+    try:
+        return parse(doc.data["facility"].get(key))
+    except ConfigError as exc:
+        raise doc.error(("facility", key, *exc.path), exc.message) from exc
+
+
+def _scenario_of(doc: Document, sources: SourcesConfig) -> Any:
+    """The simulated source's scenario file, read and checked now (relative to the server.yaml)."""
+    if sources.simulated_file is None:
+        return None
+    path = Path(sources.simulated_file)
+    if not path.is_absolute() and Path(doc.filename).is_file():
+        path = Path(doc.filename).parent / path
+    try:
+        data = yaml.safe_load(read_text(path))
+        parse_scenario(data)
+    except (OSError, InvalidInput, yaml.YAMLError, ValueError) as exc:
+        raise doc.error(("facility", "sources", "simulated", "file"), f"{path}: {exc}") from exc
+    return data
+
+
 def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
     """Validate a server.yaml document whole; return (settings, budgets) or raise naming file, line, field."""
     data = doc.data
@@ -85,7 +120,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "budgets")
+    known = (*SETTINGS_KEYS, "budgets", "conditions", "sources")
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -141,14 +176,26 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
     docs = load_documents(text, filename)
     if len(docs) != 1:
         raise InvalidInput(f"{filename}: expected one YAML document, found {len(docs)}")
-    values, budgets = _parse_facility(docs[0])
-    owns_budgets = isinstance(docs[0].data.get("facility"), dict) and "budgets" in docs[0].data["facility"]
+    doc = docs[0]
+    values, budgets = _parse_facility(doc)
+    block = doc.data.get("facility") if isinstance(doc.data, dict) else None
+    owns_budgets = isinstance(block, dict) and "budgets" in block
+    scenario = None
+    if isinstance(block, dict):
+        for key, parse in (("conditions", parse_conditions_config), ("sources", parse_sources_config)):
+            if key in block:
+                parsed = _parse_block(doc, key, parse)
+                values[key] = block[key] or {}
+                if key == "sources":
+                    scenario = _scenario_of(doc, parsed)
     settings = FacilitySettings.load()
     for key, value in values.items():
         setattr(settings, key, value)
     if values:
         settings.source = Source.FILE
         settings.save()
+    if scenario is not None:
+        scenario_start(data=scenario, speed=parse_sources_config(values["sources"]).simulated_speed, keep=True)
     created = updated = 0
     names = {b["domain"] for b in budgets}
     for item in budgets:
@@ -405,3 +452,79 @@ def release_text(*, domain: str) -> str:
         return f"no node is in {level} {name}: releasing changes no placement"
     shown = ", ".join(nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
     return f"new replicas may be placed on {level} {name}'s {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({shown}) again"
+
+
+# -- conditions: manual overrides and the simulated source ---------------------------------------------
+
+MAX_OVERRIDE_SECONDS = 366 * 86_400
+
+
+def condition_override_set(
+    *, domain: Any, condition: Any, reason: Any, seconds: float | None = None, created_by: str = ""
+) -> ConditionOverride:
+    """Set a domain's condition by hand (a known probe fault), for ``seconds`` or until cleared; kept as an event."""
+    values = hold_check(domain=domain, reason=reason)
+    if condition not in CONDITIONS:
+        raise InvalidInput(f"condition: one of {', '.join(CONDITIONS)}", field="condition")
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_OVERRIDE_SECONDS
+    ):
+        raise InvalidInput("for: a duration above 0, at most a year", field="for")
+    now = timezone.now()
+    until = now + timezone.timedelta(seconds=seconds) if seconds else None
+    with transaction.atomic():
+        override, _ = ConditionOverride.objects.update_or_create(
+            domain=values["domain"],
+            defaults={"condition": condition, "reason": values["reason"], "until": until, "created_by": created_by},
+        )
+        ConditionEvent.objects.create(
+            domain=values["domain"], before=_evaluated(values["domain"]), after=condition,
+            reason=f"set by hand: {values['reason']}" + (f" (by {created_by})" if created_by else ""), at=now,
+        )
+        facility_changed_send()
+    return override
+
+
+def condition_override_clear(*, domain: Any) -> None:
+    """Clear a manual condition: the evaluated one counts again."""
+    domain = clean_domain(domain)
+    with transaction.atomic():
+        override = ConditionOverride.objects.filter(domain=domain).first()
+        if override is None:
+            raise NotFound(f"{domain} has no condition set by hand", field="domain")
+        override.delete()
+        ConditionEvent.objects.create(
+            domain=domain, before=override.condition, after=_evaluated(domain), reason="cleared by hand",
+            at=timezone.now(),
+        )
+        facility_changed_send()
+
+
+def _evaluated(domain: str) -> str:
+    from facility.models import DomainCondition
+
+    return DomainCondition.objects.filter(domain=domain).values_list("condition", flat=True).first() or "unknown"
+
+
+def scenario_start(*, data: Any, speed: float = 1.0, keep: bool = False, started_at=None) -> ScenarioRun:
+    """Replay a scenario into the simulated source from now (``keep``: leave one of that name running)."""
+    try:
+        scenario = parse_scenario(data)
+    except ValueError as exc:
+        raise InvalidInput(f"scenario: {exc}", field="scenario") from exc
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not 0 < speed <= 10_000:
+        raise InvalidInput("speed: a number above 0, at most 10000", field="speed")
+    with transaction.atomic():
+        current = ScenarioRun.objects.first()
+        if keep and current is not None and current.name == scenario.name:
+            return current
+        ScenarioRun.objects.all().delete()
+        return ScenarioRun.objects.create(
+            name=scenario.name, data=data, speed=float(speed), started_at=started_at or timezone.now()
+        )
+
+
+def scenario_stop() -> int:
+    """Stop replaying: the simulated readings age out."""
+    deleted, _ = ScenarioRun.objects.all().delete()
+    return deleted

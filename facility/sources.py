@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from facility.conditions import SIGNALS, Reading
+from facility.conditions import INLET, SIGNALS, SLOWDOWN_MARGIN, THROTTLE_SHARE, Reading
 from facility.domains import LEVELS, Domain, DomainError, parse_domain
 
 _DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
@@ -261,3 +261,190 @@ def parse_scenario(data: Any) -> Scenario:
         tracks.append(Track(tuple(domains), signal, tuple(points), stale))
     duration = max(t.points[-1][0] for t in tracks)
     return Scenario(name, tuple(tracks), duration)
+
+
+# --- server.yaml's facility.sources --------------------------------------------------------------------
+
+SOURCE_NAMES = ("agents", "prometheus", "static", "simulated")
+MAX_SPEED = 10_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusSource:
+    """Where the Prometheus is, how often to ask it, and which queries give which signal."""
+
+    url: str
+    interval: float = 30.0
+    signals: tuple[QuerySignal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SourcesConfig:
+    """``facility.sources``: which sources give readings (the agents' unless turned off)."""
+
+    agents: bool = True
+    prometheus: PrometheusSource | None = None
+    static: Mapping[Domain, Mapping[str, float]] = field(default_factory=dict)
+    simulated_file: str | None = None
+    simulated_speed: float = 1.0
+
+
+def parse_sources_config(raw: Any) -> SourcesConfig:
+    """The sources block → SourcesConfig; ConfigError names the path (``prometheus.signals.inlet_temp_c``)."""
+    from facility.conditions import ConfigError
+
+    if raw is None:
+        return SourcesConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError((), f"a mapping with any of {', '.join(SOURCE_NAMES)}")
+    for key in raw:
+        if key not in SOURCE_NAMES:
+            raise ConfigError((key,), f"unknown source; sources are {', '.join(SOURCE_NAMES)}")
+    agents = raw.get("agents", True)
+    if not isinstance(agents, bool):
+        raise ConfigError(("agents",), "true or false")
+    prometheus = None
+    if raw.get("prometheus") is not None:
+        block = raw["prometheus"]
+        if not isinstance(block, Mapping):
+            raise ConfigError(("prometheus",), "a mapping of url, interval and signals")
+        for key in block:
+            if key not in ("url", "interval", "signals"):
+                raise ConfigError(("prometheus", key), "unknown key; prometheus takes: url, interval, signals")
+        url = block.get("url")
+        if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s]{1,1000}", url):
+            raise ConfigError(("prometheus", "url"), "an http(s) URL, e.g. http://monitoring:9090")
+        try:
+            interval = parse_duration(block.get("interval", 30))
+        except ValueError as exc:
+            raise ConfigError(("prometheus", "interval"), str(exc)) from None
+        if not 1 <= interval <= 3600:
+            raise ConfigError(("prometheus", "interval"), "between 1 s and 1 h")
+        signals_raw = block.get("signals")
+        if not isinstance(signals_raw, Mapping) or not signals_raw:
+            raise ConfigError(("prometheus", "signals"), "a mapping of signal to {query, domain_label, stale_after}")
+        try:
+            signals = parse_query_signals(signals_raw)
+        except ValueError as exc:
+            where, _, message = str(exc).partition(": ")
+            raise ConfigError(("prometheus", "signals", *where.split(".")), message) from None
+        prometheus = PrometheusSource(url, interval, tuple(signals))
+    static: dict[Domain, dict[str, float]] = {}
+    static_raw = raw.get("static") or {}
+    if not isinstance(static_raw, Mapping):
+        raise ConfigError(("static",), "a mapping of domain (rack:r1-01) to {signal: value}")
+    for name, values in static_raw.items():
+        try:
+            domain = parse_domain(name)
+        except DomainError as exc:
+            raise ConfigError(("static", name), str(exc)) from None
+        if not isinstance(values, Mapping):
+            raise ConfigError(("static", name), "a mapping of signal to value")
+        for signal, value in values.items():
+            if signal not in SIGNALS:
+                raise ConfigError(("static", name, signal), f"unknown signal; signals are {', '.join(SIGNALS)}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or abs(value) > MAX_ABS_VALUE:
+                raise ConfigError(("static", name, signal), "a number")
+            static.setdefault(domain, {})[signal] = float(value)
+    simulated_file, speed = None, 1.0
+    if raw.get("simulated") is not None:
+        block = raw["simulated"]
+        if not isinstance(block, Mapping):
+            raise ConfigError(("simulated",), "a mapping of file and speed")
+        for key in block:
+            if key not in ("file", "speed"):
+                raise ConfigError(("simulated", key), "unknown key; simulated takes: file, speed")
+        simulated_file = block.get("file")
+        if not isinstance(simulated_file, str) or not simulated_file.strip():
+            raise ConfigError(("simulated", "file"), "the path of a scenario file")
+        speed = block.get("speed", 1)
+        if isinstance(speed, bool) or not isinstance(speed, int | float) or not 0 < speed <= MAX_SPEED:
+            raise ConfigError(("simulated", "speed"), f"a number above 0, at most {MAX_SPEED:g}")
+        speed = float(speed)
+    return SourcesConfig(agents, prometheus, static, simulated_file, speed)
+
+
+def static_readings(values: Mapping[Domain, Mapping[str, float]], *, now: float) -> dict[Domain, dict[str, Reading]]:
+    """The static source's fixed values, fresh whenever asked."""
+    return {
+        domain: {signal: Reading(value, now, math.inf, "static") for signal, value in signals.items()}
+        for domain, signals in values.items()
+    }
+
+
+# --- the agents' source: what nodes read about themselves, per domain ------------------------------------
+
+THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSensors:
+    """One node's latest sensors as the agents' source reads them, and when they were taken."""
+
+    domains: tuple[Domain, ...]
+    sensors: Mapping[str, Any]
+    at: float
+
+
+def agents_readings(
+    nodes: list[NodeSensors], *, now: float, stale_after: float = 120.0
+) -> dict[Domain, dict[str, Reading]]:
+    """Per domain: inlet (the highest of its nodes'), the share of its GPUs throttling for heat, and the
+    hottest GPU's margin to its slowdown temperature (where the driver gives it). Stale nodes are left out."""
+    inlet: dict[Domain, tuple[float, float]] = {}
+    gpus: dict[Domain, list[int]] = {}  # [throttling, total]
+    margin: dict[Domain, float] = {}
+    oldest: dict[Domain, float] = {}
+    for node in nodes:
+        if now - node.at > stale_after:
+            continue
+        s = node.sensors or {}
+        node_inlet = s.get("inlet_temperature_celsius")
+        cards = s.get("gpus") or []
+        throttling = sum(1 for g in cards if THERMAL_REASONS & set(g.get("throttle_reasons") or ()))
+        margins = [
+            g["slowdown_temperature_celsius"] - g["temperature_celsius"]
+            for g in cards
+            if g.get("slowdown_temperature_celsius") is not None and g.get("temperature_celsius") is not None
+        ]
+        for domain in node.domains:
+            if node_inlet is not None and (domain not in inlet or node_inlet > inlet[domain][0]):
+                inlet[domain] = (float(node_inlet), node.at)
+            if cards:
+                counts = gpus.setdefault(domain, [0, 0])
+                counts[0] += throttling
+                counts[1] += len(cards)
+            if margins:
+                margin[domain] = min(margin.get(domain, math.inf), min(margins))
+            if node_inlet is not None or cards:
+                oldest[domain] = min(oldest.get(domain, node.at), node.at)
+    found: dict[Domain, dict[str, Reading]] = {}
+    for domain, (value, at) in inlet.items():
+        found.setdefault(domain, {})[INLET] = Reading(value, at, stale_after, "agents")
+    for domain, (throttling, total) in gpus.items():
+        found.setdefault(domain, {})[THROTTLE_SHARE] = Reading(throttling / total, oldest[domain], stale_after, "agents")
+    for domain, value in margin.items():
+        found.setdefault(domain, {})[SLOWDOWN_MARGIN] = Reading(value, oldest[domain], stale_after, "agents")
+    return found
+
+
+def merge_readings(
+    *sources: Mapping[Domain, Mapping[str, Reading]], now: float
+) -> dict[Domain, dict[str, Reading]]:
+    """Several sources' fresh readings in one: for a signal given twice, the worse value (the smaller margin)."""
+    merged: dict[Domain, dict[str, Reading]] = {}
+    for readings in sources:
+        for domain, signals in readings.items():
+            into = merged.setdefault(domain, {})
+            for signal, reading in signals.items():
+                old = into.get(signal)
+                if not reading.is_fresh(now):
+                    continue
+                if old is None:
+                    into[signal] = reading
+                elif signal == SLOWDOWN_MARGIN:
+                    into[signal] = reading if reading.value < old.value else old
+                elif reading.value > old.value:
+                    into[signal] = reading
+    return merged

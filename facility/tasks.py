@@ -11,3 +11,11 @@ def history_record() -> None:
     from facility.history import history_record as record
 
     record()
+
+
+@shared_task(name="facility.tasks.evaluate_conditions", ignore_result=True)
+def evaluate_conditions() -> None:
+    """Poll the facility sources and judge every domain's condition; a change asks for a reconcile."""
+    from facility.evaluation import conditions_evaluate
+
+    conditions_evaluate()

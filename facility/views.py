@@ -97,7 +97,7 @@ def rack_places() -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
 def worst_first(domain: Mapping[str, Any]) -> tuple:
     """Sort key: a bad condition first, then least headroom (over, near, tight…), held, then name."""
     condition = domain.get("condition") or {}
-    state = condition.get("state") if isinstance(condition, Mapping) else condition
+    state = condition.get("condition") if isinstance(condition, Mapping) else condition
     return (
         CONDITION_ORDER.get(str(state), 2),
         HEADROOM_ORDER[domain["headroom"]],

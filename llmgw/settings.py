@@ -217,6 +217,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "agents.filtersets.STATES",
         "ReplicaStateEnum": "placement.serializers.REPLICA_STATES",
+        "ConditionEnum": "facility.serializers.CONDITIONS",
     },
 }
 
@@ -240,6 +241,7 @@ CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", 
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "180"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 RECONCILE_INTERVAL_SECONDS = float(os.environ.get("LLMGW_RECONCILE_INTERVAL", "15"))
+CONDITIONS_INTERVAL_SECONDS = float(os.environ.get("LLMGW_CONDITIONS_INTERVAL", "15"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "placement.tasks.reconcile",
@@ -251,6 +253,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "facility.tasks.history_record",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    # Thermal conditions: the sources polled (each at its own interval) and every domain judged.
+    "facility-conditions": {
+        "task": "facility.tasks.evaluate_conditions",
+        "schedule": CONDITIONS_INTERVAL_SECONDS,
+        "options": {"expires": CONDITIONS_INTERVAL_SECONDS},
     },
 }
 HISTORY_INTERVAL_SECONDS = 60.0

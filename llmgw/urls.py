@@ -15,6 +15,12 @@ api_v1 = [
     path("facility/holds", facility_api.HoldListView.as_view(), name="holds"),
     path("facility/holds/<path:domain>", facility_api.HoldDetailView.as_view(), name="hold"),
     path("facility/budgets", facility_api.BudgetListView.as_view(), name="budgets"),
+    path("facility/events", facility_api.ConditionEventListView.as_view(), name="condition-events"),
+    path("facility/conditions", facility_api.ConditionOverrideListView.as_view(), name="condition-overrides"),
+    path(
+        "facility/conditions/<path:domain>", facility_api.ConditionOverrideDetailView.as_view(),
+        name="condition-override",
+    ),
     path("facility/budgets/<path:domain>", facility_api.BudgetDetailView.as_view(), name="budget"),
     path("nodes", agents_api.NodeListView.as_view(), name="nodes"),
     path("nodes/<str:name>", agents_api.NodeDetailView.as_view(), name="node"),

@@ -148,6 +148,8 @@ def explain(args) -> int:
             print(f"{head} on {shards_text(r['shards'])}")
             if r.get("why"):
                 print(f"  why: {r['why']}")
+            for note in r.get("notes") or []:
+                print(f"  {note}")
             if r.get("summary"):
                 print(f"  {r['summary']}")
         for c in r.get("conflicts") or []:

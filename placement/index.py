@@ -4,11 +4,12 @@
 A reconcile run places many replicas in a row, so this index keeps what the plain path recomputes:
 
 - nodes grouped by location (their tuple of domains), each group's nodes bucketed by free GPUs and by
-  replicas, names sorted, so candidates come out in the planner's order without sorting the cluster;
+  replicas, with the group's condition verdict (refusal, rank, notes) worked out once;
 - each budgeted domain's use, updated by the change of one node's term when a shard is applied.
 
-:meth:`PlacementIndex.plan` walks candidates best first and stops at the first that passes every
-filter, so a fit costs a handful of checks. It gives the same plan as ``plan_replica`` (a property
+:meth:`PlacementIndex.plan` takes groups by their part of the order (spreading, condition), sorts only
+the candidates of the best such tier, and stops at the first that passes every filter, so a fit costs
+one tier's sort and a handful of checks. It gives the same plan as ``plan_replica`` (a property
 test holds the two together): the same filters and keys, shared with the planner module, and the same
 kept rejections (candidates ranked ahead of the chosen one). A multi-node replica, and a no-fit (which
 reports every node), go through ``plan_replica`` on the indexed views.
@@ -17,13 +18,12 @@ reports every node), go through ``plan_replica`` on the indexed views.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from facility.domains import Domain
-from facility.power import Budget, node_use_added_watts, node_use_watts
+from facility.power import Budget, node_use_watts
 from placement.planner import (
     SPREAD_LEVELS,
     FacilityView,
@@ -32,15 +32,19 @@ from placement.planner import (
     Plan,
     ReplicaRequest,
     ShardPlan,
+    added_of,
     apply_shard,
     base_rejection,
+    blocked_reason,
+    condition_verdict,
     draw_of,
-    has_cards_for,
-    held_reason,
-    pack_value,
+    headroom_step,
+    order_key,
     plan_replica,
     power_rejection_in,
     shard_for,
+    spread_counts,
+    spread_of,
     why_text,
 )
 
@@ -79,7 +83,7 @@ class _Cell:
 class _Group:
     """Nodes with the same domains: one rack's (and PDU's) worth, typically."""
 
-    __slots__ = ("domains", "spread", "cells", "by_free", "by_replicas")
+    __slots__ = ("domains", "spread", "cells", "by_free", "by_replicas", "rank", "notes")
 
     def __init__(self, domains: tuple[Domain, ...]) -> None:
         self.domains = domains
@@ -87,6 +91,11 @@ class _Group:
         self.cells: tuple[_Cell, ...] = ()
         self.by_free: dict[int, list[str]] = {}
         self.by_replicas: dict[int, list[str]] = {}
+        self.rank = 0
+        self.notes: tuple[str, ...] = ()
+
+    def set_conditions(self, facility: FacilityView) -> None:
+        _, self.rank, self.notes = condition_verdict(self.domains, facility.conditions)
 
 
 class _Entry:
@@ -124,12 +133,6 @@ class PlacementIndex:
         self._cells: dict[Domain, _Cell] = {}
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
-        self._groups_by_domain: dict[Domain, list[_Group]] = {}
-        self._by_free: dict[int, list[str]] = {}
-        self._by_replicas: dict[int, list[str]] = {}
-        self._weights: dict[str, set[str]] = {}
-        # model -> (existing replicas, their racks and PDUs, groups -> how many of those they share)
-        self._spread_cache: dict[str, tuple[tuple[frozenset[str], ...], set[Domain], dict[_Group, int]]] = {}
         for node in nodes:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name!r} is listed twice")
@@ -161,8 +164,6 @@ class PlacementIndex:
     def update_node(self, node: NodeView) -> None:
         """Add a node, or replace its view (a heartbeat, a label change, a refresh after a lost race)."""
         old = self._nodes.get(node.name)
-        if old is None or old.node.domains != node.domains:
-            self._spread_cache.clear()
         if old is not None:
             self._drop(old)
         self._add(node)
@@ -171,18 +172,18 @@ class PlacementIndex:
         """Forget a node (deleted); unknown names are ignored."""
         old = self._nodes.get(name)
         if old is not None:
-            self._spread_cache.clear()
             self._drop(old)
 
     def set_facility(self, facility: FacilityView) -> None:
-        """New settings, budgets or holds: holds and domain use are worked out again from the nodes."""
+        """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
         self._facility = facility
         margin = facility.settings.margin
         self._cells = {domain: _Cell(budget, margin) for domain, budget in facility.budgets.items()}
         for group in self._groups.values():
             group.cells = tuple(self._cells[d] for d in group.domains if d in self._cells)
+            group.set_conditions(facility)
         for entry in self._nodes.values():
-            entry.held = held_reason(entry.node, facility.holds)
+            entry.held = blocked_reason(entry.node, facility)
             if entry.group.cells:
                 term = self._term(entry.node)
                 for cell in entry.group.cells:
@@ -205,15 +206,10 @@ class PlacementIndex:
         if group is None:
             group = self._groups[node.domains] = _Group(node.domains)
             group.cells = tuple(self._cells[d] for d in node.domains if d in self._cells)
-            for domain in group.spread:
-                self._groups_by_domain.setdefault(domain, []).append(group)
-        self._nodes[node.name] = _Entry(node, group, held_reason(node, self._facility.holds))
+            group.set_conditions(self._facility)
+        self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility))
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
-        _insert(self._by_free, len(node.free_gpus), node.name)
-        _insert(self._by_replicas, node.replicas, node.name)
-        for model in node.weights:
-            self._weights.setdefault(model, set()).add(node.name)
         if group.cells:
             term = self._term(node)
             for cell in group.cells:
@@ -224,13 +220,6 @@ class PlacementIndex:
         del self._nodes[node.name]
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
-        _remove(self._by_free, len(node.free_gpus), node.name)
-        _remove(self._by_replicas, node.replicas, node.name)
-        for model in node.weights:
-            holders = self._weights[model]
-            holders.discard(node.name)
-            if not holders:
-                del self._weights[model]
         if group.cells:
             term = self._term(node)
             for cell in group.cells:
@@ -238,110 +227,63 @@ class PlacementIndex:
 
     # --- planning -------------------------------------------------------------------------------
 
-    def _spread(self, request: ReplicaRequest) -> tuple[set[Domain], dict[_Group, int]]:
-        """The model's racks and PDUs, and how many each group shares; extended, not redone, per replica."""
-        existing = request.existing
-        cached = self._spread_cache.get(request.model)
-        if cached is not None and existing[: len(cached[0])] == cached[0]:
-            known, spread, shared = cached
-            added = existing[len(known) :]
-        else:
-            spread, shared, added = set(), {}, existing
-        for replica in added:
-            for name in replica:
-                entry = self._nodes.get(name)
-                if entry is None:
-                    continue
-                for domain in entry.group.spread:
-                    if domain not in spread:
-                        spread.add(domain)
-                        for group in self._groups_by_domain.get(domain, ()):
-                            shared[group] = shared.get(group, 0) + 1
-        self._spread_cache[request.model] = (existing, spread, shared)
-        return spread, shared
+    def _tiers(self, request: ReplicaRequest) -> tuple[dict[Domain, int], list[list[_Group]]]:
+        """Groups by their part of the order, best first: replicas in their racks and PDUs, then condition."""
+        by_name = {name: entry.node for name, entry in self._nodes.items()}
+        counts = spread_counts(request.existing, by_name)
+        tiers: dict[tuple[int, int], list[_Group]] = {}
+        for group in self._groups.values():
+            tiers.setdefault((spread_of(group.spread, counts), group.rank), []).append(group)
+        return counts, [tiers[key] for key in sorted(tiers)]
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
         if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
-        settings = self._facility.settings
-        spread, shared = self._spread(request)
-        levels = sorted(set(shared.values()))
-        if len(shared) < len(self._groups):
-            levels.insert(0, 0)
-        holders = self._weights.get(request.model, set())
-        weighted = sorted(
-            (shared.get(entry.group, 0), pack_value(entry.node, profile), name)
-            for name, entry in ((name, self._nodes[name]) for name in holders)
-            if has_cards_for(entry.node, profile)
-        )
+        facility = self._facility
+        settings = facility.settings
+        use = {domain: cell.use for domain, cell in self._cells.items()}
+        gpus = profile.gpus
         rejections: dict[str, str] = {}
-        for level in levels:
-            # Holders of the weights first, within the level; then everyone else by bin packing.
-            first = [self._nodes[name] for s, _, name in weighted if s == level]
-            for entries in (first, self._others(level, shared, profile.gpus, holders)):
-                for entry in entries:
-                    node = entry.node
-                    draw = draw_of(node, profile, settings)
-                    reason = base_rejection(node, profile, entry.held, exclude)
-                    if reason is None:
-                        # The first budgeted domain in level order that refuses, as plan_replica says it.
-                        added = node_use_added_watts(node.placed_watts, node.measured_watts, draw, settings)
-                        for cell in entry.group.cells:
-                            reason = cell.refusal(draw, added)
-                            if reason is not None:
-                                break
-                    if reason is not None:
-                        rejections[node.name] = reason
+        counts, tiers = self._tiers(request)
+        for tier in tiers:
+            candidates = []
+            for group in tier:
+                buckets = group.by_free if gpus > 0 else group.by_replicas
+                spread = spread_of(group.spread, counts)
+                for bucket, names in buckets.items():
+                    if gpus > 0 and bucket < gpus:
                         continue
-                    return Plan(
-                        shards=(shard_for(node, profile, draw),),
-                        why=why_text(node, request, frozenset(spread)),
-                        rejections=rejections,
-                    )
+                    for name in names:
+                        node = self._nodes[name].node
+                        draw = draw_of(node, profile, settings)
+                        added = added_of(node, draw, settings)
+                        step = headroom_step(group.domains, added, facility, use)
+                        key = order_key(node, profile, request.model, spread, group.rank, step)
+                        candidates.append((key, name, draw, added, step))
+            candidates.sort()
+            for _, name, draw, added, step in candidates:
+                entry = self._nodes[name]
+                node = entry.node
+                reason = base_rejection(node, profile, entry.held, exclude)
+                if reason is None:
+                    # The first budgeted domain in level order that refuses, as plan_replica says it.
+                    for cell in entry.group.cells:
+                        reason = cell.refusal(draw, added or 0.0)
+                        if reason is not None:
+                            break
+                if reason is not None:
+                    rejections[name] = reason
+                    continue
+                return Plan(
+                    shards=(shard_for(node, profile, draw),),
+                    why=why_text(node, request, counts, entry.group.rank, step),
+                    rejections=rejections,
+                    notes=entry.group.notes,
+                )
         # Nothing fits: the plain path reports every node, as a no-fit must.
         return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
-
-    def _others(
-        self, level: int, shared: dict[_Group, int], gpus: int, holders: set[str]
-    ) -> Iterator[_Entry]:
-        """Non-holders sharing ``level`` racks/PDUs with the replicas, best bin packing first, by name."""
-        total = len(self._groups)
-        if level == 0:
-            size = total - len(shared)
-        else:
-            size = sum(1 for count in shared.values() if count == level)
-        nodes = self._nodes
-        buckets = self._by_free if gpus > 0 else self._by_replicas
-        walk_all = size * 4 >= total
-        if not walk_all:
-            if level == 0:
-                groups = [group for group in self._groups.values() if group not in shared]
-            else:
-                groups = [group for group, count in shared.items() if count == level]
-        for bucket in sorted(b for b in buckets if b >= gpus):
-            if walk_all:
-                # Most groups are at this level: walk the cluster-wide list, skipping the others.
-                for name in buckets[bucket]:
-                    if name in holders:
-                        continue
-                    entry = nodes[name]
-                    if shared.get(entry.group, 0) == level:
-                        yield entry
-            else:
-                # Few groups at this level: merge their own sorted lists.
-                lists = [
-                    names
-                    for group in groups
-                    if (names := (group.by_free if gpus > 0 else group.by_replicas).get(bucket))
-                ]
-                if not lists:
-                    continue
-                merged = lists[0] if len(lists) == 1 else heapq.merge(*lists)
-                for name in merged:
-                    if name not in holders:
-                        yield nodes[name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,14 @@ Filters, in the order they are checked, each with its reason in words:
 4. for a multi-node replica: a fabric, the keep_within label, and a group with enough nodes;
 5. power: ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard (~2.8 kW)``.
 
-What passes is ordered, never filtered, by :func:`order_key`: nodes sharing fewer racks and PDUs
-with the model's replicas first, then nodes holding the weights, then bin packing, then the name.
+A node in a domain that is ``hot`` under ``enforce`` mode is refused as a hold would refuse it
+(``rack r12-07 is hot (inlet 33.1 °C for 6 min, hot above 32 °C)``); under ``observe`` mode it is not,
+and the plan notes ``would have refused: …`` instead.
+
+What passes is ordered, never filtered, by :func:`order_key`: fewest of the model's replicas in the
+node's racks and PDUs first (counted, so replicas stay even), then condition (ok before warm, under
+enforce mode), then the power headroom left in the node's rack after the shard (more first, in coarse
+steps of a tenth of the limit), then nodes holding the weights, then bin packing, then the name.
 
 :func:`plan_replica` is the plain, whole-cluster evaluation; :class:`placement.index.PlacementIndex`
 is the fast path for a long run of placements and gives the same plans.
@@ -23,10 +29,12 @@ is the fast path for a long run of placements and gives the same plans.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from facility.conditions import HOT, WARM
 from facility.domains import LABEL_PREFIX, Domain
 from facility.power import (
     Budget,
@@ -43,6 +51,9 @@ from placement.selector import Selector
 SPREAD_LEVELS = frozenset({"rack", "pdu"})
 SUMMARY_GROUPS = 5
 EPSILON_GIB = 1e-9
+# Headroom is compared in steps of a tenth of the rack's limit, so bin packing still decides inside one.
+HEADROOM_STEPS = 10
+FULL_HEADROOM = HEADROOM_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +93,31 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainCondition:
+    """A domain's thermal condition as placement reads it: ok/warm/hot/unknown, enforced or observed.
+
+    ``detail`` is the reading in words (``inlet 33.1 °C for 6 min, hot above 32 °C``).
+    """
+
+    condition: str
+    enforce: bool = False
+    detail: str = ""
+
+    def words(self, domain: Domain) -> str:
+        """``rack r12-07 is hot (inlet 33.1 °C for 6 min, hot above 32 °C)``."""
+        text = f"{domain.label} is {self.condition}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+@dataclass(frozen=True, slots=True)
 class FacilityView:
-    """The facility figures placement reads: settings, budgets by domain, holds (domain → reason)."""
+    """The facility figures placement reads: settings, budgets by domain, holds (domain → reason),
+    and the domains' thermal conditions (only those not ok or unknown need be listed)."""
 
     settings: FacilitySettings = field(default_factory=FacilitySettings)
     budgets: Mapping[Domain, Budget] = field(default_factory=dict)
     holds: Mapping[Domain, str] = field(default_factory=dict)
+    conditions: Mapping[Domain, DomainCondition] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +147,8 @@ class Plan:
     shards: tuple[ShardPlan, ...]
     why: str
     rejections: dict[str, str]
+    # What observe mode would have done differently on the chosen nodes: "would have refused: …".
+    notes: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -135,24 +167,96 @@ class NoFit:
 # --- pieces the plain path and the index share, so the two cannot disagree ---------------------------
 
 
-def existing_spread_domains(
+def spread_counts(
     existing: Iterable[frozenset[str]], nodes_by_name: Mapping[str, NodeView]
-) -> frozenset[Domain]:
-    """The racks and PDUs the model's replicas already run in (nodes no longer known are skipped)."""
-    found: set[Domain] = set()
+) -> dict[Domain, int]:
+    """How many of the model's replicas run in each rack and PDU (nodes no longer known are skipped).
+
+    A replica counts once per domain however many of its nodes sit there.
+    """
+    counts: dict[Domain, int] = {}
     for replica in existing:
+        domains: set[Domain] = set()
         for name in replica:
             node = nodes_by_name.get(name)
             if node is not None:
-                found.update(d for d in node.domains if d.level in SPREAD_LEVELS)
-    return frozenset(found)
+                domains.update(d for d in node.domains if d.level in SPREAD_LEVELS)
+        for domain in domains:
+            counts[domain] = counts.get(domain, 0) + 1
+    return counts
 
 
-def shared_domains(node: NodeView, spread: frozenset[Domain]) -> tuple[Domain, ...]:
-    """The node's racks and PDUs that the model's replicas already run in."""
-    if not spread:
-        return ()
-    return tuple(d for d in node.domains if d in spread)
+def spread_of(domains: Iterable[Domain], counts: Mapping[Domain, int]) -> int:
+    """The replicas already in a node's racks and PDUs, summed: fewer first (the skew stays small)."""
+    if not counts:
+        return 0
+    return sum(counts.get(d, 0) for d in domains if d.level in SPREAD_LEVELS)
+
+
+def condition_verdict(
+    domains: Iterable[Domain], conditions: Mapping[Domain, DomainCondition]
+) -> tuple[str | None, int, tuple[str, ...]]:
+    """What the node's domains' conditions do to a placement: (refusal, rank, observe-mode notes).
+
+    The refusal is the first domain (level order) hot under enforce mode; the rank is 1 when a domain
+    is warm (or hot) under enforce mode, else 0 (ok and unknown place alike); under observe mode the
+    notes say what enforcement would have done, and nothing else changes.
+    """
+    if not conditions:
+        return None, 0, ()
+    refusal: str | None = None
+    rank = 0
+    would_refuse: str | None = None
+    would_score: str | None = None
+    for domain in domains:
+        state = conditions.get(domain)
+        if state is None or state.condition not in (HOT, WARM):
+            continue
+        words = state.words(domain)
+        if state.enforce:
+            rank = 1
+            if state.condition == HOT and refusal is None:
+                refusal = words
+        elif state.condition == HOT:
+            would_refuse = would_refuse or words
+        else:
+            would_score = would_score or words
+    notes: list[str] = []
+    if would_refuse and refusal is None:
+        notes.append(f"would have refused: {would_refuse}")
+    if would_score and rank == 0:
+        notes.append(f"would have scored down: {would_score}")
+    return refusal, rank, tuple(notes)
+
+
+def added_of(node: NodeView, draw: float | None, settings: FacilitySettings) -> float | None:
+    """What the shard adds to each of the node's domains' use (None when its draw is unknown)."""
+    return None if draw is None else node_use_added_watts(node.placed_watts, node.measured_watts, draw, settings)
+
+
+def headroom_step(
+    domains: Iterable[Domain], added: float | None, facility: FacilityView, use: Mapping[Domain, float]
+) -> int:
+    """Tenths of the node's rack limit left free after the shard (0 to 10); 10 without a rack budget.
+
+    ``added`` is what the shard adds to the rack's use (:func:`added_of`). A shard of unknown draw
+    leaves nothing to compare, so it counts as full: missing data changes no order.
+    """
+    if added is None or not facility.budgets:
+        return FULL_HEADROOM
+    for domain in domains:
+        if domain.level != "rack":
+            continue
+        budget = facility.budgets.get(domain)
+        if budget is None:
+            continue
+        limit = budget.limit_watts(facility.settings.margin)
+        if limit <= 0:
+            return 0
+        left = limit - use.get(domain, budget.other_watts) - added
+        # The epsilon keeps a running sum (the index's) and a fresh one (the plain path's) in one step.
+        return max(0, min(HEADROOM_STEPS, math.floor(left * HEADROOM_STEPS / limit + 1e-9)))
+    return FULL_HEADROOM
 
 
 def pack_value(node: NodeView, profile: Profile) -> int:
@@ -162,12 +266,18 @@ def pack_value(node: NodeView, profile: Profile) -> int:
     return node.replicas
 
 
+OrderKey = tuple[int, int, int, int, int, str]
+
+
 def order_key(
-    node: NodeView, profile: Profile, model: str, spread: frozenset[Domain]
-) -> tuple[int, int, int, str]:
-    """The ordering of candidates: spreading, then weights, then bin packing, then the name."""
+    node: NodeView, profile: Profile, model: str, spread: int, rank: int, step: int
+) -> OrderKey:
+    """The ordering of candidates: spreading (replicas in its racks and PDUs), condition, rack headroom
+    step (more first), weights, bin packing, name."""
     return (
-        len(shared_domains(node, spread)),
+        spread,
+        rank,
+        -step,
         0 if model in node.weights else 1,
         pack_value(node, profile),
         node.name,
@@ -338,18 +448,25 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def why_text(node: NodeView, request: ReplicaRequest, spread: frozenset[Domain]) -> str:
+def why_text(
+    node: NodeView, request: ReplicaRequest, counts: Mapping[Domain, int], rank: int = 0, step: int = FULL_HEADROOM
+) -> str:
     """The ordering keys that decided for this node, in words."""
     parts: list[str] = []
     replicas = len(request.existing)
     if replicas:
-        shared = shared_domains(node, spread)
+        shared = [(d, counts[d]) for d in node.domains if counts.get(d)]
         them = f"the model's {_plural(replicas, 'replica')}"
         if shared:
-            names = ", ".join(d.label for d in shared)
+            # "rack r1 (2)": how many of the replicas are there, when it is more than one.
+            names = ", ".join(d.label + (f" ({n})" if n > 1 else "") for d, n in shared)
             parts.append(f"shares {names} with {them}, the fewest of the nodes that fit")
         else:
             parts.append(f"shares no rack or pdu with {them}")
+    if rank:
+        parts.append("warm, and no ok node fits")
+    if step < FULL_HEADROOM:
+        parts.append(f"leaves {step * 100 // HEADROOM_STEPS} % of its rack's limit free or more")
     if request.model in node.weights:
         parts.append("holds the weights")
     profile = request.profile
@@ -374,14 +491,17 @@ def nofit_summary(rejections: Mapping[str, str]) -> str:
     return f"no node fits ({_plural(len(rejections), 'node')}): {reasons_grouped(rejections)}"
 
 
-def ahead_rejections(
-    ranked: Iterable[tuple[tuple[int, int, int, str], str, str]], chosen_key: tuple[int, int, int, str]
-) -> dict[str, str]:
+def ahead_rejections(ranked: Iterable[tuple[OrderKey, str, str]], chosen_key: OrderKey) -> dict[str, str]:
     """The rejections of candidates (nodes with the cards free) ranked ahead of the chosen node."""
     return {name: reason for key, name, reason in sorted(ranked) if key < chosen_key}
 
 
 # --- the plain path --------------------------------------------------------------------------------
+
+
+def blocked_reason(node: NodeView, facility: FacilityView) -> str | None:
+    """A hold on one of the node's domains, else an enforced hot condition: what refuses it as a hold."""
+    return held_reason(node, facility.holds) or condition_verdict(node.domains, facility.conditions)[0]
 
 
 def plan_replica(
@@ -399,33 +519,36 @@ def plan_replica(
     if not nodes:
         return NoFit(summary="no nodes", rejections={})
     by_name = {node.name: node for node in nodes}
-    spread = existing_spread_domains(request.existing, by_name)
+    counts = spread_counts(request.existing, by_name)
     use = domain_uses(nodes, facility)
     if request.profile.nodes > 1:
-        return _plan_multi(request, nodes, facility, exclude, spread, use)
+        return _plan_multi(request, nodes, facility, exclude, counts, use)
     profile = request.profile
     rejections: dict[str, str] = {}
-    ranked: list[tuple[tuple[int, int, int, str], str, str]] = []
-    best: tuple[tuple[int, int, int, str], NodeView, float | None] | None = None
+    ranked: list[tuple[OrderKey, str, str]] = []
+    best: tuple[OrderKey, NodeView, float | None, int, int, tuple[str, ...]] | None = None
     for node in nodes:
         draw = draw_of(node, profile, facility.settings)
-        held = held_reason(node, facility.holds)
+        refusal, rank, notes = condition_verdict(node.domains, facility.conditions)
+        held = held_reason(node, facility.holds) or refusal
         reason = base_rejection(node, profile, held, exclude) or power_rejection(node, draw, facility, use)
-        key = order_key(node, profile, request.model, spread)
+        step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
+        key = order_key(node, profile, request.model, spread_of(node.domains, counts), rank, step)
         if reason is not None:
             rejections[node.name] = reason
             if has_cards_for(node, profile):
                 ranked.append((key, node.name, reason))
         elif best is None or key < best[0]:
-            best = (key, node, draw)
+            best = (key, node, draw, rank, step, notes)
     if best is None:
         ordered = dict(sorted(rejections.items()))
         return NoFit(summary=nofit_summary(ordered), rejections=ordered)
-    key, node, draw = best
+    key, node, draw, rank, step, notes = best
     return Plan(
         shards=(shard_for(node, profile, draw),),
-        why=why_text(node, request, spread),
+        why=why_text(node, request, counts, rank, step),
         rejections=ahead_rejections(ranked, key),
+        notes=notes,
     )
 
 
@@ -434,19 +557,32 @@ def _plan_multi(
     nodes: Sequence[NodeView],
     facility: FacilityView,
     exclude: frozenset[str],
-    spread: frozenset[Domain],
+    counts: Mapping[Domain, int],
     use: Mapping[Domain, float],
 ) -> Plan | NoFit:
-    """A replica of several nodes: all in one fabric (and one keep_within domain), counted whole."""
+    """A replica of several nodes: all in one fabric (and one keep_within domain), counted whole.
+
+    Its nodes are ordered as single nodes are (spreading by count first), so groups whose racks hold
+    fewer of the model's replicas win: multi-node replicas spread across racks too.
+    """
     profile = request.profile
     wanted = profile.nodes
     level = profile.keep_within
     too_few = f"no {level or 'fabric'} with {wanted} nodes that fit"
     rejections: dict[str, str] = {}
-    keys = {node.name: order_key(node, profile, request.model, spread) for node in nodes}
+    keys: dict[str, OrderKey] = {}
+    verdicts: dict[str, tuple[str | None, int, tuple[str, ...]]] = {}
+    for node in nodes:
+        verdicts[node.name] = verdict = condition_verdict(node.domains, facility.conditions)
+        draw = draw_of(node, profile, facility.settings)
+        step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
+        keys[node.name] = order_key(
+            node, profile, request.model, spread_of(node.domains, counts), verdict[1], step
+        )
     groups: dict[tuple[str, str], list[NodeView]] = {}
     for node in nodes:
-        reason = base_rejection(node, profile, held_reason(node, facility.holds), exclude)
+        held = held_reason(node, facility.holds) or verdicts[node.name][0]
+        reason = base_rejection(node, profile, held, exclude)
         if reason is not None:
             rejections[node.name] = reason
             continue
@@ -500,8 +636,12 @@ def _plan_multi(
     ]
     where = f"fabric {fabric}" + (f" and {level} {place}" if level else "")
     first = chosen[0][0]
+    first_key = keys[first.name]
+    notes = tuple(dict.fromkeys(note for node, _ in chosen for note in verdicts[node.name][2]))
     return Plan(
         shards=tuple(shard_for(node, profile, draw) for node, draw in chosen),
-        why=f"{wanted} nodes in {where}; {first.name}: {why_text(first, request, spread)}",
+        why=f"{wanted} nodes in {where}; {first.name}: "
+        + why_text(first, request, counts, first_key[1], -first_key[2]),
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
+        notes=notes,
     )

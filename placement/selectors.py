@@ -248,6 +248,7 @@ def model_explain(name: str) -> dict[str, Any]:
             row.update(
                 {
                     "why": kept.get("why"),
+                    "notes": kept.get("notes", []),
                     "summary": kept.get("summary") or None,
                     "passed_over": kept.get("passed_over", 0),
                     "rejections": kept.get("rejections", []),

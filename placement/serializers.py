@@ -128,6 +128,10 @@ class ExplainReplicaSerializer(ReplicaSerializer):
     conflicts = serializers.ListField(child=serializers.CharField(), help_text="lost races while committing")
     nodes_checked = serializers.IntegerField(allow_null=True, required=False, help_text="pending only")
     why = serializers.CharField(allow_null=True, required=False, help_text="placed only")
+    notes = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="placed only: what thermal enforcement would have done (observe mode)",
+    )
     passed_over = serializers.IntegerField(required=False, help_text="placed only")
     attempts = serializers.IntegerField(allow_null=True, required=False, help_text="placed only")
 

@@ -18,11 +18,13 @@ from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
 from facility import selectors as facility_selectors
+from facility.conditions import HOT, WARM
 from facility.domains import LEVELS, Domain, parse_domain
+from facility.evaluation import effective_conditions
 from facility.models import Hold
 from facility.power import fresh_measured_watts
 from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
-from placement.planner import FacilityView, NodeView, Profile, ReplicaRequest
+from placement.planner import DomainCondition, FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
 
 # "NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", "NVIDIA L40S" → H100, H100, L40S.
@@ -76,11 +78,23 @@ def ordered_domains(texts: Iterable[str]) -> tuple[Domain, ...]:
     return tuple(sorted(domains, key=lambda d: (_LEVEL_ORDER.get(d.level, 99), d.name)))
 
 
+def domain_conditions(now: datetime | None = None) -> dict[Domain, DomainCondition]:
+    """The warm and hot domains (overrides included) with their mode, as the planner takes them."""
+    return {
+        parse_domain(domain): DomainCondition(state["condition"], enforce=state["enforce"], detail=state["detail"])
+        for domain, state in effective_conditions(now=now).items()
+        if state["condition"] in (HOT, WARM)
+    }
+
+
 def facility_view() -> FacilityView:
-    """Settings, budgets by domain and holds (domain → reason), read now."""
+    """Settings, budgets by domain, holds (domain → reason) and thermal conditions, read now."""
     holds = {parse_domain(domain): reason for domain, reason in Hold.objects.values_list("domain", "reason")}
     return FacilityView(
-        settings=facility_selectors.facility_settings(), budgets=facility_selectors.budgets(), holds=holds
+        settings=facility_selectors.facility_settings(),
+        budgets=facility_selectors.budgets(),
+        holds=holds,
+        conditions=domain_conditions(),
     )
 
 

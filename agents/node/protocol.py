@@ -169,8 +169,8 @@ def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict) -> Non
 GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts"})
 INVENTORY_KEYS = frozenset({"gpus", "cpu_cores", "memory_gib", "hostname", "fabric"})
 GPU_SENSOR_KEYS = frozenset(
-    {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "power_watts", "power_limit_watts",
-     "throttle_reasons"}
+    {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "slowdown_temperature_celsius",
+     "power_watts", "power_limit_watts", "throttle_reasons"}
 )
 SENSOR_KEYS = frozenset({"gpus", "cpu_temperature_celsius", "inlet_temperature_celsius", "cpu_power_watts"})
 REPLICA_KEYS = frozenset({"id", "state", "port", "pid", "restarts", "message"})
@@ -231,6 +231,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
                 gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_UUID_LENGTH)
             _temperature(g, "temperature_celsius", f, gpu)
             _temperature(g, "memory_temperature_celsius", f, gpu)
+            _temperature(g, "slowdown_temperature_celsius", f, gpu)
             for key in ("power_watts", "power_limit_watts"):
                 if g.get(key) is not None:
                     gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")

@@ -133,6 +133,7 @@ class SimNode:
             "uuid": gpu_uuid(self.name, index),
             "temperature_celsius": round(temperature, 1),
             "memory_temperature_celsius": round(temperature + HBM_ABOVE_GPU_CELSIUS + rng.gauss(0, 0.5), 1),
+            "slowdown_temperature_celsius": THERMAL_SLOWDOWN_CELSIUS,
             "power_watts": round(power, 1),
             "power_limit_watts": self.power_limit,
             "throttle_reasons": reasons,

@@ -33,6 +33,7 @@ class FakeGpu:
     memory_total_bytes: int = H100_SXM_MEMORY_BYTES
     temperature: int = 54
     memory_temperature: int | None = 61  # None: the field answers Not Supported (GDDR boards)
+    slowdown_temperature: int | None = 89  # None: the threshold answers Not Supported
     power_mw: int = 312_500
     power_limit_mw: int = 700_000
     clock_event_reasons: int = pynvml.nvmlClocksEventReasonSwPowerCap
@@ -54,6 +55,7 @@ def l4(index: int) -> FakeGpu:
         memory_total_bytes=L4_MEMORY_BYTES,
         temperature=47,
         memory_temperature=None,
+        slowdown_temperature=87,
         power_mw=41_250,
         power_limit_mw=72_000,
         clock_event_reasons=pynvml.nvmlClocksEventReasonGpuIdle,
@@ -128,6 +130,13 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self._device(gpu, "nvmlDeviceGetTemperature").temperature
+
+    def nvmlDeviceGetTemperatureThreshold(self, gpu: FakeGpu, threshold: int) -> int:
+        assert threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        value = self._device(gpu, "nvmlDeviceGetTemperatureThreshold").slowdown_temperature
+        if value is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> Any:
         self._device(gpu, "nvmlDeviceGetFieldValues")

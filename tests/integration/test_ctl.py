@@ -24,9 +24,9 @@ def test_nodes_table_and_json(capsys, join_node):
     code, out, _ = run(capsys, "nodes")
     assert code == 0
     assert out.splitlines() == [
-        "NAME   STATE  GPUS  LOCATION",
-        "gpu01  ready  8/8   rack=r12-07 pdu=r12-07-a,r12-07-b",
-        "gpu02  ready  8/8   -",
+        "NAME   STATE  GPUS  CONDITION  LOCATION",
+        "gpu01  ready  8/8   unknown    rack=r12-07 pdu=r12-07-a,r12-07-b",
+        "gpu02  ready  8/8   unknown    -",
     ]
     code, out, _ = run(capsys, "nodes", "--domain", "pdu:r12-07-b", "-o", "json")
     assert [n["name"] for n in json.loads(out)] == ["gpu01"]
@@ -71,9 +71,9 @@ def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
     assert out == "rack:r12-07 held and draining: PDU swap\n"
     code, out, _ = run(capsys, "facility")
     assert out.splitlines() == [
-        "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED PEAK 15m  HOLD",
-        "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -                  held (drain: drained): PDU swap",
-        "pdu:r12-07-a  1      0.3 kW  -        0.0 kW    -                  -",
+        "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED  CONDITION  HOLD",
+        "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -         unknown    held (drain: drained): PDU swap",
+        "pdu:r12-07-a  1      0.3 kW  -        0.0 kW    -         unknown    -",
     ]
     code, out, _ = run(capsys, "nodes")
     assert "held" in out.splitlines()[1]

@@ -166,3 +166,24 @@ def test_drain_a_single_node_and_uncordon():
     assert ready_counts()["llama"] == 2
     node_cordon(node_name=busy, cordoned=False)
     assert not Node.objects.get(name=busy).draining
+
+
+@pytest.mark.parametrize("drained", [("r1", "r2"), ("r2", "r5"), ("r5", "r6")])
+def test_after_draining_two_racks_a_models_replicas_sit_at_most_two_per_rack(drained):
+    """Spreading counts replicas: with 6 over 6 racks, draining two leaves at most 2 per rack."""
+    racks = [f"r{i}" for i in range(1, 7)]
+    cluster = Cluster({rack: 3 for rack in racks})
+    cluster.tick()
+    apply("llama", 6, gpus=8)
+    run_until_ready(cluster, {"llama": 6})
+    assert [shards_in(rack) for rack in racks] == [1] * 6
+    for rack in drained:
+        hold_create(domain=f"rack:{rack}", reason="PDU swap", drain=True)
+    for _ in range(80):
+        cluster.tick()
+        if all(shards_in(rack) == 0 for rack in drained) and ready_counts()["llama"] == 6 \
+                and Replica.objects.count() == 6:
+            break
+    per_rack = {rack: shards_in(rack) for rack in racks}
+    assert all(per_rack[rack] == 0 for rack in drained), per_rack
+    assert max(per_rack.values()) == 2 and sum(per_rack.values()) == 6, per_rack

@@ -70,6 +70,8 @@ def test_an_unknown_token_is_refused(anon_api):
         (lambda hb: hb["sensors"]["gpus"][2].__setitem__("throttle_reasons", ["too_hot"]),
          "sensors.gpus[2].throttle_reasons: unknown reason 'too_hot'; reasons are hw_slowdown, hw_thermal, "
          "power_brake, sw_power_cap, sw_thermal"),
+        (lambda hb: hb["sensors"]["gpus"][0].__setitem__("slowdown_temperature_celsius", 400),
+         "sensors.gpus[0].slowdown_temperature_celsius: must be between -40 and 150 °C, got 400"),
         (lambda hb: hb["sensors"].__setitem__("cpu_temperature_celsius", 900),
          "sensors.cpu_temperature_celsius: must be between -40 and 150 °C, got 900"),
         (lambda hb: hb["sensors"].__setitem__("cpu_power_watts", "220"),

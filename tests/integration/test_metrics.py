@@ -167,3 +167,23 @@ def test_domain_power_and_holds_are_series(client, join_node):
     assert series[("llmgw_domain_reserved_watts", rack)] == 0
     assert ("llmgw_domain_measured_watts", rack) not in series  # nobody read anything: no series, not 0
     assert series[("llmgw_domain_held", rack)] == 2
+
+
+def test_conditions_reading_ages_and_sources_are_series(client, join_node):
+    from facility.evaluation import conditions_evaluate
+    from facility.services import facility_apply, scenario_start
+
+    join_node("gpu01", rack="r1")
+    facility_apply(text="facility:\n  sources:\n    agents: false\n")
+    scenario_start(
+        data={"name": "hot", "tracks": [{"domains": "rack:r1", "signal": "cooling_alarm", "points": [[0, 1]]}]},
+        started_at=timezone.now() - timedelta(minutes=1),
+    )
+    conditions_evaluate()
+    series = llmgw_series(client)
+    rack = (("domain", "rack:r1"), ("level", "rack"))
+    assert series[("llmgw_domain_condition", (("condition", "hot"), *rack))] == 1
+    assert series[("llmgw_domain_condition", (("condition", "ok"), *rack))] == 0
+    assert 0 <= series[("llmgw_domain_reading_age_seconds", (*rack, ("signal", "cooling_alarm")))] < 60
+    assert series[("llmgw_facility_source_up", (("source", "simulated"),))] == 1
+    assert ("llmgw_facility_source_up", (("source", "agents"),)) not in series

@@ -138,3 +138,54 @@ def test_a_series_that_stops_goes_missing_and_a_dead_server_is_a_fact(prometheus
         down = poll_prometheus("http://127.0.0.1:9", SIGNALS, client=client, now=time.time())
     assert not down.up and down.readings == {}
     assert down.errors[0].startswith("inlet_temp_c: ConnectError")
+
+
+SERVER_YAML = """\
+facility:
+  conditions: {{mode: enforce}}
+  sources:
+    agents: false
+    prometheus:
+      url: {url}
+      interval: 30s
+      signals:
+        inlet_temp_c: {{query: 'max by (rack) (dcim_rack_inlet_temperature_celsius)', domain_label: rack,
+                        stale_after: 10m}}
+        cooling_alarm: {{query: 'max by (row) (dcim_crac_alarm)', domain_label: row, stale_after: 10m}}
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prometheus_readings_become_conditions_and_a_dead_source_is_shown(prometheus):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from facility.evaluation import conditions_evaluate, effective_conditions
+    from facility.models import SourceStatus
+    from facility.services import facility_apply
+
+    url, exporter = prometheus
+    exporter.lines = [
+        'dcim_rack_inlet_temperature_celsius{rack="r1-01"} 24.5',
+        'dcim_rack_inlet_temperature_celsius{rack="r1-02"} 33.1',
+        'dcim_crac_alarm{row="1"} 1',
+    ]
+    _poll_until(url, lambda p: Domain("rack", "r1-02") in p.readings and Domain("row", "1") in p.readings)
+    facility_apply(text=SERVER_YAML.format(url=url))
+    start = timezone.now()
+    conditions_evaluate(now=start)
+    conditions = effective_conditions(now=start)
+    assert conditions["row:1"]["condition"] == "hot"  # a cooling alarm is hot at once
+    assert conditions["rack:r1-02"]["condition"] == "ok"  # 33.1 °C, but not for 2 minutes yet
+    conditions_evaluate(now=start + timedelta(minutes=3))  # the interval passed: polled again
+    conditions = effective_conditions(now=start + timedelta(minutes=3))
+    assert conditions["rack:r1-02"]["condition"] == "hot"
+    assert conditions["rack:r1-02"]["detail"] == "inlet 33.1 °C for 3 min, hot above 32 °C"
+    assert conditions["rack:r1-01"]["condition"] == "ok"
+    assert SourceStatus.objects.get(name="prometheus").up
+    facility_apply(text=SERVER_YAML.format(url="http://127.0.0.1:9"))
+    conditions_evaluate(now=start + timedelta(minutes=4))  # down: a fact, and the last readings stay
+    status = SourceStatus.objects.get(name="prometheus")
+    assert not status.up and "ConnectError" in status.last_error
+    assert effective_conditions(now=start + timedelta(minutes=4))["rack:r1-02"]["condition"] == "hot"

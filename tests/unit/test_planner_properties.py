@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from facility.domains import Domain, domains_of
 from facility.power import Budget, FacilitySettings
 from placement.index import PlacementIndex
 from placement.planner import (
+    DomainCondition,
     FacilityView,
     NodeView,
     NoFit,
@@ -71,8 +73,23 @@ def all_domains(nodes):
     return sorted({d for n in nodes for d in n.domains})
 
 
+CONDITIONS = ("ok", "warm", "hot", "unknown")
+
+
 @st.composite
-def facilities(draw, nodes, *, power=True, holds=True):
+def conditions(draw, nodes):
+    """Some domains' conditions, each enforced or only observed."""
+    found = {}
+    for domain in all_domains(nodes):
+        if draw(st.integers(0, 2)) == 0:
+            found[domain] = DomainCondition(
+                draw(st.sampled_from(CONDITIONS)), enforce=draw(st.booleans()), detail="inlet 33.0 °C for 6 min"
+            )
+    return found
+
+
+@st.composite
+def facilities(draw, nodes, *, power=True, holds=True, thermal=True):
     budgets = {}
     for domain in all_domains(nodes):
         if draw(st.booleans()):
@@ -87,7 +104,8 @@ def facilities(draw, nodes, *, power=True, holds=True):
         fac_settings = FacilitySettings(margin=draw(st.sampled_from([0.0, 0.1, 0.25])))
     else:
         fac_settings = FacilitySettings(gpu_watts=None, cpu_core_watts=None, node_watts=None)
-    return FacilityView(settings=fac_settings, budgets=budgets, holds=held)
+    found = draw(conditions(nodes)) if thermal else {}
+    return FacilityView(settings=fac_settings, budgets=budgets, holds=held, conditions=found)
 
 
 @st.composite
@@ -165,7 +183,7 @@ def test_with_every_power_figure_missing_the_plan_is_as_without_facility(data):
     nodes = data.draw(clusters(power=False))
     facility = data.draw(facilities(nodes, power=False))
     req = data.draw(requests(power=False))
-    ignored = FacilityView(holds=facility.holds)
+    ignored = FacilityView(holds=facility.holds, conditions=facility.conditions)
     with_power = plan_replica(req, nodes, facility)
     without = plan_replica(req, nodes, ignored)
     assert type(with_power) is type(without)
@@ -258,3 +276,73 @@ def test_a_multi_node_replica_is_counted_whole(count, gpus, cap, power_watts, wa
         assert len(result.shards) == wanted
         after = domain_uses(applied(nodes, result), facility)
         assert after[rack] <= facility.budgets[rack].limit_watts(0.1) + 1e-6
+
+
+@FAST
+@given(scenario())
+def test_no_plan_lands_in_an_enforced_hot_domain_and_observe_changes_nothing(case):
+    nodes, facility, reqs = case
+    observed = dataclasses.replace(
+        facility,
+        conditions={d: dataclasses.replace(c, enforce=False) for d, c in facility.conditions.items()},
+    )
+    blind = dataclasses.replace(facility, conditions={})
+    by_name = {n.name: n for n in nodes}
+    for req in reqs:
+        result = plan_replica(req, nodes, facility)
+        if isinstance(result, Plan):
+            for shard in result.shards:
+                for domain in by_name[shard.node].domains:
+                    state = facility.conditions.get(domain)
+                    assert not (state and state.enforce and state.condition == "hot"), (shard.node, domain)
+        watched, unwatched = plan_replica(req, nodes, observed), plan_replica(req, nodes, blind)
+        if isinstance(unwatched, Plan):
+            assert dataclasses.replace(watched, notes=()) == unwatched
+        else:
+            assert watched == unwatched
+
+
+@FAST
+@given(st.data())
+def test_missing_data_never_refuses_everything(data):
+    """Every domain unknown (no fresh reading), enforced or not: the plans are those without conditions."""
+    nodes = data.draw(clusters())
+    facility = data.draw(facilities(nodes, thermal=False))
+    req = data.draw(requests())
+    unknown = {d: DomainCondition("unknown", enforce=data.draw(st.booleans())) for d in all_domains(nodes)}
+    assert plan_replica(req, nodes, dataclasses.replace(facility, conditions=unknown)) == plan_replica(
+        req, nodes, facility
+    )
+
+
+@FAST
+@given(st.integers(6, 8), st.integers(2, 3), st.data())
+def test_replicas_stay_even_across_racks_by_count(racks, per_rack, data):
+    """After two racks go, the model's replicas sit at most two per rack where room allows."""
+    nodes = []
+    for r in range(racks):
+        for i in range(per_rack):
+            labels = {"llmgw.io/rack": f"r{r}", "llmgw.io/pdu": f"r{r}-a"}
+            nodes.append(
+                NodeView(
+                    name=f"n{r}-{i}", ready=True, cordoned=False, labels=labels, domains=domains_of(labels),
+                    fabric=None, gpus_total=8, free_gpus=tuple(range(8)), cpu_cores_total=64, cpu_cores_free=64,
+                    memory_gib_total=1024, memory_gib_free=1024,
+                )
+            )
+    gone = set(data.draw(st.lists(st.sampled_from([f"r{r}" for r in range(racks)]), min_size=2, max_size=2,
+                                  unique=True)))
+    req = ReplicaRequest(model="m1", profile=Profile(gpus=8))
+    live = [n for n in nodes if n.labels["llmgw.io/rack"] not in gone]
+    index = PlacementIndex(live, FacilityView())
+    existing: list[frozenset[str]] = []
+    for _ in range(racks):
+        request = dataclasses.replace(req, existing=tuple(existing))
+        result = index.plan(request)
+        assert result == plan_replica(request, index.nodes(), FacilityView())
+        assert isinstance(result, Plan)
+        index.apply(result)
+        existing.append(result.nodes)
+    per = Counter(name.split("-")[0] for replica in existing for name in replica)
+    assert max(per.values()) - min(per.values()) <= 1, per
+    assert max(per.values()) <= 2, per

@@ -5,13 +5,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from facility.conditions import INLET, DomainState, evaluate
+from facility.conditions import COOLING_ALARM as _ALARM
+from facility.conditions import INLET, ConfigError, DomainState, Reading, evaluate, parse_conditions_config
 from facility.domains import Domain
 from facility.sources import (
+    NodeSensors,
     QuerySignal,
+    agents_readings,
+    merge_readings,
     parse_duration,
     parse_query_signals,
     parse_scenario,
+    parse_sources_config,
     poll_prometheus,
     readings_from_vector,
 )
@@ -96,3 +101,88 @@ def test_scenario_errors_name_the_path():
     bad = {**base, "tracks": [{**base["tracks"][0], "domains": ["shelf:1"]}]}
     with pytest.raises(ValueError, match=r"^tracks.0.domains.0: "):
         parse_scenario(bad)
+
+
+# --- the agents' source, merging, and server.yaml's blocks ---------------------------------------------
+
+RACK = Domain("rack", "r1")
+
+
+def _gpu(temp, slowdown=None, reasons=()):
+    gpu = {"index": 0, "temperature_celsius": temp, "throttle_reasons": list(reasons)}
+    if slowdown is not None:
+        gpu["slowdown_temperature_celsius"] = slowdown
+    return gpu
+
+
+def test_agents_readings_take_the_highest_inlet_the_throttling_share_and_the_smallest_margin():
+    nodes = [
+        NodeSensors((RACK,), {"inlet_temperature_celsius": 25.0,
+                              "gpus": [_gpu(80, 89), _gpu(60, 89, ["sw_thermal"])]}, at=100.0),
+        NodeSensors((RACK,), {"inlet_temperature_celsius": 28.5,
+                              "gpus": [_gpu(70, 87, ["sw_power_cap"]), _gpu(50)]}, at=90.0),
+        NodeSensors((RACK,), {"inlet_temperature_celsius": 40.0, "gpus": [_gpu(99, 89, ["hw_thermal"])]}, at=0.0),
+    ]
+    found = agents_readings(nodes, now=130.0, stale_after=60.0)[RACK]
+    assert found["inlet_temp_c"].value == 28.5  # the stale node's 40 °C is left out
+    assert found["thermal_throttle_share"].value == 0.25  # 1 of 4 GPUs, power capping is not heat
+    assert found["slowdown_margin_c"].value == 9  # 89 − 80
+    assert found["thermal_throttle_share"].at == 90.0  # as old as the oldest node it counts
+
+
+def test_a_node_without_sensors_gives_no_reading_never_a_zero():
+    assert agents_readings([NodeSensors((RACK,), {}, at=100.0)], now=100.0) == {}
+
+
+def test_merging_sources_keeps_the_worse_fresh_value():
+    a = {RACK: {"inlet_temp_c": Reading(25.0, 100.0), "slowdown_margin_c": Reading(9.0, 100.0)}}
+    b = {RACK: {"inlet_temp_c": Reading(31.0, 0.0, stale_after=10), "slowdown_margin_c": Reading(4.0, 100.0),
+                _ALARM: Reading(1.0, 100.0)}}
+    merged = merge_readings(a, b, now=100.0)[RACK]
+    assert merged["inlet_temp_c"].value == 25.0  # the 31 °C one is stale
+    assert merged["slowdown_margin_c"].value == 4.0
+    assert merged[_ALARM].value == 1.0
+
+
+def test_conditions_config_overrides_a_domain_over_the_cluster():
+    config = parse_conditions_config(
+        {"mode": "observe", "thresholds": {"hot_inlet_c": 31, "enter_seconds": "1m"},
+         "domains": {"rack:r12-07": {"mode": "enforce", "thresholds": {"hot_inlet_c": 30}}}}
+    )
+    assert config.rule("rack:r1").thresholds.hot_inlet_c == 31 and not config.rule("rack:r1").enforce
+    rule = config.rule("rack:r12-07")
+    assert rule.enforce and rule.thresholds.hot_inlet_c == 30 and rule.thresholds.enter_seconds == 60
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"mode": "on"}, ("mode",)),
+        ({"thresholds": {"warm_inlet": 27}}, ("thresholds", "warm_inlet")),
+        ({"thresholds": {"enter_seconds": "soon"}}, ("thresholds", "enter_seconds")),
+        ({"domains": {"rack": {}}}, ("domains", "rack")),
+        ({"domains": {"rack:r1": {"domains": {}}}}, ("domains", "rack:r1", "domains")),
+    ],
+)
+def test_a_wrong_conditions_block_names_its_path(raw, path):
+    with pytest.raises(ConfigError) as caught:
+        parse_conditions_config(raw)
+    assert caught.value.path == path
+
+
+def test_sources_config_defaults_to_the_agents_and_reads_each_source():
+    assert parse_sources_config(None).agents
+    config = parse_sources_config({
+        "agents": False,
+        "prometheus": {"url": "http://m:9090", "interval": "1m",
+                       "signals": {"inlet_temp_c": {"query": "up", "domain_label": "rack"}}},
+        "static": {"rack:r1": {"inlet_temp_c": 24}},
+        "simulated": {"file": "s.yaml", "speed": 5},
+    })
+    assert not config.agents and config.prometheus.interval == 60
+    assert config.prometheus.signals[0].signal == "inlet_temp_c"
+    assert config.static == {RACK: {"inlet_temp_c": 24.0}}
+    assert (config.simulated_file, config.simulated_speed) == ("s.yaml", 5.0)
+    with pytest.raises(ConfigError) as caught:
+        parse_sources_config({"simulated": {"file": "s.yaml", "speed": 0}})
+    assert caught.value.path == ("simulated", "speed")

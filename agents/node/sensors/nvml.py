@@ -151,6 +151,12 @@ class NvmlSession:
         memory_temperature = _celsius(self._optional(lambda: self._memory_temperature(handle)))
         if memory_temperature is not None:
             gpu["memory_temperature_celsius"] = memory_temperature
+        # Where the card starts slowing its clocks for heat: the margin to it is what a warm domain is judged by.
+        slowdown = _celsius(
+            self._optional(lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
+        )
+        if slowdown is not None and slowdown > 0:
+            gpu["slowdown_temperature_celsius"] = slowdown
         power_mw = self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle))
         if power_mw is not None and power_mw >= 0:
             gpu["power_watts"] = power_mw / 1000.0

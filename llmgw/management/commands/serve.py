@@ -25,11 +25,22 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
         return None
     from facility.history import history_record
     from llmgw import inprocess
-    from placement.tasks import reconcile
 
     # Beat's other task: the minute's power history points.
     inprocess.start_periodic("history", settings.HISTORY_INTERVAL_SECONDS, history_record)
-    return inprocess.start(interval, reconcile)
+    return inprocess.start(interval, periodic_round)
+
+
+def periodic_round() -> None:
+    """What beat runs on workers, in one round: thermal conditions judged, then a reconcile."""
+    from facility.evaluation import conditions_evaluate
+    from placement.tasks import reconcile
+
+    try:
+        conditions_evaluate()
+    except Exception:  # conditions are a fact to show; a failed round must not stop the reconcile
+        log.exception("evaluating facility conditions failed")
+    reconcile()
 
 
 class Command(BaseCommand):

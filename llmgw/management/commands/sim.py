@@ -44,11 +44,18 @@ def sim_nodes(
 
 
 class Command(BaseCommand):
-    help = "Simulated agents for the nodes of a cluster file, through the real heartbeat API (sim up -f FILE)."
+    help = (
+        "Simulated agents for the nodes of a cluster file, through the real heartbeat API (sim up -f FILE); "
+        "or a facility scenario replayed into the simulated source (sim facility -f SCENARIO [--speed N])."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("action", choices=["up"], help="up: run the simulated agents")
-        parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …)")
+        parser.add_argument(
+            "action", choices=["up", "facility"],
+            help="up: run the simulated agents; facility: replay a scenario (deploy/scenarios/crac-failure.yaml)",
+        )
+        parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …) or the scenario")
+        parser.add_argument("--speed", type=float, default=1.0, help="facility: replay this many times faster")
         parser.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
         parser.add_argument("--server", default="http://127.0.0.1:8000", help="default http://127.0.0.1:8000")
         parser.add_argument(
@@ -64,7 +71,10 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
 
     def handle(self, *args, file: str, once: bool, server: str, interval: int, ready_delay: float,
-               tokens: str | None, seed: int, **options):
+               tokens: str | None, seed: int, action: str = "up", speed: float = 1.0, **options):
+        if action == "facility":
+            self.replay_facility(file, speed)
+            return
         if not 1 <= interval <= 10:
             raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
         if ready_delay < 0:
@@ -89,3 +99,22 @@ class Command(BaseCommand):
             asyncio.run(run_nodes(nodes, node_tokens, server, interval=interval))
         except KeyboardInterrupt:
             pass
+
+    def replay_facility(self, file: str, speed: float) -> None:
+        """Start replaying a scenario into the simulated source; the periodic evaluation reads it from now."""
+        import yaml
+
+        from facility.services import scenario_start
+        from facility.sources import parse_scenario
+        from llmgw.yamldoc import read_text
+
+        try:
+            data = yaml.safe_load(read_text(file))
+            run = scenario_start(data=data, speed=speed)
+        except (InvalidInput, yaml.YAMLError) as exc:
+            raise CommandError(f"{file}: {exc}") from exc
+        minutes = parse_scenario(data).duration / 60 / speed
+        self.stdout.write(
+            f"replaying {run.name} at ×{speed:g} from now ({minutes:.1f} min); "
+            "conditions follow at each evaluation (llmgw ctl facility events)"
+        )

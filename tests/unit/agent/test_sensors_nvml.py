@@ -15,6 +15,7 @@ H100_READING = {
     "index": 0,
     "temperature_celsius": 54.0,
     "memory_temperature_celsius": 61.0,
+    "slowdown_temperature_celsius": 89.0,
     "power_watts": 312.5,
     "power_limit_watts": 700.0,
     "throttle_reasons": ["sw_power_cap"],
@@ -62,6 +63,14 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
     }
 
 
+def test_slowdown_temperature_not_supported_is_absent_not_zero():
+    gpu = h100_sxm(0)
+    gpu.slowdown_temperature = None
+    (reading,) = reader(fake_nvml([gpu])).read()["gpus"]
+    assert "slowdown_temperature_celsius" not in reading
+    assert reading["temperature_celsius"] == 54.0
+
+
 def test_memory_temperature_not_supported_is_absent_not_zero():
     (gpu,) = reader(fake_nvml([l4(0)])).read()["gpus"]
     assert "memory_temperature_celsius" not in gpu
@@ -69,6 +78,7 @@ def test_memory_temperature_not_supported_is_absent_not_zero():
         "uuid": "GPU-l4-0000",
         "index": 0,
         "temperature_celsius": 47.0,
+        "slowdown_temperature_celsius": 87.0,
         "power_watts": 41.25,
         "power_limit_watts": 72.0,
         "throttle_reasons": [],  # only GpuIdle is set, which is not a limiter

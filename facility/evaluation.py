@@ -1,0 +1,244 @@
+"""The periodic evaluation of thermal conditions: poll the sources, judge each domain, keep the changes.
+
+Run by Celery beat (``facility.tasks.evaluate_conditions``) or by the embedded server's periodic thread.
+Each round reads the configured sources (agents, prometheus, static, simulated), merges their fresh
+readings per domain, runs :func:`facility.conditions.evaluate` from the stored state, writes the state
+and a :class:`ConditionEvent` per change, and sends ``facility_changed`` when a condition that
+placement reads has changed. A source that fails is marked down and its readings age out; it never
+stops the round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.models import Node, NodeDomain, measured_fresh_seconds
+from facility import conditions as cond
+from facility.domains import Domain, parse_domain
+from facility.models import (
+    ConditionEvent,
+    ConditionOverride,
+    DomainCondition,
+    FacilitySettings,
+    ScenarioRun,
+    SourceStatus,
+)
+from facility.services import facility_changed_send
+from facility.sources import (
+    NodeSensors,
+    Poll,
+    SourcesConfig,
+    agents_readings,
+    merge_readings,
+    parse_scenario,
+    parse_sources_config,
+    poll_prometheus,
+    static_readings,
+)
+
+log = logging.getLogger(__name__)
+
+EVENTS_KEPT_DAYS = 30
+_TIMER_FIELDS = (
+    "above_warm_since",
+    "above_hot_since",
+    "under_warm_band_since",
+    "under_hot_band_since",
+    "throttle_hot_since",
+)
+
+
+def conditions_config() -> cond.ConditionsConfig:
+    """The stored facility.conditions (validated when applied)."""
+    return cond.parse_conditions_config(FacilitySettings.load().conditions or None)
+
+
+def sources_config() -> SourcesConfig:
+    """The stored facility.sources (validated when applied)."""
+    return parse_sources_config(FacilitySettings.load().sources or None)
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _moment(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.get_current_timezone())
+
+
+def _node_sensors() -> list[NodeSensors]:
+    domains: dict[int, list[Domain]] = {}
+    for node_id, text in NodeDomain.objects.values_list("node_id", "domain"):
+        domains.setdefault(node_id, []).append(parse_domain(text))
+    found = []
+    for node_id, sensors, at in Node.objects.exclude(sensors_at=None).values_list("id", "sensors", "sensors_at"):
+        if node_id in domains:
+            found.append(NodeSensors(tuple(domains[node_id]), sensors or {}, at.timestamp()))
+    return found
+
+
+def _status(name: str, poll: Poll | None, now: datetime, error: str = "") -> None:
+    up = poll.up if poll is not None else not error
+    errors = "; ".join(poll.errors) if poll is not None else error
+    values: dict[str, Any] = {"up": up, "last_error": errors[:2000], "last_poll_at": now}
+    if up:
+        values["last_success_at"] = now
+    SourceStatus.objects.update_or_create(name=name, defaults=values)
+
+
+def _stored_poll(status: SourceStatus | None) -> dict[Domain, dict[str, cond.Reading]]:
+    found: dict[Domain, dict[str, cond.Reading]] = {}
+    for text, signals in ((status.readings if status else None) or {}).items():
+        for signal, r in signals.items():
+            found.setdefault(parse_domain(text), {})[signal] = cond.Reading(
+                r["value"], r["at"], r["stale_after"], "prometheus"
+            )
+    return found
+
+
+def _prometheus(config: SourcesConfig, now: datetime, client: Any) -> dict[Domain, dict[str, cond.Reading]]:
+    """The last poll's readings; polls again when the interval has passed since the last poll."""
+    source = config.prometheus
+    status = SourceStatus.objects.filter(name="prometheus").first()
+    due = status is None or status.last_poll_at is None or (now - status.last_poll_at).total_seconds() >= source.interval
+    if not due:
+        return _stored_poll(status)
+    own_client = client is None
+    if own_client:
+        import httpx
+
+        client = httpx.Client(timeout=5.0)
+    try:
+        poll = poll_prometheus(source.url, list(source.signals), client=client, now=now.timestamp())
+    finally:
+        if own_client:
+            client.close()
+    # Readings a poll did not give again (the source down, a series gone) keep their time and age out.
+    readings = _stored_poll(status)
+    for domain, signals in poll.readings.items():
+        readings.setdefault(domain, {}).update(signals)
+    stored = {
+        str(domain): {s: {"value": r.value, "at": r.at, "stale_after": r.stale_after} for s, r in signals.items()}
+        for domain, signals in readings.items()
+        if any(r.is_fresh(now.timestamp()) for r in signals.values())
+    }
+    _status("prometheus", poll, now)
+    SourceStatus.objects.filter(name="prometheus").update(readings=stored)
+    return readings
+
+
+def gather_readings(*, now: datetime, client: Any = None) -> dict[Domain, dict[str, cond.Reading]]:
+    """Every configured source's fresh readings, merged per domain; each source's status written."""
+    config = sources_config()
+    epoch = now.timestamp()
+    parts: list[Mapping[Domain, Mapping[str, cond.Reading]]] = []
+    if config.agents:
+        parts.append(agents_readings(_node_sensors(), now=epoch, stale_after=measured_fresh_seconds()))
+        _status("agents", None, now)
+    if config.prometheus is not None:
+        try:
+            parts.append(_prometheus(config, now, client))
+        except Exception as exc:  # a source that is down is a fact, never a crash
+            log.warning("prometheus source failed: %s", exc)
+            _status("prometheus", None, now, error=f"{type(exc).__name__}: {exc}"[:2000])
+    if config.static:
+        parts.append(static_readings(config.static, now=epoch))
+        _status("static", None, now)
+    run = ScenarioRun.objects.first()
+    if run is not None:
+        try:
+            scenario = parse_scenario(run.data)
+            elapsed = (now - run.started_at).total_seconds() * run.speed
+            parts.append(scenario.readings_at(elapsed, epoch))
+            _status("simulated", None, now)
+        except ValueError as exc:
+            _status("simulated", None, now, error=str(exc))
+    return merge_readings(*parts, now=epoch)
+
+
+def _state_of(row: DomainCondition) -> cond.DomainState:
+    timers = row.timers or {}
+    return cond.DomainState(
+        condition=row.condition, since=_epoch(row.since), **{f: timers.get(f) for f in _TIMER_FIELDS}
+    )
+
+
+def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> list[ConditionEvent]:
+    """One round: gather readings, judge every known domain, keep state and events; returns the events."""
+    now = now or timezone.now()
+    epoch = now.timestamp()
+    readings = gather_readings(now=now, client=client)
+    config = conditions_config()
+    rows = {row.domain: row for row in DomainCondition.objects.all()}
+    domains = set(rows) | {str(d) for d in readings} | set(NodeDomain.objects.values_list("domain", flat=True))
+    events: list[ConditionEvent] = []
+    with transaction.atomic():
+        for text in sorted(domains):
+            row = rows.get(text) or DomainCondition(domain=text)
+            fresh = readings.get(parse_domain(text), {})
+            state, change = cond.evaluate(_state_of(row), fresh, epoch, config.rule(text).thresholds)
+            row.condition = state.condition
+            row.since = _moment(state.since)
+            row.timers = {f: getattr(state, f) for f in _TIMER_FIELDS}
+            # A signal that went stale keeps its last reading, so its age shows (and the stale alert fires).
+            row.readings = {
+                **(row.readings or {}),
+                **{s: {"value": r.value, "at": r.at, "source": r.source} for s, r in fresh.items()},
+            }
+            row.evaluated_at = now
+            if change is not None:
+                row.reason = change.reason[:1000]
+                events.append(
+                    ConditionEvent(
+                        domain=text, before=change.before, after=change.after, reason=change.reason[:1000],
+                        readings=dict(change.readings), at=now,
+                    )
+                )
+            row.save()
+        ConditionEvent.objects.bulk_create(events)
+        ConditionEvent.objects.filter(at__lt=now - timedelta(days=EVENTS_KEPT_DAYS)).delete()
+        expired = ConditionOverride.objects.filter(until__lte=now)
+        changed = bool(events) or expired.exists()
+        expired.delete()
+        if changed:
+            facility_changed_send(sender=DomainCondition)
+    return events
+
+
+def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, Any]]:
+    """Each domain's condition as placement reads it: the override where one is set, else the evaluated one.
+
+    ``{domain: {condition, enforce, detail, overridden, readings, age_seconds}}``.
+    """
+    now = now or timezone.now()
+    epoch = now.timestamp()
+    config = conditions_config()
+    found: dict[str, dict[str, Any]] = {}
+    for row in DomainCondition.objects.all():
+        rule = config.rule(row.domain)
+        values = {s: r["value"] for s, r in (row.readings or {}).items()}
+        ages = [epoch - r["at"] for r in (row.readings or {}).values()]
+        found[row.domain] = {
+            "condition": row.condition,
+            "enforce": rule.enforce,
+            "detail": cond.describe(row.condition, _state_of(row), values, epoch, row.reason, rule.thresholds),
+            "overridden": False,
+            "readings": values,
+            "age_seconds": max(0.0, max(ages)) if ages else None,
+            "since": row.since,
+        }
+    for override in ConditionOverride.objects.all():
+        if override.until is not None and override.until <= now:
+            continue
+        entry = found.setdefault(
+            override.domain,
+            {"readings": {}, "age_seconds": None, "since": None, "enforce": config.rule(override.domain).enforce},
+        )
+        entry.update(condition=override.condition, detail=f"set by hand: {override.reason}", overridden=True)
+    return found
