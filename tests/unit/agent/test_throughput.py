@@ -9,7 +9,13 @@ import pytest
 
 from agents.node import runtime as runtime_module
 from agents.node.config import RuntimeSettings
-from agents.node.runtime import DEFAULT_THROUGHPUT_METRIC, THROUGHPUT_SECONDS, Runtime, counter_value, http_counter
+from agents.node.runtime import (
+    DEFAULT_THROUGHPUT_METRIC,
+    THROUGHPUT_SECONDS,
+    Runtime,
+    counter_value,
+    http_counter,
+)
 
 PAGE = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
