@@ -12,7 +12,7 @@ from agents.selectors import replica_tokens_per_second
 from agents.services import node_token_create
 from agents.simulator.nodes import SimNode
 from tests.conftest import node_spec
-from tests.integration.test_heartbeat_lane import post
+from tests.integration.test_heartbeat_lane import post, spy_on_lane
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,17 +29,7 @@ def wanted():
 
 
 def test_the_capping_answer_follows_the_provider_on_both_paths(wanted, monkeypatch):
-    from agents.asgi import HeartbeatFastLane
-
-    answered_here = []
-    original = HeartbeatFastLane.answer
-
-    def spy(self, scope, body):
-        result = original(self, scope, body)
-        answered_here.append(result is not None)
-        return result
-
-    monkeypatch.setattr(HeartbeatFastLane, "answer", spy)
+    answered_here = spy_on_lane(monkeypatch)
     token = node_token_create(node_name="gpu01")
     node = SimNode(node_spec("gpu01", rack="r1", gpus=2))
     wanted["gpu01"] = CAP
