@@ -157,6 +157,6 @@ class HeartbeatView(APIView):
         # placement change in this process): the answer the fast lane gives too.
         replicas = readings.assignments(heartbeat["node"])
         return Response(
-            {"node": heartbeat["node"], "interval_seconds": heartbeat.get("interval_seconds", 10), "replicas": replicas},
+            readings.answer_for(heartbeat["node"], heartbeat.get("interval_seconds", 10), replicas),
             status=status.HTTP_200_OK,
         )

@@ -76,7 +76,7 @@ class HeartbeatFastLane:
             on_event_loop=True,
         ):
             return None
-        return {"node": node_name, "interval_seconds": heartbeat.get("interval_seconds", 10), "replicas": replicas}
+        return readings.answer_for(node_name, heartbeat.get("interval_seconds", 10), replicas)
 
 
 def _header(scope, name: bytes) -> str:

@@ -200,6 +200,41 @@ _assignments_lock = threading.Lock()
 _assignments_provider: Callable[[], dict[str, list[dict]]] | None = None
 
 
+# Who answers "which GPU capping must each node hold" (agents.node.protocol's `capping` block, by node
+# name; a node absent from the map holds its defaults): registered by the layer that decides caps. Read
+# with the assignments, in the same refresh, so the fast lane's answer is never older than its replicas.
+_capping: dict[str, dict] = {}
+_capping_provider: Callable[[], Mapping[str, dict]] | None = None
+
+
+def register_capping_provider(provider: Callable[[], Mapping[str, dict]] | None) -> None:
+    """Set the function that reads every node's wanted capping block in one go (node name → block).
+
+    It runs at most once a second per web process, and at once after invalidate_assignments (call that,
+    or send placement_changed, when a decision changes). None: no capping anywhere.
+    """
+    global _capping_provider
+    _capping_provider = provider
+    invalidate_assignments()
+
+
+def wanted_capping(node_name: str) -> dict | None:
+    """The capping block the node's answer carries, from the map read with the assignments; None: defaults.
+
+    Read it after `assignments` or a fresh `cached_assignments`: both answer from the same refresh.
+    """
+    return _capping.get(node_name)
+
+
+def answer_for(node_name: str, interval: float, replicas: list[dict]) -> dict[str, Any]:
+    """The heartbeat answer: the node, its interval, its replicas and, when one is wanted, its capping."""
+    answer: dict[str, Any] = {"node": node_name, "interval_seconds": interval, "replicas": replicas}
+    capping = wanted_capping(node_name)
+    if capping is not None:
+        answer["capping"] = capping
+    return answer
+
+
 def register_assignments_provider(provider: Callable[[], dict[str, list[dict]]]) -> None:
     """Set the function that reads every node's assignments in one go (node name → list)."""
     global _assignments_provider
@@ -228,13 +263,14 @@ def assignments(node_name: str) -> list[dict]:
     The read happens with no lock held: a request thread waiting on a lock while it holds a pooled
     connection, behind one that needs a connection to finish its read, would starve the pool.
     """
-    global _assignments, _assignments_at
+    global _assignments, _assignments_at, _capping
     if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
         generation = _assignments_generation
         read_at = time.monotonic()
         fresh = _assignments_provider() if _assignments_provider is not None else {}
+        capping = dict(_capping_provider()) if _capping_provider is not None else {}
         with _assignments_lock:
             if generation == _assignments_generation:
-                _assignments, _assignments_at = fresh, read_at
+                _assignments, _assignments_at, _capping = fresh, read_at, capping
         return fresh.get(node_name, [])
     return _assignments.get(node_name, [])

@@ -26,3 +26,20 @@ def node_label_sources(node_name: str, agent_labels: dict[str, str]) -> list[dic
         else:
             out.append({"key": key, "value": agent_labels[key], "source": "agent", "agent_value": agent_labels[key]})
     return out
+
+
+def replica_tokens_per_second(*, node_names: list[str] | None = None) -> dict[int, float]:
+    """Each replica's generated tokens per second as its agent last reported it (`sensors.replicas`).
+
+    A replica with no figure is absent, never 0. A replica spread over nodes is served (and counted) by
+    one of them: the largest figure any of its nodes reports is its own.
+    """
+    nodes = Node.objects.exclude(sensors__isnull=True)
+    if node_names is not None:
+        nodes = nodes.filter(name__in=node_names)
+    figures: dict[int, float] = {}
+    for sensors in nodes.values_list("sensors", flat=True):
+        for item in (sensors or {}).get("replicas") or ():
+            if item.get("tokens_per_second") is not None:
+                figures[item["id"]] = max(figures.get(item["id"], 0.0), float(item["tokens_per_second"]))
+    return figures

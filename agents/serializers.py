@@ -111,8 +111,10 @@ class HeartbeatRequestSchema(serializers.Serializer):
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
                                     "memory_temperature_celsius, slowdown_temperature_celsius, power_watts, power_limit_watts, "
-                                    "throttle_reasons}], "
-                                    "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts")
+                                    "throttle_reasons, enforced_power_limit_watts, default_power_limit_watts, locked_clocks_mhz, "
+                                    "capping: not permitted|not supported}], "
+                                    "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts, "
+                                    "replicas [{id, tokens_per_second}]")
     replicas = serializers.ListField(child=serializers.DictField(), required=False,
                                      help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")
 
@@ -129,7 +131,27 @@ class AssignmentSerializer(serializers.Serializer):
     memory_gib = serializers.FloatField()
 
 
+class GpuCapSerializer(serializers.Serializer):
+    """What a GPU must hold: the value of the block's lever."""
+
+    uuid = serializers.CharField(required=False, help_text="in `gpus` only: the GPU it is for")
+    power_limit_watts = serializers.FloatField(required=False, help_text="lever power_limit")
+    locked_clocks_mhz = serializers.ListField(
+        child=serializers.IntegerField(), min_length=2, max_length=2, required=False,
+        help_text="lever locked_clocks: [min, max] SM clock, MHz",
+    )
+
+
+class CappingSerializer(serializers.Serializer):
+    """The GPU capping a node must hold (agents.node.protocol.validate_capping); absent: every GPU's defaults."""
+
+    lever = serializers.ChoiceField(choices=["power_limit", "locked_clocks"])
+    all = GpuCapSerializer(required=False, help_text="every GPU not listed in `gpus`")
+    gpus = GpuCapSerializer(many=True, required=False)
+
+
 class HeartbeatAnswerSerializer(serializers.Serializer):
     node = serializers.CharField()
     interval_seconds = serializers.FloatField()
     replicas = AssignmentSerializer(many=True)
+    capping = CappingSerializer(required=False, help_text="absent: every GPU back to its defaults")

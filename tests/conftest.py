@@ -105,8 +105,20 @@ def _heartbeat_readings_written_at_once():
     readings.FLUSH_SECONDS = 0
     readings.forget()
     readings.invalidate_assignments()
+    _forget_sensor_updates()
     yield
     readings.forget()
+
+
+def _forget_sensor_updates() -> None:
+    """Clear the console's once-a-second gathering of sensor updates (agents.events): a flush an earlier
+    test armed on its own event loop, now closed, would otherwise swallow this test's first updates."""
+    from agents import events
+
+    with events._pending_lock:
+        events._pending_sensors.clear()
+        events._trailing_due = 0.0
+        events._last_flush = 0.0
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ from agents.node.config import (
     default_config,
     load_config,
 )
+from agents.node.protocol import HeartbeatError, validate_capping
 from agents.node.runtime import Runtime
 
 logger = logging.getLogger("llmgw.agent")
@@ -47,6 +48,7 @@ class Reader(Protocol):
     def inventory(self) -> dict: ...
     def read(self) -> dict: ...
     def close(self) -> None: ...
+    # Optional: `apply_capping(capping: Capping | None)`, GPU capping (agents.node.sensors.SensorReader).
 
 
 class StopSignal(Protocol):
@@ -82,6 +84,11 @@ def build_heartbeat(config: AgentConfig, reader: Reader, runtime: Runtime | None
     replicas = []
     if runtime is not None:
         replicas = [{key: state[key] for key in REPLICA_FIELDS} for state in runtime.states()]
+        throughput = runtime.throughput()
+        if throughput:
+            # In the sensors, not the replica states: it changes every beat, and the states are part of
+            # the heartbeat's fingerprint (a change there takes the control plane's slow path).
+            sensors["replicas"] = throughput
     return {
         "node": config.node,
         "agent_version": AGENT_VERSION,
@@ -127,6 +134,7 @@ class Agent:
         self._rng = rng or random.Random()
         self._clock = clock
         self._problem: str | None = None
+        self._capping_problem: str | None = None
         self._client = client or httpx.Client(
             timeout=min(MAX_INTERVAL_SECONDS, max(2.0, config.interval_seconds)),
             headers={"User-Agent": f"llmgw-agent/{AGENT_VERSION}"},
@@ -246,6 +254,7 @@ class Agent:
         ):
             logger.info("heartbeat interval set to %g s by the control plane", interval)
             self.interval = float(interval)
+        self._apply_capping(answer.get("capping"))
         replicas = answer.get("replicas")
         if not isinstance(replicas, list):
             self._report(
@@ -257,6 +266,27 @@ class Agent:
         except Exception:
             logger.exception("applying the assigned replicas failed; will try again with the next answer")
         return True
+
+    def _apply_capping(self, raw: object) -> None:
+        """Hold the GPUs at the answer's capping block (their defaults when it has none).
+
+        A block that breaks the protocol changes nothing: the GPUs keep what they hold.
+        """
+        apply = getattr(self.reader, "apply_capping", None)
+        if apply is None:
+            return
+        try:
+            capping = validate_capping(raw)
+        except HeartbeatError as exc:
+            if exc.message != self._capping_problem:  # said once, not every beat
+                logger.error("heartbeat answer: %s; GPU capping unchanged", exc.message)
+            self._capping_problem = exc.message
+            return
+        self._capping_problem = None
+        try:
+            apply(capping)
+        except Exception:
+            logger.exception("applying the GPU capping failed; will try again with the next answer")
 
     def _poll_runtime(self) -> None:
         try:

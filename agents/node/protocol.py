@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from facility.domains import MAX_VALUE_LENGTH, DomainError, validate_label
@@ -216,14 +218,14 @@ def _inventory(raw: Any) -> dict[str, Any]:
 
 def _sensors(raw: Any) -> dict[str, Any]:
     s = _mapping(raw, "sensors")
-    _only(s, "sensors", SENSOR_KEYS)
+    _only(s, "sensors", SENSOR_KEYS | SENSOR_THROUGHPUT_KEYS)
     out: dict[str, Any] = {}
     if s.get("gpus") is not None:
         gpus = []
         for i, g in enumerate(_list(s["gpus"], "sensors.gpus", MAX_GPUS)):
             f = f"sensors.gpus[{i}]"
             g = _mapping(g, f)
-            _only(g, f, GPU_SENSOR_KEYS)
+            _only(g, f, GPU_SENSOR_KEYS | GPU_CAPPING_SENSOR_KEYS)
             if "index" not in g:
                 raise HeartbeatError(f"{f}.index", "is required")
             gpu: dict[str, Any] = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
@@ -244,12 +246,15 @@ def _sensors(raw: Any) -> dict[str, Any]:
                             f"unknown reason {_shown(reason)}; reasons are {', '.join(sorted(THROTTLE_REASONS))}",
                         )
                 gpu["throttle_reasons"] = sorted(set(reasons))
+            _gpu_capping_sensors(g, f, gpu)
             gpus.append(gpu)
         out["gpus"] = gpus
     _temperature(s, "cpu_temperature_celsius", "sensors", out)
     _temperature(s, "inlet_temperature_celsius", "sensors", out)
     if s.get("cpu_power_watts") is not None:
         out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, CPU_WATTS_MAX, "W")
+    if s.get("replicas") is not None:
+        out["replicas"] = _replica_throughput(s["replicas"])
     return out
 
 
@@ -314,4 +319,165 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
     out["labels"] = _labels(hb["labels"]) if hb.get("labels") is not None else {}
     out["sensors"] = _sensors(hb["sensors"]) if hb.get("sensors") is not None else {}
     out["replicas"] = _replicas(hb["replicas"]) if hb.get("replicas") is not None else []
+    return out
+
+
+# -- capping: GPU power limits and locked clocks ---------------------------------------------------------
+#
+# The heartbeat ANSWER may carry a `capping` block; the agent applies it through NVML and reports what
+# holds in its next heartbeat's sensors. The block, whole (every part but `lever` optional):
+#
+#     "capping": {
+#       "lever": "power_limit" | "locked_clocks",
+#       "all":  {"power_limit_watts": 490}              # every GPU of the node not listed below
+#       "gpus": [{"uuid": "GPU-…", "power_limit_watts": 450}, …]
+#     }
+#
+# with `locked_clocks_mhz: [min, max]` (SM clock, MHz) in place of `power_limit_watts` when the lever is
+# `locked_clocks`. One lever per answer: the other one is restored to its default on every GPU. A GPU
+# neither listed nor covered by `all`, and every GPU when the answer has no `capping` block (or `null`),
+# is restored to its defaults: the default power limit, clocks unlocked. The agent clamps a wanted limit
+# to the card's own constraints; a uuid the node does not have is ignored.
+#
+# What the agent reports per GPU in `sensors.gpus[]` (each key absent when unknown):
+#   enforced_power_limit_watts  the limit in force, read back (after every limiter, capping included)
+#   default_power_limit_watts   the card's default limit (what a restore goes back to)
+#   locked_clocks_mhz           [min, max] while the agent holds the SM clocks locked
+#   capping                     "not permitted" | "not supported": the last set or reset failed so
+#                               (the agent is not root, or the card has no such control)
+# and per ready replica in `sensors.replicas[]`: {id, tokens_per_second} (generated tokens per second
+# from the replica's own counter; absent until two reads are known). Both live in `sensors`, not in
+# `replicas`, because they change every heartbeat: `replicas` is part of a heartbeat's fingerprint and
+# a change there takes the slow path.
+
+CAPPING_LEVERS = ("power_limit", "locked_clocks")
+CAPPING_STATUSES = frozenset({"not permitted", "not supported"})
+LEVER_KEYS = {"power_limit": "power_limit_watts", "locked_clocks": "locked_clocks_mhz"}
+CAPPING_KEYS = frozenset({"lever", "all", "gpus"})
+SM_CLOCK_MHZ_MAX = 10_000  # no GPU clocks its SMs at 10 GHz: a larger figure is a unit error (kHz)
+TOKENS_PER_SECOND_MAX = 100_000_000
+GPU_CAPPING_SENSOR_KEYS = frozenset(
+    {"enforced_power_limit_watts", "default_power_limit_watts", "locked_clocks_mhz", "capping"}
+)
+SENSOR_THROUGHPUT_KEYS = frozenset({"replicas"})
+REPLICA_THROUGHPUT_KEYS = frozenset({"id", "tokens_per_second"})
+
+
+@dataclass(frozen=True)
+class GpuCap:
+    """What one GPU is asked to hold: a power limit (W) or a locked SM clock range (MHz), one of them."""
+
+    power_limit_watts: float | None = None
+    locked_clocks_mhz: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Capping:
+    """A validated capping block: the lever, the value for every GPU (`all`) and per-uuid values."""
+
+    lever: str
+    all: GpuCap | None = None
+    gpus: Mapping[str, GpuCap] = dataclass_field(default_factory=dict)
+
+    def for_gpu(self, uuid: str) -> GpuCap | None:
+        """What this GPU must hold; None: its defaults."""
+        return self.gpus.get(uuid, self.all)
+
+
+def _gpu_cap(raw: Any, field: str, lever: str, *, with_uuid: bool) -> GpuCap:
+    entry = _mapping(raw, field)
+    key = LEVER_KEYS[lever]
+    _only(entry, field, frozenset({key, "uuid"} if with_uuid else {key}))
+    if entry.get(key) is None:
+        raise HeartbeatError(f"{field}.{key}", f"is required with lever {lever!r}")
+    if lever == "power_limit":
+        watts = _number(entry[key], f"{field}.{key}", 1, GPU_WATTS_MAX, "W")
+        return GpuCap(power_limit_watts=watts)
+    pair = _list(entry[key], f"{field}.{key}", 2)
+    if len(pair) != 2:
+        raise HeartbeatError(f"{field}.{key}", "must be [min, max] in MHz")
+    low = _integer(pair[0], f"{field}.{key}[0]", 1, SM_CLOCK_MHZ_MAX)
+    high = _integer(pair[1], f"{field}.{key}[1]", 1, SM_CLOCK_MHZ_MAX)
+    if low > high:
+        raise HeartbeatError(f"{field}.{key}", f"min {low} MHz is above max {high} MHz")
+    return GpuCap(locked_clocks_mhz=(low, high))
+
+
+def validate_capping(raw: Any) -> Capping | None:
+    """The answer's capping block, checked (None: absent, restore every GPU's defaults), or HeartbeatError."""
+    if raw is None:
+        return None
+    block = _mapping(raw, "capping")
+    _only(block, "capping", CAPPING_KEYS)
+    lever = block.get("lever")
+    if not isinstance(lever, str) or lever not in CAPPING_LEVERS:
+        raise HeartbeatError("capping.lever", f"must be one of {', '.join(CAPPING_LEVERS)}, not {_shown(lever)}")
+    every = _gpu_cap(block["all"], "capping.all", lever, with_uuid=False) if block.get("all") is not None else None
+    gpus: dict[str, GpuCap] = {}
+    for i, entry in enumerate(_list(block.get("gpus") or [], "capping.gpus", MAX_GPUS)):
+        f = f"capping.gpus[{i}]"
+        uuid = _text(_mapping(entry, f).get("uuid"), f"{f}.uuid", MAX_GPU_UUID_LENGTH)
+        if not uuid:
+            raise HeartbeatError(f"{f}.uuid", "is required")
+        if uuid in gpus:
+            raise HeartbeatError(f"{f}.uuid", f"{uuid!r} is listed twice")
+        gpus[uuid] = _gpu_cap(entry, f, lever, with_uuid=True)
+    return Capping(lever, every, gpus)
+
+
+def capping_answer(capping: Capping | None) -> dict[str, Any] | None:
+    """The block as the answer carries it (the inverse of validate_capping): what the server sends."""
+    if capping is None:
+        return None
+    key = LEVER_KEYS[capping.lever]
+
+    def value(cap: GpuCap) -> Any:
+        return cap.power_limit_watts if capping.lever == "power_limit" else list(cap.locked_clocks_mhz or ())
+
+    block: dict[str, Any] = {"lever": capping.lever}
+    if capping.all is not None:
+        block["all"] = {key: value(capping.all)}
+    if capping.gpus:
+        block["gpus"] = [{"uuid": uuid, key: value(cap)} for uuid, cap in capping.gpus.items()]
+    return block
+
+
+def _gpu_capping_sensors(g: Mapping[str, Any], f: str, gpu: dict[str, Any]) -> None:
+    """The capping keys of one GPU's sensors (GPU_CAPPING_SENSOR_KEYS), checked into `gpu`."""
+    for key in ("enforced_power_limit_watts", "default_power_limit_watts"):
+        if g.get(key) is not None:
+            gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
+    if g.get("locked_clocks_mhz") is not None:
+        pair = _list(g["locked_clocks_mhz"], f"{f}.locked_clocks_mhz", 2)
+        if len(pair) != 2:
+            raise HeartbeatError(f"{f}.locked_clocks_mhz", "must be [min, max] in MHz")
+        gpu["locked_clocks_mhz"] = [
+            _integer(pair[i], f"{f}.locked_clocks_mhz[{i}]", 0, SM_CLOCK_MHZ_MAX) for i in (0, 1)
+        ]
+    if g.get("capping") is not None:
+        if not isinstance(g["capping"], str) or g["capping"] not in CAPPING_STATUSES:
+            raise HeartbeatError(
+                f"{f}.capping", f"unknown status {_shown(g['capping'])}; statuses are {', '.join(sorted(CAPPING_STATUSES))}"
+            )
+        gpu["capping"] = g["capping"]
+
+
+def _replica_throughput(raw: Any) -> list[dict[str, Any]]:
+    """`sensors.replicas`: each ready replica's generated tokens per second."""
+    out, seen = [], set()
+    for i, r in enumerate(_list(raw, "sensors.replicas", MAX_REPLICAS)):
+        f = f"sensors.replicas[{i}]"
+        r = _mapping(r, f)
+        _only(r, f, REPLICA_THROUGHPUT_KEYS)
+        if "id" not in r:
+            raise HeartbeatError(f"{f}.id", "is required")
+        item: dict[str, Any] = {"id": _integer(r["id"], f"{f}.id", 1, REPLICA_ID_MAX)}
+        if item["id"] in seen:
+            raise HeartbeatError(f"{f}.id", f"replica {item['id']} is listed twice")
+        seen.add(item["id"])
+        if r.get("tokens_per_second") is not None:
+            item["tokens_per_second"] = _number(
+                r["tokens_per_second"], f"{f}.tokens_per_second", 0, TOKENS_PER_SECOND_MAX, "tokens/s"
+            )
+        out.append(item)
     return out

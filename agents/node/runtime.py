@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import logging
+import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -36,6 +38,15 @@ logger = logging.getLogger("llmgw.agent.runtime")
 
 STATES = ("starting", "ready", "stopping", "failed")
 HEALTH_TIMEOUT_SECONDS = 0.5
+
+# Tokens per second: each ready replica's generated-token counter, read from its /metrics (Prometheus
+# text format) at most every THROUGHPUT_SECONDS; the rate is taken between two reads.
+DEFAULT_THROUGHPUT_METRIC = "vllm:generation_tokens_total"
+METRICS_PATH = "/metrics"
+THROUGHPUT_SECONDS = 5.0
+METRICS_TIMEOUT_SECONDS = 0.5  # the whole read, not each socket call: a slow drip ends here too
+METRICS_MAX_BYTES = 4 * 1024 * 1024  # a vLLM server's page is a few hundred KiB
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 class ReplicaProcess(Protocol):
@@ -102,6 +113,82 @@ def http_health_check(port: int, path: str) -> bool:
         return conn.getresponse().status == 200
     except (OSError, http.client.HTTPException):
         return False
+    finally:
+        conn.close()
+
+
+def counter_value(text: str, metric: str) -> float | None:
+    """The sum of every sample of `metric` in a Prometheus text page (all its label sets); None if absent.
+
+    A small strict reader of the text format (prometheus_client is not among the agent's dependencies):
+    a sample line is `name[{labels}] value [timestamp]`; label values are quoted and may hold escaped
+    quotes, spaces and braces. A sample of that name that does not parse, or is not a finite number,
+    makes the whole answer None rather than a wrong sum.
+    """
+    total: float | None = None
+    for line in text.splitlines():
+        if not line.startswith(metric):
+            continue
+        rest = line[len(metric):]
+        if rest[:1] == "{":
+            end = _labels_end(rest)
+            if end is None:
+                return None
+            rest = rest[end:]
+        elif rest[:1] not in (" ", "\t"):
+            continue  # another metric whose name starts with this one
+        parts = rest.split()
+        if not 1 <= len(parts) <= 2:
+            return None
+        try:
+            value = float(parts[0])
+        except ValueError:
+            return None
+        if not math.isfinite(value) or value < 0:
+            return None
+        total = (total or 0.0) + value
+    return total
+
+
+def _labels_end(text: str) -> int | None:
+    """The index just past the `{...}` that opens `text`, skipping quoted values; None if it never closes."""
+    quoted = escaped = False
+    for i, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "}" and not quoted:
+            return i + 1
+    return None
+
+
+def http_counter(port: int, metric: str) -> float | None:
+    """`metric`'s value from http://127.0.0.1:{port}/metrics, read within METRICS_TIMEOUT_SECONDS and
+    METRICS_MAX_BYTES; None when it does not answer, answers too much or too slowly, or lacks the metric."""
+    deadline = time.monotonic() + METRICS_TIMEOUT_SECONDS
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=METRICS_TIMEOUT_SECONDS)
+    try:
+        conn.request("GET", METRICS_PATH)
+        response = conn.getresponse()
+        if response.status != 200:
+            return None
+        chunks, size = [], 0
+        while True:
+            if time.monotonic() > deadline:
+                return None
+            chunk = response.read1(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > METRICS_MAX_BYTES:
+                return None
+            chunks.append(chunk)
+        return counter_value(b"".join(chunks).decode("utf-8", errors="replace"), metric)
+    except (OSError, http.client.HTTPException):
+        return None
     finally:
         conn.close()
 
@@ -175,6 +262,11 @@ class _Replica:
     killed: bool = False
     removed: bool = False  # stopping because no longer assigned: forget it once it is gone
     replacement: ReplicaSpec | None = None  # stopping because its spec changed: start this next
+    # Throughput: the counter to read, its last value and when it was read, the rate between two reads.
+    throughput_metric: str = DEFAULT_THROUGHPUT_METRIC
+    counter: tuple[float, float] | None = None  # (monotonic time, value)
+    next_count_at: float = 0.0
+    tokens_per_second: float | None = None
 
 
 class Runtime:
@@ -188,12 +280,14 @@ class Runtime:
         health_check: Callable[[int, str], bool] | None = None,
         spawn: Callable[[list[str], dict[str, str], str | None, str | None], ReplicaProcess] | None = None,
         port_free: Callable[[int], bool] | None = None,
+        read_counter: Callable[[int, str], float | None] | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self._health_check = health_check or http_health_check
         self._spawn = spawn or spawn_process
         self._port_free = port_free or is_port_free
+        self._read_counter = read_counter or http_counter
         self._replicas: dict[int, _Replica] = {}
 
     # -- what the control plane asks --------------------------------------------------------
@@ -201,6 +295,7 @@ class Runtime:
     def sync(self, assigned: list[dict]) -> None:
         """Run exactly the assigned replicas: start new ones, stop the others; same spec: nothing."""
         wanted: dict[int, ReplicaSpec] = {}
+        metrics: dict[int, str] = {}
         for entry in assigned:
             try:
                 spec = ReplicaSpec.from_assignment(entry)
@@ -209,6 +304,7 @@ class Runtime:
                 logger.error("heartbeat answer: %s; that replica is skipped", exc)
                 continue
             wanted[spec.id] = spec
+            metrics[spec.id] = _throughput_metric(entry)
 
         for replica_id, replica in list(self._replicas.items()):
             if replica_id not in wanted:
@@ -221,8 +317,11 @@ class Runtime:
 
         for replica_id, spec in wanted.items():
             replica = self._replicas.get(replica_id)
+            if replica is not None and replica.throughput_metric != metrics[replica_id]:
+                # Another counter: not a restart, but the rate starts over.
+                replica.throughput_metric, replica.counter, replica.tokens_per_second = metrics[replica_id], None, None
             if replica is None:
-                replica = _Replica(spec=spec)
+                replica = _Replica(spec=spec, throughput_metric=metrics[replica_id])
                 self._replicas[replica_id] = replica
                 self._start(replica)
                 continue
@@ -248,6 +347,8 @@ class Runtime:
             now = self._clock()
             if replica.state in ("starting", "ready"):
                 self._poll_running(replica, now)
+                if replica.state == "ready":
+                    self._poll_throughput(replica, now)
             elif replica.state == "stopping":
                 self._poll_stopping(replica, now)
             elif replica.state == "failed":
@@ -269,6 +370,14 @@ class Runtime:
                 "message": r.message,
             }
             for r in sorted(self._replicas.values(), key=lambda r: r.spec.id)
+        ]
+
+    def throughput(self) -> list[dict]:
+        """Each ready replica's generated tokens per second, where two reads of its counter are known."""
+        return [
+            {"id": r.spec.id, "tokens_per_second": round(r.tokens_per_second, 1)}
+            for r in sorted(self._replicas.values(), key=lambda r: r.spec.id)
+            if r.state == "ready" and r.tokens_per_second is not None
         ]
 
     def shutdown(self, *, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -301,6 +410,7 @@ class Runtime:
         replica.process = None
         replica.kill_at = None
         replica.killed = False
+        replica.counter, replica.tokens_per_second, replica.next_count_at = None, None, 0.0
         port = replica.port if replica.port is not None and self._port_usable(replica.port, spec.id) else None
         if port is None:
             port = self._free_port(spec.id)
@@ -366,6 +476,22 @@ class Runtime:
                 logger.info(
                     "replica %s (%s): ready on port %s", replica.spec.id, replica.spec.model, replica.port
                 )
+
+    def _poll_throughput(self, replica: _Replica, now: float) -> None:
+        if now < replica.next_count_at or replica.port is None:
+            return
+        replica.next_count_at = now + THROUGHPUT_SECONDS
+        value = self._read_counter(replica.port, replica.throughput_metric)
+        if value is None:
+            # Not answering, or no such counter (not every server has one): unknown, never 0.
+            replica.counter, replica.tokens_per_second = None, None
+            return
+        previous, replica.counter = replica.counter, (now, value)
+        if previous is None or now <= previous[0]:
+            return
+        # A counter lower than before was reset (the server restarted): it counted up from 0 since.
+        increase = value - previous[1] if value >= previous[1] else value
+        replica.tokens_per_second = increase / (now - previous[0])
 
     def _poll_stopping(self, replica: _Replica, now: float) -> None:
         process = replica.process
@@ -445,6 +571,20 @@ class Runtime:
             if self._port_usable(port, replica_id):
                 return port
         return None
+
+
+def _throughput_metric(entry: Mapping[str, Any]) -> str:
+    """The assignment's `throughput_metric` (its profile's), or the vLLM counter when absent or not a name."""
+    metric = entry.get("throughput_metric")
+    if metric is None:
+        return DEFAULT_THROUGHPUT_METRIC
+    if isinstance(metric, str) and METRIC_NAME.fullmatch(metric):
+        return metric
+    logger.error(
+        "heartbeat answer: replica %s: throughput_metric %r is not a metric name; reading %s",
+        entry.get("id"), metric, DEFAULT_THROUGHPUT_METRIC,
+    )
+    return DEFAULT_THROUGHPUT_METRIC
 
 
 def _template_problem(exc: Exception) -> str:

@@ -35,7 +35,14 @@ class FakeGpu:
     memory_temperature: int | None = 61  # None: the field answers Not Supported (GDDR boards)
     slowdown_temperature: int | None = 89  # None: the threshold answers Not Supported
     power_mw: int = 312_500
-    power_limit_mw: int = 700_000
+    power_limit_mw: int = 700_000  # the limit set (nvmlDeviceGetPowerManagementLimit)
+    default_power_limit_mw: int = 700_000
+    power_limit_constraints_mw: tuple[int, int] = (200_000, 700_000)
+    other_limiter_mw: int | None = None  # a lower limit from elsewhere (out of band): enforced is the least
+    max_sm_clock_mhz: int = 1980
+    locked_clocks_mhz: tuple[int, int] | None = None
+    privileged: bool = True  # False: every set and reset answers No Permission, as for a non-root agent
+    set_calls: list[tuple[str, Any]] = field(default_factory=list)  # what the agent changed, in order
     clock_event_reasons: int = pynvml.nvmlClocksEventReasonSwPowerCap
     errors: dict[str, int] = field(default_factory=dict)  # call name -> NVML_ERROR_* it returns
     lost: bool = False  # every call on this device answers GPU is lost
@@ -58,6 +65,9 @@ def l4(index: int) -> FakeGpu:
         slowdown_temperature=87,
         power_mw=41_250,
         power_limit_mw=72_000,
+        default_power_limit_mw=72_000,
+        power_limit_constraints_mw=(40_000, 72_000),
+        max_sm_clock_mhz=2040,
         clock_event_reasons=pynvml.nvmlClocksEventReasonGpuIdle,
     )
 
@@ -156,7 +166,41 @@ class FakeNvml(types.ModuleType):
         return self._device(gpu, "nvmlDeviceGetPowerUsage").power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeGpu) -> int:
-        return self._device(gpu, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+        gpu = self._device(gpu, "nvmlDeviceGetEnforcedPowerLimit")
+        return min(gpu.power_limit_mw, gpu.other_limiter_mw or gpu.power_limit_mw)
+
+    def nvmlDeviceGetPowerManagementLimit(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, gpu: FakeGpu) -> int:
+        return self._device(gpu, "nvmlDeviceGetPowerManagementDefaultLimit").default_power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, gpu: FakeGpu) -> list[int]:
+        return list(self._device(gpu, "nvmlDeviceGetPowerManagementLimitConstraints").power_limit_constraints_mw)
+
+    def nvmlDeviceSetPowerManagementLimit(self, gpu: FakeGpu, limit_mw: int) -> None:
+        gpu = self._setter(gpu, "nvmlDeviceSetPowerManagementLimit")
+        low, high = gpu.power_limit_constraints_mw
+        if not low <= limit_mw <= high:  # the driver refuses a limit outside the constraints
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.set_calls.append(("power_limit_mw", limit_mw))
+        gpu.power_limit_mw = limit_mw
+
+    def nvmlDeviceGetMaxClockInfo(self, gpu: FakeGpu, clock_type: int) -> int:
+        assert clock_type == pynvml.NVML_CLOCK_SM
+        return self._device(gpu, "nvmlDeviceGetMaxClockInfo").max_sm_clock_mhz
+
+    def nvmlDeviceSetGpuLockedClocks(self, gpu: FakeGpu, min_mhz: int, max_mhz: int) -> None:
+        gpu = self._setter(gpu, "nvmlDeviceSetGpuLockedClocks")
+        if not 0 < min_mhz <= max_mhz:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.set_calls.append(("locked_clocks_mhz", (min_mhz, max_mhz)))
+        gpu.locked_clocks_mhz = (min_mhz, max_mhz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, gpu: FakeGpu) -> None:
+        gpu = self._setter(gpu, "nvmlDeviceResetGpuLockedClocks")
+        gpu.set_calls.append(("locked_clocks_mhz", None))
+        gpu.locked_clocks_mhz = None
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
         return self._device(gpu, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
@@ -165,6 +209,12 @@ class FakeNvml(types.ModuleType):
         return self._device(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
 
     # -- scripting -------------------------------------------------------------------------
+
+    def _setter(self, gpu: FakeGpu, call: str) -> FakeGpu:
+        gpu = self._device(gpu, call)
+        if not gpu.privileged:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        return gpu
 
     def _check_initialised(self) -> None:
         if not self.initialised:

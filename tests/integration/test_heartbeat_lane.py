@@ -30,10 +30,11 @@ def post(body: dict, token: str) -> tuple[int, dict]:
     return response["status"], json.loads(response["body"])
 
 
-def test_the_second_same_heartbeat_is_answered_by_the_lane_and_its_readings_stored(monkeypatch):
+def spy_on_lane(monkeypatch) -> list[bool]:
+    """A list that gets, per heartbeat, whether the fast lane answered it (True) or Django did."""
     from agents.asgi import HeartbeatFastLane
 
-    answered_here = []
+    answered_here: list[bool] = []
     original = HeartbeatFastLane.answer
 
     def spy(self, scope, body):
@@ -42,6 +43,11 @@ def test_the_second_same_heartbeat_is_answered_by_the_lane_and_its_readings_stor
         return result
 
     monkeypatch.setattr(HeartbeatFastLane, "answer", spy)
+    return answered_here
+
+
+def test_the_second_same_heartbeat_is_answered_by_the_lane_and_its_readings_stored(monkeypatch):
+    answered_here = spy_on_lane(monkeypatch)
     token = node_token_create(node_name="gpu01")
     node = SimNode(node_spec("gpu01", rack="r1"))
     first = node.heartbeat(1.0)

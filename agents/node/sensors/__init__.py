@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from agents.node.protocol import Capping
 from agents.node.sensors import host, hwmon
 from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession
 from agents.node.sensors.rapl import PackagePower
@@ -100,6 +101,13 @@ class SensorReader:
         if watts is not None:
             sensors["cpu_power_watts"] = round(watts, 1)
         return sensors
+
+    def apply_capping(self, capping: Capping | None) -> bool:
+        """Apply the heartbeat answer's capping block in the NVML worker, under the reads' deadline.
+
+        False when NVML did not finish in time (or is busy with a stuck call): the next answer tries again.
+        """
+        return self._poll_nvml(lambda session: session.apply_capping(capping) or True) is True
 
     def close(self) -> None:
         """End the NVML session (skipped while a call is stuck: shutting down would block too)."""

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from agents.node.capping import Capping, GpuCapper
+
 log = logging.getLogger(__name__)
 
 _BYTES_PER_GIB = 1024**3
@@ -53,6 +55,7 @@ class NvmlSession:
             )
             if cls is not None
         )
+        self._capper = GpuCapper(nvml, self._session_errors)
 
     def inventory(self) -> list[dict[str, Any]]:
         """Each GPU's index, uuid, name, memory and enforced power limit."""
@@ -61,6 +64,15 @@ class NvmlSession:
     def readings(self) -> list[dict[str, Any]]:
         """Each GPU's temperatures, power, power limit and active clock limiters."""
         return self._each_gpu(self._gpu_reading)
+
+    def apply_capping(self, capping: Capping | None) -> None:
+        """Hold each GPU at what the capping block asks (agents.node.capping); defaults when None."""
+
+        def one(handle: Any, index: int) -> dict[str, Any]:
+            self._capper.apply(handle, self._nv.nvmlDeviceGetUUID(handle), capping)
+            return {}
+
+        self._each_gpu(one)
 
     def close(self) -> None:
         """End the session (nvmlShutdown pairs the nvmlInit)."""
@@ -166,6 +178,7 @@ class NvmlSession:
         reasons = self._optional(lambda: self._clock_event_reasons(handle))
         if reasons is not None:
             gpu["throttle_reasons"] = [name for bit, name in THROTTLE_REASONS if reasons & bit]
+        self._capper.report(handle, gpu["uuid"], gpu)
         return gpu
 
     def _optional(self, call: Callable[[], Any]) -> Any:

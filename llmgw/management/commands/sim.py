@@ -38,9 +38,13 @@ def sim_tokens(specs: list[Mapping[str, Any]], tokens_file: str | None = None) -
 
 
 def sim_nodes(
-    specs: list[Mapping[str, Any]], *, interval: int, ready_delay: float, seed: int = 0
+    specs: list[Mapping[str, Any]], *, interval: int, ready_delay: float, seed: int = 0,
+    capping_permitted: bool = True,
 ) -> list[SimNode]:
-    return [SimNode(s, interval=interval, ready_delay=ready_delay, seed=seed) for s in specs]
+    return [
+        SimNode(s, interval=interval, ready_delay=ready_delay, seed=seed, capping_permitted=capping_permitted)
+        for s in specs
+    ]
 
 
 class Command(BaseCommand):
@@ -69,9 +73,15 @@ class Command(BaseCommand):
         )
         parser.add_argument("--tokens", help="JSON file of node → token; without it the sim makes the tokens")
         parser.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
+        parser.add_argument(
+            "--no-capping-permission",
+            action="store_true",
+            help="simulate agents without root: GPUs keep their defaults and report capping: not permitted",
+        )
 
     def handle(self, *args, file: str, once: bool, server: str, interval: int, ready_delay: float,
-               tokens: str | None, seed: int, action: str = "up", speed: float = 1.0, **options):
+               tokens: str | None, seed: int, action: str = "up", speed: float = 1.0,
+               no_capping_permission: bool = False, **options):
         if action == "facility":
             self.replay_facility(file, speed)
             return
@@ -84,7 +94,9 @@ class Command(BaseCommand):
             node_tokens = sim_tokens(specs, tokens)
         except InvalidInput as exc:
             raise CommandError(exc.message) from exc
-        nodes = sim_nodes(specs, interval=interval, ready_delay=ready_delay, seed=seed)
+        nodes = sim_nodes(
+            specs, interval=interval, ready_delay=ready_delay, seed=seed, capping_permitted=not no_capping_permission
+        )
         if once:
             results = run_round(nodes, node_tokens, server)
             failed = [r for r in results if not r.ok]

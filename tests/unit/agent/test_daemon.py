@@ -69,6 +69,9 @@ class StubRuntime:
     def states(self) -> list[dict]:
         return [{"id": 17, "state": "ready", "port": 8101, "pid": 4242, "restarts": 0, "message": ""}]
 
+    def throughput(self) -> list[dict]:
+        return []
+
     def shutdown(self) -> None:
         self.shut_down = True
 

@@ -19,6 +19,8 @@ H100_READING = {
     "power_watts": 312.5,
     "power_limit_watts": 700.0,
     "throttle_reasons": ["sw_power_cap"],
+    "enforced_power_limit_watts": 700.0,
+    "default_power_limit_watts": 700.0,
 }
 
 
@@ -82,6 +84,8 @@ def test_memory_temperature_not_supported_is_absent_not_zero():
         "power_watts": 41.25,
         "power_limit_watts": 72.0,
         "throttle_reasons": [],  # only GpuIdle is set, which is not a limiter
+        "enforced_power_limit_watts": 72.0,
+        "default_power_limit_watts": 72.0,
     }
 
 
