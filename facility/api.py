@@ -6,12 +6,14 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import services
+from facility import feed_selectors, services
 from facility.serializers import (
     DOMAIN_PATTERN,
     BudgetBodySerializer,
     BudgetSerializer,
     FacilitySerializer,
+    FeedLossSerializer,
+    FeedsSerializer,
     HoldBodySerializer,
     HoldSerializer,
 )
@@ -77,3 +79,20 @@ class BudgetDetailView(ApiView):
     def delete(self, request, domain: str):
         services.budget_delete(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class FeedListView(ApiView):
+    @documented(summary="Power feeds: capacity, the PDUs and racks they supply, their load", ok={200: FeedsSerializer})
+    def get(self, request):
+        return Response(feed_selectors.feeds_overview())
+
+
+class FeedLossView(ApiView):
+    @documented(
+        summary="N−1: what passes its surviving feed's capacity if a feed is lost",
+        ok={200: FeedLossSerializer},
+        errors=(404,),
+        parameters=[OpenApiParameter("feed", str, description="Only the loss of this feed")],
+    )
+    def get(self, request):
+        return Response(feed_selectors.feed_loss_report(feed=request.query_params.get("feed") or None))

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from agents.models import measured_window_seconds
-from facility import services
+from facility import feed_selectors, services
 from llmgw.output import kw, print_json, print_table
 from placement import selectors as placement_selectors
 
@@ -54,6 +54,8 @@ def register(commands) -> None:
     r.add_argument("domain")
     r.set_defaults(handler=release)
 
+    register_feeds(sub)
+
     b = sub.add_parser("budget", help="set or remove one domain's power budget")
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
@@ -90,10 +92,13 @@ def overview(args) -> int:
                 kw(d["reserved_watts"]),
                 kw(d["measured_watts"]),
                 hold_text,
+                d["cap_source"] or "-",
             ]
         )
     window = f"{measured_window_seconds() / 60:g}m"
-    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "HOLD"], rows)
+    print_table(
+        ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "HOLD", "SOURCE"], rows
+    )
     for node, progress in sorted(data["node_drains"].items()):
         print(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
               + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))
@@ -107,9 +112,18 @@ def apply(args) -> int:
         result = services.facility_apply_file(path=args.file)
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
-        f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''})"
+        f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"
+        + _feeds_applied(result.get("feeds"))
+        + ")"
     )
     return 0
+
+
+def _feeds_applied(feeds: dict | None) -> str:
+    if feeds is None:
+        return ""
+    removed = f": {', '.join(feeds['removed'])}" if feeds["removed"] else ""
+    return f"; {feeds['created']} feeds created, {feeds['updated']} updated, {len(feeds['removed'])} removed{removed}"
 
 
 def hold(args) -> int:
@@ -133,4 +147,59 @@ def budget_set(args) -> int:
 def budget_delete(args) -> int:
     services.budget_delete(domain=args.domain)
     print(f"{args.domain}: budget removed")
+    return 0
+
+
+# -- feeds, N−1 -----------------------------------------------------------------------------------------
+
+
+def register_feeds(sub) -> None:
+    from llmgw.ctl import output_option
+
+    f = sub.add_parser("feeds", help="power feeds: capacity, the PDUs and racks they supply, their load")
+    output_option(f)
+    f.set_defaults(handler=feeds)
+    loss = sub.add_parser(
+        "feed-loss",
+        help="N−1: what passes its surviving feed's capacity if a feed is lost (0 violations is the state to keep)",
+        description="For the loss of each feed (or the one named): every rack, PDU and feed whose load — "
+        "reserved, and the measured peak — would pass what carries it, and by how much.",
+    )
+    loss.add_argument("feed", nargs="?", help="one feed's name (default: each feed in turn)")
+    output_option(loss)
+    loss.set_defaults(handler=feed_loss)
+
+
+def feeds(args) -> int:
+    data = feed_selectors.feeds_overview()
+    if args.output == "json":
+        print_json(data)
+        return 0
+    rows = [
+        [
+            f["name"],
+            f["text"].removeprefix(f"feed {f['name']} "),
+            kw(f["capacity_watts"]),
+            kw(f["reserved_watts"]),
+            kw(f["measured_watts"]),
+            ",".join(f["pdus"]) or "-",
+            ",".join(f["racks"]) or "-",
+        ]
+        for f in data["feeds"]
+    ]
+    print_table(["FEED", "RATING", "CAPACITY", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows)
+    return 0
+
+
+def feed_loss(args) -> int:
+    data = feed_selectors.feed_loss_report(feed=args.feed)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    for item in data["feeds"]:
+        count = len(item["violations"])
+        print(f"without feed {item['feed']}: {count} violation{'s' if count != 1 else ''}")
+        for v in item["violations"]:
+            print(f"  {v['text']}")
+    print(data["text"])
     return 0

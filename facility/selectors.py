@@ -34,6 +34,8 @@ def facility_overview() -> dict[str, Any]:
     """
     settings = facility_settings()
     budget_by_domain = budgets()
+    # Where each cap came from: a feed (`feed A1 415 V 32 A 3φ 80 %`) or a written `budget`.
+    cap_sources = {b.domain: b.source_text for b in Budget.objects.only("domain", "source", "derived_from")}
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
@@ -61,6 +63,7 @@ def facility_overview() -> dict[str, Any]:
                 "reserved_watts": round(figure.reserved_watts, 1),
                 "measured_watts": None if figure.measured_watts is None else round(figure.measured_watts, 1),
                 "cap_watts": figure.cap_watts,
+                "cap_source": cap_sources.get(text),
                 "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
                 "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
                 "over_limit": figure.is_over_limit,

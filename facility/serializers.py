@@ -90,6 +90,9 @@ class DomainRowSerializer(serializers.Serializer):
     reserved_watts = serializers.FloatField()
     measured_watts = serializers.FloatField(allow_null=True)
     cap_watts = serializers.FloatField(allow_null=True)
+    cap_source = serializers.CharField(
+        allow_null=True, help_text="where the cap came from: `budget`, or the feed (`feed A1 415 V 32 A 3φ 80 %`)"
+    )
     limit_watts = serializers.FloatField(allow_null=True)
     other_watts = serializers.FloatField(allow_null=True)
     over_limit = serializers.BooleanField()
@@ -135,3 +138,45 @@ class BudgetBodySerializer(serializers.Serializer):
     domain = serializers.CharField()
     cap_watts = serializers.FloatField()
     other_watts = serializers.FloatField()
+
+
+class FeedRowSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    voltage = serializers.FloatField()
+    amperage = serializers.FloatField()
+    phase = serializers.ChoiceField(choices=["single", "three"])
+    max_utilization = serializers.FloatField()
+    capacity_watts = serializers.FloatField(help_text="V × A × max_utilization (× √3 three-phase)")
+    text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
+    pdus = serializers.ListField(child=serializers.CharField())
+    racks = serializers.ListField(child=serializers.CharField(), help_text="named, or reached through its PDUs")
+    reserved_watts = serializers.FloatField()
+    measured_watts = serializers.FloatField()
+
+
+class FeedsSerializer(serializers.Serializer):
+    feeds = FeedRowSerializer(many=True)
+
+
+class ViolationSerializer(serializers.Serializer):
+    feed_lost = serializers.CharField()
+    domain = serializers.CharField(allow_null=True, help_text="the rack or PDU; null for a feed's own total")
+    carrier = serializers.CharField(help_text="the surviving feed (or PDU) that would carry it")
+    reserved_watts = serializers.FloatField()
+    measured_watts = serializers.FloatField()
+    load_watts = serializers.FloatField()
+    capacity_watts = serializers.FloatField()
+    over_watts = serializers.FloatField(allow_null=True)
+    dark_nodes = serializers.ListField(child=serializers.CharField(), help_text="nodes left with no feed")
+    text = serializers.CharField()
+
+
+class FeedLossItemSerializer(serializers.Serializer):
+    feed = serializers.CharField(help_text="the feed lost")
+    violations = ViolationSerializer(many=True)
+
+
+class FeedLossSerializer(serializers.Serializer):
+    feeds = FeedLossItemSerializer(many=True)
+    violations = serializers.IntegerField(help_text="0 is the state to keep")
+    text = serializers.CharField()

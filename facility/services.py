@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from agents.node.protocol import value_shown
+from facility import feed_services
 from facility.domains import DomainError, parse_domain
 from facility.models import Budget, FacilitySettings, Hold, Source
 from facility.signals import facility_changed
@@ -84,7 +85,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "budgets")
+    known = (*SETTINGS_KEYS, "budgets", "feeds")
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -141,7 +142,10 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
     if len(docs) != 1:
         raise InvalidInput(f"{filename}: expected one YAML document, found {len(docs)}")
     values, budgets = _parse_facility(docs[0])
-    owns_budgets = isinstance(docs[0].data.get("facility"), dict) and "budgets" in docs[0].data["facility"]
+    block = docs[0].data.get("facility") if isinstance(docs[0].data.get("facility"), dict) else {}
+    owns_budgets = "budgets" in block
+    # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
+    feeds = feed_services.feeds_parse(docs[0], block["feeds"] or []) if "feeds" in block else None
     settings = FacilitySettings.load()
     for key, value in values.items():
         setattr(settings, key, value)
@@ -153,7 +157,10 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
     for item in budgets:
         _, was_created = Budget.objects.update_or_create(
             domain=item["domain"],
-            defaults={"cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE},
+            defaults={
+                "cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE,
+                "derived_from": "",
+            },
         )
         created += was_created
         updated += not was_created
@@ -162,8 +169,18 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
         gone = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names)
         removed = sorted(gone.values_list("domain", flat=True))
         gone.delete()
+    feeds_result = None
+    if feeds is not None:
+        feeds_result = feed_services.feeds_replace(feeds=feeds, source=Source.FILE)
+    feed_services.feed_caps_refresh()
     facility_changed_send()
-    return {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
+    return {
+        "created": created,
+        "updated": updated,
+        "removed": len(removed),
+        "removed_domains": removed,
+        "feeds": feeds_result,
+    }
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:
@@ -194,7 +211,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
     budget, _ = Budget.objects.update_or_create(
-        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
+        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": ""}
     )
     facility_changed_send()
     return budget
@@ -206,6 +223,8 @@ def budget_delete(*, domain: str) -> None:
     deleted, _ = Budget.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} has no budget", field="domain")
+    # A cap derived from the feeds comes back where a written budget is removed.
+    feed_services.feed_caps_refresh()
     facility_changed_send()
 
 
