@@ -174,3 +174,13 @@ def test_feeds_listing_ctl_and_api(capsys, join_node, admin_client):
     loss = admin_client.get("/api/v1/facility/feed-loss?feed=B1").json()
     assert loss["violations"] == 0 and loss["feeds"][0]["feed"] == "B1"
     assert admin_client.get("/api/v1/facility/feed-loss?feed=nope").status_code == 404
+
+
+def test_feed_loss_violations_are_a_series_per_feed(join_node):
+    from facility.metrics import DomainPowerCollector
+
+    join_node("gpu01", rack="r1", pdu="r1-a,r1-b")
+    join_node("gpu02", rack="r1", pdu="r1-a")  # single-fed: dark without A1
+    services.facility_apply(text=PAIR)
+    family = [f for f in DomainPowerCollector().collect() if f.name == "llmgw_feed_loss_violations"][0]
+    assert {s.labels["feed"]: s.value for s in family.samples} == {"A1": 1.0, "B1": 0.0}
