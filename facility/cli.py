@@ -169,6 +169,23 @@ def register_feeds(sub) -> None:
     output_option(loss)
     loss.set_defaults(handler=feed_loss)
 
+    w = sub.add_parser(
+        "what-if",
+        help="dry run: hold a domain (--drain) or lose a feed; which replicas move where, which are blocked",
+        description="A dry run on a copy of the state: nothing is written. Lists which replicas would move and "
+        "where (planned as the drain plans them), which would be blocked and why, and each domain's use after.",
+    )
+    wsub = w.add_subparsers(dest="what_if", metavar="SCENARIO", required=True)
+    wh = wsub.add_parser("hold", help="hold a domain", epilog="example: llmgw ctl facility what-if hold rack:r12-07 --drain")
+    wh.add_argument("domain")
+    wh.add_argument("--drain", action="store_true", help="and move its replicas out")
+    output_option(wh)
+    wh.set_defaults(handler=what_if)
+    wf = wsub.add_parser("feed-loss", help="lose a feed: the replicas of nodes left without power move")
+    wf.add_argument("feed")
+    output_option(wf)
+    wf.set_defaults(handler=what_if)
+
 
 def feeds(args) -> int:
     data = feed_selectors.feeds_overview()
@@ -203,3 +220,41 @@ def feed_loss(args) -> int:
             print(f"  {v['text']}")
     print(data["text"])
     return 0
+
+
+def what_if(args) -> int:
+    from placement.whatif import what_if as run
+
+    if args.what_if == "hold":
+        data = run(hold=args.domain, drain=args.drain)
+    else:
+        data = run(feed=args.feed)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    for line in what_if_lines(data):
+        print(line)
+    return 0
+
+
+def what_if_lines(data: dict) -> list[str]:
+    """A what-if as ctl prints it (the console shows the same parts)."""
+    lines = [f"what if: {data['scenario']}", f"nodes leaving: {', '.join(data['nodes']) or 'none'}"]
+    lines.append(f"moves ({len(data['moves'])}):")
+    lines += [f"  {m['replica']}: {','.join(m['from'])} -> {','.join(m['to'])}" for m in data["moves"]]
+    if data["blocked"]:
+        lines.append(f"blocked ({len(data['blocked'])}):")
+        lines += [f"  {b['replica']} on {','.join(b['from'])}: {b['reason']}" for b in data["blocked"]]
+    if data["stay"]:
+        lines.append(f"stay, held (no --drain) ({len(data['stay'])}):")
+        lines += [f"  {s['replica']} on {','.join(s['on'])}" for s in data["stay"]]
+    if data["feed_loss"]:
+        lines.append(f"feed loss ({len(data['feed_loss'])} violations):")
+        lines += [f"  {v['text']}" for v in data["feed_loss"]]
+    lines.append("domains (use before -> after, of limit):")
+    lines += [
+        f"  {d['domain']}: {kw(d['use_watts_before'])} -> {kw(d['use_watts_after'])} of {kw(d['limit_watts'])}"
+        for d in data["domains"]
+        if d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"]
+    ] or ["  (no domain's use changes)"]
+    return lines
