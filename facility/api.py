@@ -16,6 +16,8 @@ from facility.serializers import (
     FeedsSerializer,
     HoldBodySerializer,
     HoldSerializer,
+    WhatIfResultSerializer,
+    WhatIfSerializer,
 )
 from llmgw.api import ApiView, documented
 from placement import selectors as placement_selectors
@@ -96,3 +98,18 @@ class FeedLossView(ApiView):
     )
     def get(self, request):
         return Response(feed_selectors.feed_loss_report(feed=request.query_params.get("feed") or None))
+
+
+class WhatIfView(ApiView):
+    @documented(
+        summary="Dry run: hold a domain (drain) or lose a feed — moves, blocked replicas, domain use after",
+        request=WhatIfSerializer,
+        ok={200: WhatIfResultSerializer},
+        errors=(404,),
+    )
+    def post(self, request):
+        from placement.whatif import what_if
+
+        data = WhatIfSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(what_if(**data.validated_data))

@@ -180,3 +180,56 @@ class FeedLossSerializer(serializers.Serializer):
     feeds = FeedLossItemSerializer(many=True)
     violations = serializers.IntegerField(help_text="0 is the state to keep")
     text = serializers.CharField()
+
+
+class WhatIfSerializer(StrictSerializer):
+    hold = DomainField(max_length=300, required=False, allow_null=True, default=None,
+                       help_text="a domain to hold (level:name); give this or feed")
+    drain = StrictBooleanField(required=False, default=False, help_text="with hold: move its replicas out")
+    feed = TextField(max_length=100, required=False, allow_null=True, default=None, help_text="a feed to lose")
+
+
+class WhatIfMoveSerializer(serializers.Serializer):
+    replica = serializers.CharField(help_text="model#ordinal")
+    model = serializers.CharField()
+    to = serializers.ListField(child=serializers.CharField())
+    why = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.ListField(child=serializers.CharField())
+        return fields
+
+
+class WhatIfBlockedSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    model = serializers.CharField()
+    reason = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.ListField(child=serializers.CharField())
+        return fields
+
+
+class WhatIfStaySerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    model = serializers.CharField()
+    on = serializers.ListField(child=serializers.CharField())
+
+
+class WhatIfDomainSerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    use_watts_before = serializers.FloatField()
+    use_watts_after = serializers.FloatField()
+    limit_watts = serializers.FloatField()
+
+
+class WhatIfResultSerializer(serializers.Serializer):
+    scenario = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField(), help_text="the nodes that leave")
+    moves = WhatIfMoveSerializer(many=True)
+    blocked = WhatIfBlockedSerializer(many=True)
+    stay = WhatIfStaySerializer(many=True)
+    domains = WhatIfDomainSerializer(many=True)
+    feed_loss = ViolationSerializer(many=True)

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import require_operator, require_reader
-from facility import services
+from facility import feed_selectors, services
 from facility.domains import LABEL_PREFIX, LEVELS
 from facility.power import NEAR_LIMIT_SHARE, kw
 from llmgw.errors import LlmgwError
@@ -99,7 +99,16 @@ def facility_context() -> dict[str, Any]:
         "pdus": by_level.get("pdu", []),
         "rack_map": rack_map,
         "holds": [d for d in overview["domains"] if d["hold"]],
+        **feeds_context(),
     }
+
+
+def feeds_context() -> dict[str, Any]:
+    """Feeds with what the loss of each would pass (the page's minimal N−1 listing)."""
+    loss = feed_selectors.feed_loss_report()
+    by_feed = {item["feed"]: item["violations"] for item in loss["feeds"]}
+    feeds = [{**f, "loss": by_feed.get(f["name"], [])} for f in feed_selectors.feeds_overview()["feeds"]]
+    return {"feeds": feeds, "feed_loss": loss}
 
 
 @login_required
@@ -138,3 +147,21 @@ def hold_release(request: HttpRequest) -> HttpResponse:
     except LlmgwError as exc:
         return facility_page(request, errors={"release": exc.message}, status=422)
     return redirect("facility")
+
+
+@login_required
+@require_POST
+def what_if_preview(request: HttpRequest) -> HttpResponse:
+    """The Hold form's Preview: the hold (and drain) as a dry run, shown on the facility page; nothing written."""
+    require_reader(request)
+    from placement.whatif import what_if
+
+    try:
+        result = what_if(hold=request.POST.get("domain", "").strip(), drain=bool(request.POST.get("drain")))
+    except LlmgwError as exc:
+        return facility_page(request, errors={exc.field or "form": exc.message}, status=422)
+    context = facility_context()
+    context.update(
+        {"can_operate": can_operate(request.user), "errors": {}, "values": request.POST, "what_if": result}
+    )
+    return render(request, "facility/facility.html", context)

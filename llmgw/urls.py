@@ -15,6 +15,7 @@ api_v1 = [
     path("facility/holds/<path:domain>", facility_api.HoldDetailView.as_view(), name="hold"),
     path("facility/feeds", facility_api.FeedListView.as_view(), name="feeds"),
     path("facility/feed-loss", facility_api.FeedLossView.as_view(), name="feed-loss"),
+    path("facility/what-if", facility_api.WhatIfView.as_view(), name="what-if"),
     path("facility/budgets", facility_api.BudgetListView.as_view(), name="budgets"),
     path("facility/budgets/<path:domain>", facility_api.BudgetDetailView.as_view(), name="budget"),
     path("nodes", agents_api.NodeListView.as_view(), name="nodes"),

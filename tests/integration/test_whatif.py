@@ -98,3 +98,30 @@ def test_what_if_feed_loss_moves_the_replicas_of_nodes_left_dark(join_node):
     preview = what_if(feed="A")
     assert preview["nodes"] == ["a1"]
     assert preview["blocked"][0]["replica"] == "m#1"  # its selector allows only the dark rack
+
+
+def test_what_if_api(admin_client):
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    body = admin_client.post("/api/v1/facility/what-if", {"hold": f"rack:{rack}", "drain": True},
+                             content_type="application/json").json()
+    assert body["scenario"] == f"hold rack:{rack} --drain" and body["moves"][0]["from"]
+    refused = admin_client.post("/api/v1/facility/what-if", {}, content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["field"] == "scenario"
+    missing = admin_client.post("/api/v1/facility/what-if", {"feed": "Z"}, content_type="application/json")
+    assert missing.status_code == 404
+
+
+def test_console_preview_and_feeds_listing(admin_client):
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    page = admin_client.get("/facility/").content.decode()
+    assert 'id="feeds"' in page and "Preview" in page
+    shown = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
+    text = shown.content.decode()
+    preview = what_if(hold=f"rack:{rack}", drain=True)
+    assert shown.status_code == 200 and f"Preview: hold rack:{rack} --drain" in text
+    assert all(m["replica"] in text for m in preview["moves"])
+    assert not Hold.objects.exists()
