@@ -169,6 +169,25 @@ def register_feeds(sub) -> None:
     output_option(loss)
     loss.set_defaults(handler=feed_loss)
 
+    imp = sub.add_parser("import", help="import feeds and node locations from a DCIM")
+    isub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
+    nb = isub.add_parser(
+        "netbox",
+        help="NetBox: power feeds become facility.feeds (PDU and rack caps); devices named like nodes label them",
+        description="Read NetBox's racks, power panels, power feeds and devices (pynetbox), or its CSV export of "
+        "power feeds (--csv, offline sites). --dry-run prints the diff; without it the import is applied "
+        "all-or-nothing, like facility apply.",
+        epilog="example: llmgw ctl facility import netbox --url https://netbox.example.org --token-file nb.token --site sto1 --dry-run",
+    )
+    where = nb.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="NetBox's address")
+    where.add_argument("--csv", help="a CSV export of NetBox power feeds (offline)")
+    nb.add_argument("--token-file", help="a file holding the API token (with --url)")
+    nb.add_argument("--site", help="only this site (its slug)")
+    nb.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    output_option(nb)
+    nb.set_defaults(handler=import_netbox)
+
     w = sub.add_parser(
         "what-if",
         help="dry run: hold a domain (--drain) or lose a feed; which replicas move where, which are blocked",
@@ -258,3 +277,33 @@ def what_if_lines(data: dict) -> list[str]:
         if d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"]
     ] or ["  (no domain's use changes)"]
     return lines
+
+
+def import_netbox(args) -> int:
+    from pathlib import Path
+
+    from facility import netbox
+    from llmgw.errors import InvalidInput
+
+    if args.csv:
+        plan = netbox.plan_from_csv(Path(args.csv).read_text(encoding="utf-8"))
+    else:
+        if not args.token_file:
+            raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
+        token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
+    result = netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+    if args.output == "json":
+        print_json(result)
+        return 0
+    for f in result["feeds_added"]:
+        print(f"+ {f['text']} -> {', '.join(f['pdus'] + f['racks'])}")
+    for f in result["feeds_changed"]:
+        print(f"~ {f['from']['text']} => {f['to']['text']}")
+    for name in result["feeds_removed"]:
+        print(f"- feed {name}")
+    for node, changes in result["labels"].items():
+        print(f"~ node {node}: " + " ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+    changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels"))
+    print(f"{changed} change{'s' if changed != 1 else ''}{' (dry run: nothing written)' if not result['applied'] else ' applied'}")
+    return 0
