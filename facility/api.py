@@ -112,4 +112,7 @@ class WhatIfView(ApiView):
 
         data = WhatIfSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(what_if(**data.validated_data))
+        target, drain = data.validated_data["target"], data.validated_data["drain"]
+        if ":" in target:
+            return Response(what_if(hold=target, drain=drain))
+        return Response(what_if(feed=target))

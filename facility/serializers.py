@@ -182,11 +182,20 @@ class FeedLossSerializer(serializers.Serializer):
     text = serializers.CharField()
 
 
+# A what-if's target: a domain to hold (level:name), or a feed to lose (a feed's name has no ':').
+WHAT_IF_TARGET_PATTERN = rf"^((({'|'.join(LEVELS)}):[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}})|[A-Za-z0-9._-]{{1,100}})$"
+
+
+@extend_schema_field({"type": "string", "pattern": WHAT_IF_TARGET_PATTERN, "example": "rack:r12-07"})
+class WhatIfTargetField(TextField):
+    """A domain to hold or a feed to lose: the schema states the form, the service checks it."""
+
+
 class WhatIfSerializer(StrictSerializer):
-    hold = DomainField(max_length=300, required=False, allow_null=True, default=None,
-                       help_text="a domain to hold (level:name); give this or feed")
-    drain = StrictBooleanField(required=False, default=False, help_text="with hold: move its replicas out")
-    feed = TextField(max_length=100, required=False, allow_null=True, default=None, help_text="a feed to lose")
+    target = WhatIfTargetField(
+        max_length=300, help_text="a domain to hold (rack:r12-07), or the name of a feed to lose (A1)"
+    )
+    drain = StrictBooleanField(required=False, default=False, help_text="with a hold: move its replicas out")
 
 
 class WhatIfMoveSerializer(serializers.Serializer):

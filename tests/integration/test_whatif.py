@@ -104,12 +104,12 @@ def test_what_if_api(admin_client):
     load_demo()
     reconcile_all()
     rack = _busiest_rack()
-    body = admin_client.post("/api/v1/facility/what-if", {"hold": f"rack:{rack}", "drain": True},
+    body = admin_client.post("/api/v1/facility/what-if", {"target": f"rack:{rack}", "drain": True},
                              content_type="application/json").json()
     assert body["scenario"] == f"hold rack:{rack} --drain" and body["moves"][0]["from"]
     refused = admin_client.post("/api/v1/facility/what-if", {}, content_type="application/json")
-    assert refused.status_code == 400 and refused.json()["field"] == "scenario"
-    missing = admin_client.post("/api/v1/facility/what-if", {"feed": "Z"}, content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["field"] == "target"
+    missing = admin_client.post("/api/v1/facility/what-if", {"target": "Z"}, content_type="application/json")
     assert missing.status_code == 404
 
 
