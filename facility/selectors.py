@@ -20,10 +20,11 @@ def facility_settings() -> power.FacilitySettings:
     )
 
 
-def budgets() -> dict[Domain, power.Budget]:
+def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
+    """Every budget (of ``rows`` when read already) as the pure kernel takes it."""
     return {
         parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.cap_watts, b.other_watts)
-        for b in Budget.objects.all()
+        for b in (Budget.objects.all() if rows is None else rows)
     }
 
 
@@ -33,9 +34,10 @@ def facility_overview() -> dict[str, Any]:
     A hold's drain progress is placement's: :func:`placement.selectors.facility_overview` adds it.
     """
     settings = facility_settings()
-    budget_by_domain = budgets()
+    budget_rows = list(Budget.objects.all())
+    budget_by_domain = budgets(budget_rows)
     # Where each cap came from: a feed (`feed A1 415 V 32 A 3φ 80 %`) or a written `budget`.
-    cap_sources = {b.domain: b.source_text for b in Budget.objects.only("domain", "source", "derived_from")}
+    cap_sources = {b.domain: b.source_text for b in budget_rows}
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}

@@ -130,7 +130,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
 
 
 @transaction.atomic
-def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int]:
+def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, Any]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
 
     When the file has a `budgets:` list, budgets an earlier apply of a file created and this list no
@@ -169,18 +169,15 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
         gone = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names)
         removed = sorted(gone.values_list("domain", flat=True))
         gone.delete()
-    feeds_result = None
+    feeds_result: dict[str, Any] | None = None
     if feeds is not None:
         feeds_result = feed_services.feeds_replace(feeds=feeds, source=Source.FILE)
     feed_services.feed_caps_refresh()
     facility_changed_send()
-    return {
-        "created": created,
-        "updated": updated,
-        "removed": len(removed),
-        "removed_domains": removed,
-        "feeds": feeds_result,
-    }
+    result = {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
+    if feeds_result is not None:
+        result["feeds"] = feeds_result
+    return result
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:

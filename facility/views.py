@@ -14,6 +14,7 @@ from agents.models import Node
 from agents.views import require_operator, require_reader
 from facility import feed_selectors, services
 from facility.domains import LABEL_PREFIX, LEVELS
+from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
@@ -105,6 +106,8 @@ def facility_context() -> dict[str, Any]:
 
 def feeds_context() -> dict[str, Any]:
     """Feeds with what the loss of each would pass (the page's minimal N−1 listing)."""
+    if not Feed.objects.exists():
+        return {"feeds": [], "feed_loss": {"text": "0 violations"}}
     loss = feed_selectors.feed_loss_report()
     by_feed = {item["feed"]: item["violations"] for item in loss["feeds"]}
     feeds = [{**f, "loss": by_feed.get(f["name"], [])} for f in feed_selectors.feeds_overview()["feeds"]]
