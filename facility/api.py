@@ -6,7 +6,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import selectors, services
+from facility import feed_selectors, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -17,9 +17,13 @@ from facility.serializers import (
     ConditionOverrideSerializer,
     DomainHistorySerializer,
     FacilitySerializer,
+    FeedLossSerializer,
+    FeedsSerializer,
     HistoryQuerySerializer,
     HoldBodySerializer,
     HoldSerializer,
+    WhatIfResultSerializer,
+    WhatIfSerializer,
 )
 from llmgw.api import ApiView, documented
 from llmgw.errors import InvalidInput
@@ -158,3 +162,38 @@ class ConditionOverrideDetailView(ApiView):
     def delete(self, request, domain: str):
         services.condition_override_clear(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class FeedListView(ApiView):
+    @documented(summary="Power feeds: capacity, the PDUs and racks they supply, their load", ok={200: FeedsSerializer})
+    def get(self, request):
+        return Response(feed_selectors.feeds_overview())
+
+
+class FeedLossView(ApiView):
+    @documented(
+        summary="N−1: what passes its surviving feed's capacity if a feed is lost",
+        ok={200: FeedLossSerializer},
+        errors=(404,),
+        parameters=[OpenApiParameter("feed", str, description="Only the loss of this feed")],
+    )
+    def get(self, request):
+        return Response(feed_selectors.feed_loss_report(feed=request.query_params.get("feed") or None))
+
+
+class WhatIfView(ApiView):
+    @documented(
+        summary="Dry run: hold a domain (drain) or lose a feed — moves, blocked replicas, domain use after",
+        request=WhatIfSerializer,
+        ok={200: WhatIfResultSerializer},
+        errors=(404,),
+    )
+    def post(self, request):
+        from placement.whatif import what_if
+
+        data = WhatIfSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        target, drain = data.validated_data["target"], data.validated_data["drain"]
+        if ":" in target:
+            return Response(what_if(hold=target, drain=drain))
+        return Response(what_if(feed=target))

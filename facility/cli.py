@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from agents.models import measured_window_seconds
-from facility import services
+from facility import feed_selectors, services
 from llmgw.output import kw, print_json, print_table
 from placement import selectors as placement_selectors
 
@@ -74,6 +74,8 @@ def register(commands) -> None:
     output_option(e)
     e.set_defaults(handler=events)
 
+    register_feeds(sub)
+
     b = sub.add_parser("budget", help="set or remove one domain's power budget")
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
@@ -111,10 +113,13 @@ def overview(args) -> int:
                 kw(d["measured_watts"]),
                 condition_text(d["condition"]),
                 hold_text,
+                d["cap_source"] or "-",
             ]
         )
     window = f"{measured_window_seconds() / 60:g}m"
-    print_table(["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD"], rows)
+    print_table(
+        ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD", "SOURCE"], rows
+    )
     for source in data.get("sources") or []:
         if not source["up"]:
             print(f"source {source['name']} down: {source['last_error']} (last success {source['last_success_at'] or 'never'})")
@@ -187,9 +192,18 @@ def apply(args) -> int:
         result = services.facility_apply_file(path=args.file)
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
-        f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''})"
+        f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"
+        + _feeds_applied(result.get("feeds"))
+        + ")"
     )
     return 0
+
+
+def _feeds_applied(feeds: dict | None) -> str:
+    if feeds is None:
+        return ""
+    removed = f": {', '.join(feeds['removed'])}" if feeds["removed"] else ""
+    return f"; {feeds['created']} feeds created, {feeds['updated']} updated, {len(feeds['removed'])} removed{removed}"
 
 
 def hold(args) -> int:
@@ -214,4 +228,163 @@ def budget_set(args) -> int:
 def budget_delete(args) -> int:
     services.budget_delete(domain=args.domain)
     print(f"{args.domain}: budget removed")
+    return 0
+
+
+# -- feeds, N−1 -----------------------------------------------------------------------------------------
+
+
+def register_feeds(sub) -> None:
+    from llmgw.ctl import output_option
+
+    f = sub.add_parser("feeds", help="power feeds: capacity, the PDUs and racks they supply, their load")
+    output_option(f)
+    f.set_defaults(handler=feeds)
+    loss = sub.add_parser(
+        "feed-loss",
+        help="N−1: what passes its surviving feed's capacity if a feed is lost (0 violations is the state to keep)",
+        description="For the loss of each feed (or the one named): every rack, PDU and feed whose load — "
+        "reserved, and the measured peak — would pass what carries it, and by how much.",
+    )
+    loss.add_argument("feed", nargs="?", help="one feed's name (default: each feed in turn)")
+    output_option(loss)
+    loss.set_defaults(handler=feed_loss)
+
+    imp = sub.add_parser("import", help="import feeds and node locations from a DCIM")
+    isub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
+    nb = isub.add_parser(
+        "netbox",
+        help="NetBox: power feeds become facility.feeds (PDU and rack caps); devices named like nodes label them",
+        description="Read NetBox's racks, power panels, power feeds and devices (pynetbox), or its CSV export of "
+        "power feeds (--csv, offline sites). --dry-run prints the diff; without it the import is applied "
+        "all-or-nothing, like facility apply.",
+        epilog="example: llmgw ctl facility import netbox --url https://netbox.example.org --token-file nb.token --site sto1 --dry-run",
+    )
+    where = nb.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="NetBox's address")
+    where.add_argument("--csv", help="a CSV export of NetBox power feeds (offline)")
+    nb.add_argument("--token-file", help="a file holding the API token (with --url)")
+    nb.add_argument("--site", help="only this site (its slug)")
+    nb.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    output_option(nb)
+    nb.set_defaults(handler=import_netbox)
+
+    w = sub.add_parser(
+        "what-if",
+        help="dry run: hold a domain (--drain) or lose a feed; which replicas move where, which are blocked",
+        description="A dry run on a copy of the state: nothing is written. Lists which replicas would move and "
+        "where (planned as the drain plans them), which would be blocked and why, and each domain's use after.",
+    )
+    wsub = w.add_subparsers(dest="what_if", metavar="SCENARIO", required=True)
+    wh = wsub.add_parser("hold", help="hold a domain", epilog="example: llmgw ctl facility what-if hold rack:r12-07 --drain")
+    wh.add_argument("domain")
+    wh.add_argument("--drain", action="store_true", help="and move its replicas out")
+    output_option(wh)
+    wh.set_defaults(handler=what_if)
+    wf = wsub.add_parser("feed-loss", help="lose a feed: the replicas of nodes left without power move")
+    wf.add_argument("feed")
+    output_option(wf)
+    wf.set_defaults(handler=what_if)
+
+
+def feeds(args) -> int:
+    data = feed_selectors.feeds_overview()
+    if args.output == "json":
+        print_json(data)
+        return 0
+    rows = [
+        [
+            f["name"],
+            f["text"].removeprefix(f"feed {f['name']} "),
+            kw(f["capacity_watts"]),
+            kw(f["reserved_watts"]),
+            kw(f["measured_watts"]),
+            ",".join(f["pdus"]) or "-",
+            ",".join(f["racks"]) or "-",
+        ]
+        for f in data["feeds"]
+    ]
+    print_table(["FEED", "RATING", "CAPACITY", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows)
+    return 0
+
+
+def feed_loss(args) -> int:
+    data = feed_selectors.feed_loss_report(feed=args.feed)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    for item in data["feeds"]:
+        count = len(item["violations"])
+        print(f"without feed {item['feed']}: {count} violation{'s' if count != 1 else ''}")
+        for v in item["violations"]:
+            print(f"  {v['text']}")
+    print(data["text"])
+    return 0
+
+
+def what_if(args) -> int:
+    from placement.whatif import what_if as run
+
+    if args.what_if == "hold":
+        data = run(hold=args.domain, drain=args.drain)
+    else:
+        data = run(feed=args.feed)
+    if args.output == "json":
+        print_json(data)
+        return 0
+    for line in what_if_lines(data):
+        print(line)
+    return 0
+
+
+def what_if_lines(data: dict) -> list[str]:
+    """A what-if as ctl prints it (the console shows the same parts)."""
+    lines = [f"what if: {data['scenario']}", f"nodes leaving: {', '.join(data['nodes']) or 'none'}"]
+    lines.append(f"moves ({len(data['moves'])}):")
+    lines += [f"  {m['replica']}: {','.join(m['from'])} -> {','.join(m['to'])}" for m in data["moves"]]
+    if data["blocked"]:
+        lines.append(f"blocked ({len(data['blocked'])}):")
+        lines += [f"  {b['replica']} on {','.join(b['from'])}: {b['reason']}" for b in data["blocked"]]
+    if data["stay"]:
+        lines.append(f"stay, held (no --drain) ({len(data['stay'])}):")
+        lines += [f"  {s['replica']} on {','.join(s['on'])}" for s in data["stay"]]
+    if data["feed_loss"]:
+        lines.append(f"feed loss ({len(data['feed_loss'])} violations):")
+        lines += [f"  {v['text']}" for v in data["feed_loss"]]
+    lines.append("domains (use before -> after, of limit):")
+    lines += [
+        f"  {d['domain']}: {kw(d['use_watts_before'])} -> {kw(d['use_watts_after'])} of {kw(d['limit_watts'])}"
+        for d in data["domains"]
+        if d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"]
+    ] or ["  (no domain's use changes)"]
+    return lines
+
+
+def import_netbox(args) -> int:
+    from pathlib import Path
+
+    from facility import netbox
+    from llmgw.errors import InvalidInput
+
+    if args.csv:
+        plan = netbox.plan_from_csv(Path(args.csv).read_text(encoding="utf-8"))
+    else:
+        if not args.token_file:
+            raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
+        token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
+    result = netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+    if args.output == "json":
+        print_json(result)
+        return 0
+    for f in result["feeds_added"]:
+        print(f"+ {f['text']} -> {', '.join(f['pdus'] + f['racks'])}")
+    for f in result["feeds_changed"]:
+        print(f"~ {f['from']['text']} => {f['to']['text']}")
+    for name in result["feeds_removed"]:
+        print(f"- feed {name}")
+    for node, changes in result["labels"].items():
+        print(f"~ node {node}: " + " ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+    changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels"))
+    print(f"{changed} change{'s' if changed != 1 else ''}{' (dry run: nothing written)' if not result['applied'] else ' applied'}")
     return 0

@@ -10,6 +10,8 @@ The rules:
   NetBox calls a PowerFeed's available power.
 - A PDU's cap defaults to its feed's capacity. A rack's cap defaults to the **smallest** capacity of
   the feeds that reach it (each must carry the rack alone) — never their sum. An explicit budget wins.
+- A feed may name racks it supplies directly (NetBox's PowerFeed.rack): they count among the rack's
+  feeds, and a node none of whose PDUs is on a feed is carried by its rack's feeds.
 - When a feed is lost, each node it fed is carried by its other PDUs, its load split evenly over
   them; a node with no PDU left goes dark. A surviving PDU or feed, or a rack's share on a surviving
   feed, past its capacity is a violation.
@@ -37,6 +39,9 @@ class Feed:
     phase: str = "single"
     max_utilization: float = 0.8
     pdus: tuple[str, ...] = ()
+    # Racks the feed supplies directly (NetBox's PowerFeed.rack): their nodes, when none of their PDUs
+    # is on a feed, are carried by these feeds.
+    racks: tuple[str, ...] = ()
 
     @property
     def capacity_watts(self) -> float:
@@ -124,15 +129,18 @@ def feed_of_pdu(feeds: Iterable[Feed]) -> dict[str, Feed]:
 def derived_caps(feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]]) -> dict[Domain, DerivedCap]:
     """Caps implied by the feeds: each fed PDU's feed capacity, each rack's smallest feed capacity.
 
-    ``rack_pdus`` maps a rack's name to the PDUs its nodes are plugged into.
+    ``rack_pdus`` maps a rack's name to the PDUs its nodes are plugged into. A feed naming a rack in
+    ``racks`` reaches it whether or not a node is there yet.
     """
     feeds = list(feeds)
     by_pdu = feed_of_pdu(feeds)
     caps: dict[Domain, DerivedCap] = {}
     for pdu, feed in sorted(by_pdu.items()):
         caps[Domain("pdu", pdu)] = DerivedCap(Domain("pdu", pdu), feed.capacity_watts, feed.text)
-    for rack, pdus in sorted(rack_pdus.items()):
-        rack_feeds = {by_pdu[p].name: by_pdu[p] for p in pdus if p in by_pdu}
+    direct = feeds_of_rack(feeds)
+    for rack in sorted(set(rack_pdus) | set(direct)):
+        rack_feeds = {by_pdu[p].name: by_pdu[p] for p in rack_pdus.get(rack, ()) if p in by_pdu}
+        rack_feeds.update({f.name: f for f in direct.get(rack, ())})
         if not rack_feeds:
             continue
         smallest = min(rack_feeds.values(), key=lambda f: (f.capacity_watts, f.name))
@@ -141,6 +149,42 @@ def derived_caps(feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]]) 
             source += f" (smallest of {len(rack_feeds)} feeds: each carries the rack alone)"
         caps[Domain("rack", rack)] = DerivedCap(Domain("rack", rack), smallest.capacity_watts, source)
     return caps
+
+
+def feeds_of_rack(feeds: Iterable[Feed]) -> dict[str, list[Feed]]:
+    """The feeds that name each rack directly."""
+    found: dict[str, list[Feed]] = {}
+    for feed in feeds:
+        for rack in feed.racks:
+            found.setdefault(rack, []).append(feed)
+    return found
+
+
+def _rack_outlet(feed: str, rack: str) -> str:
+    # Where a rack-level feed reaches a rack, counted like a PDU of that feed; never shown as one.
+    return f"{feed}@{rack}"
+
+
+def _with_rack_outlets(feeds: list[Feed], nodes: Iterable[NodeLoad]) -> tuple[list[Feed], list[NodeLoad], set[str]]:
+    """Rack-level feeds as outlets: a node none of whose PDUs is fed takes its rack's feeds' outlets."""
+    direct = feeds_of_rack(feeds)
+    if not direct:
+        return feeds, list(nodes), set()
+    fed = set(feed_of_pdu(feeds))
+    outlets: set[str] = set()
+    out_nodes = []
+    for node in nodes:
+        if node.rack in direct and fed.isdisjoint(node.pdus):
+            pdus = tuple(_rack_outlet(f.name, node.rack) for f in direct[node.rack])
+            outlets.update(pdus)
+            node = NodeLoad(node.name, node.rack, pdus, node.reserved_watts, node.measured_watts)
+        out_nodes.append(node)
+    out_feeds = [
+        Feed(f.name, f.voltage, f.amperage, f.phase, f.max_utilization,
+             f.pdus + tuple(_rack_outlet(f.name, r) for r in f.racks), f.racks)
+        for f in feeds
+    ]
+    return out_feeds, out_nodes, outlets
 
 
 def _shares(node: NodeLoad, live_pdus: list[str]) -> tuple[float, float]:
@@ -160,7 +204,8 @@ def feed_loss(
 
     ``pdu_caps`` overrides a PDU's cap (an explicit budget); otherwise its feed's capacity counts.
     """
-    feeds = list(feeds)
+    feeds, nodes, outlets = _with_rack_outlets(list(feeds), nodes)
+    lost = next((f for f in feeds if f.name == lost.name), lost)
     by_pdu = feed_of_pdu(feeds)
     by_name = {f.name: f for f in feeds}
     pdu_caps = dict(pdu_caps or {})
@@ -221,7 +266,7 @@ def feed_loss(
             total[0] += reserved
             total[1] += measured
         cap = pdu_caps.get(pdu, feed.capacity_watts if feed else None)
-        if pdu in touched_pdus and cap is not None and max(reserved, measured) > cap + EPSILON_WATTS:
+        if pdu in touched_pdus and pdu not in outlets and cap is not None and max(reserved, measured) > cap + EPSILON_WATTS:
             carrier = feed.name if feed else pdu
             violations.append(Violation(lost.name, Domain("pdu", pdu), carrier, reserved, measured, cap))
     for name in sorted(touched_feeds):
@@ -237,3 +282,16 @@ def feed_loss(
             violations.append(Violation(lost.name, Domain("rack", rack), name, reserved, measured, capacity))
     violations.sort(key=lambda v: (-(len(v.dark_nodes) > 0), -v.over_watts))
     return violations
+
+
+def feed_loads(feeds: Iterable[Feed], nodes: Iterable[NodeLoad]) -> dict[str, tuple[float, float]]:
+    """Each feed's (reserved, measured) load with every feed up: a node's load split over its fed PDUs."""
+    feeds, nodes, _ = _with_rack_outlets(list(feeds), nodes)
+    by_pdu = feed_of_pdu(feeds)
+    loads = {f.name: [0.0, 0.0] for f in feeds}
+    for node in nodes:
+        fed = [by_pdu[p] for p in node.pdus if p in by_pdu]
+        for feed in fed:
+            loads[feed.name][0] += node.reserved_watts / len(fed)
+            loads[feed.name][1] += node.measured_watts / len(fed)
+    return {name: (r, m) for name, (r, m) in loads.items()}

@@ -1,4 +1,4 @@
-"""Domains on /metrics: each domain's budget, limit, reserved, measured and used watts, and its hold.
+"""Domains (and N−1 feed-loss violations) on /metrics: each domain's budget, limit, reserved, measured and used watts, and its hold.
 
 Read on each scrape through facility.selectors.facility_overview — the figures `llmgw ctl facility` and
 the API show — so the alert rules in deploy/prometheus/alerts.yaml judge what people see.
@@ -40,6 +40,19 @@ class DomainPowerCollector(Collector):
         yield from families.values()
         yield held
         yield from condition_families()
+        yield self._feed_loss()
+
+    def _feed_loss(self) -> Metric:
+        from facility.feed_selectors import feed_loss_report
+
+        family = GaugeMetricFamily(
+            "llmgw_feed_loss_violations",
+            "Racks, PDUs and feeds that would pass what carries them if this feed were lost (0 is the state to keep).",
+            labels=["feed"],
+        )
+        for item in feed_loss_report()["feeds"]:
+            family.add_metric([item["feed"]], float(len(item["violations"])))
+        return family
 
     def describe(self) -> Iterator[Metric]:
         for name, _, doc in GAUGES:
@@ -48,6 +61,7 @@ class DomainPowerCollector(Collector):
         for name, _, labels in CONDITION_FAMILIES:
             yield GaugeMetricFamily(name, "", labels=labels)
 
+        yield GaugeMetricFamily("llmgw_feed_loss_violations", "", labels=["feed"])
 
 CONDITION_FAMILIES = (
     ("llmgw_domain_condition", "1 for the domain's current thermal condition, 0 for the others.",

@@ -23,6 +23,10 @@ class Source(models.TextChoices):
     FILE = "file", "server.yaml"
     API = "api", "API or ctl"
     ADMIN = "admin", "admin"
+    # A cap derived from the feeds (facility.feed_services): rewritten whenever feeds or labels change,
+    # never over a budget somebody wrote.
+    FEED = "feed", "feeds"
+    NETBOX = "netbox", "NetBox import"
 
 
 class FacilitySettings(models.Model):
@@ -75,6 +79,9 @@ class Budget(models.Model):
         default=0, validators=[MinValueValidator(0.0)], help_text="Switches, storage: what llmgw does not see."
     )
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.API)
+    derived_from = models.CharField(
+        max_length=300, blank=True, help_text="For a cap derived from feeds: which (feed A1 415 V 32 A 3φ 80 %)."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -82,6 +89,11 @@ class Budget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain}: {self.cap_watts / 1000:.1f} kW"
+
+    @property
+    def source_text(self) -> str:
+        """Where the cap came from, as ctl shows it: the feed, or ``budget``."""
+        return self.derived_from if self.source == Source.FEED else "budget"
 
     def clean(self) -> None:
         _clean_domain_field(self)
@@ -238,3 +250,26 @@ class ScenarioRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} from {self.started_at:%Y-%m-%d %H:%M:%S} at ×{self.speed:g}"
+
+
+class Feed(models.Model):
+    """A power feed: a circuit from a panel, held to a share of its rating, supplying PDUs or racks."""
+
+    name = models.CharField(max_length=100, unique=True)
+    voltage = models.FloatField(validators=[MinValueValidator(1.0)])
+    amperage = models.FloatField(validators=[MinValueValidator(0.1)])
+    phase = models.CharField(max_length=8, choices=[("single", "single-phase"), ("three", "three-phase")])
+    max_utilization = models.FloatField(
+        default=0.8, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
+        help_text="Share of the rating carried continuously (0.8: the 80 % rule).",
+    )
+    pdus = models.JSONField(default=list, blank=True, help_text="Names of the PDUs it supplies.")
+    racks = models.JSONField(default=list, blank=True, help_text="Names of racks it supplies directly.")
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.FILE)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"feed {self.name}"

@@ -22,10 +22,11 @@ def facility_settings() -> power.FacilitySettings:
     )
 
 
-def budgets() -> dict[Domain, power.Budget]:
+def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
+    """Every budget (of ``rows`` when read already) as the pure kernel takes it."""
     return {
         parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.cap_watts, b.other_watts)
-        for b in Budget.objects.all()
+        for b in (Budget.objects.all() if rows is None else rows)
     }
 
 
@@ -35,7 +36,10 @@ def facility_overview() -> dict[str, Any]:
     A hold's drain progress is placement's: :func:`placement.selectors.facility_overview` adds it.
     """
     settings = facility_settings()
-    budget_by_domain = budgets()
+    budget_rows = list(Budget.objects.all())
+    budget_by_domain = budgets(budget_rows)
+    # Where each cap came from: a feed (`feed A1 415 V 32 A 3φ 80 %`) or a written `budget`.
+    cap_sources = {b.domain: b.source_text for b in budget_rows}
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
@@ -65,6 +69,7 @@ def facility_overview() -> dict[str, Any]:
                 "reserved_watts": round(figure.reserved_watts, 1),
                 "measured_watts": None if figure.measured_watts is None else round(figure.measured_watts, 1),
                 "cap_watts": figure.cap_watts,
+                "cap_source": cap_sources.get(text),
                 "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
                 "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
                 "over_limit": figure.is_over_limit,

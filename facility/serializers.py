@@ -146,6 +146,9 @@ class DomainRowSerializer(serializers.Serializer):
     reserved_watts = serializers.FloatField()
     measured_watts = serializers.FloatField(allow_null=True)
     cap_watts = serializers.FloatField(allow_null=True)
+    cap_source = serializers.CharField(
+        allow_null=True, help_text="where the cap came from: `budget`, or the feed (`feed A1 415 V 32 A 3φ 80 %`)"
+    )
     limit_watts = serializers.FloatField(allow_null=True)
     other_watts = serializers.FloatField(allow_null=True)
     over_limit = serializers.BooleanField()
@@ -222,3 +225,107 @@ class DomainHistorySerializer(serializers.Serializer):
     hours = serializers.FloatField()
     resolution_minutes = serializers.IntegerField(help_text="1 or 15")
     points = HistoryPointSerializer(many=True)
+
+
+class FeedRowSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    voltage = serializers.FloatField()
+    amperage = serializers.FloatField()
+    phase = serializers.ChoiceField(choices=["single", "three"])
+    max_utilization = serializers.FloatField()
+    capacity_watts = serializers.FloatField(help_text="V × A × max_utilization (× √3 three-phase)")
+    text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
+    pdus = serializers.ListField(child=serializers.CharField())
+    racks = serializers.ListField(child=serializers.CharField(), help_text="named, or reached through its PDUs")
+    reserved_watts = serializers.FloatField()
+    measured_watts = serializers.FloatField()
+
+
+class FeedsSerializer(serializers.Serializer):
+    feeds = FeedRowSerializer(many=True)
+
+
+class ViolationSerializer(serializers.Serializer):
+    feed_lost = serializers.CharField()
+    domain = serializers.CharField(allow_null=True, help_text="the rack or PDU; null for a feed's own total")
+    carrier = serializers.CharField(help_text="the surviving feed (or PDU) that would carry it")
+    reserved_watts = serializers.FloatField()
+    measured_watts = serializers.FloatField()
+    load_watts = serializers.FloatField()
+    capacity_watts = serializers.FloatField()
+    over_watts = serializers.FloatField(allow_null=True)
+    dark_nodes = serializers.ListField(child=serializers.CharField(), help_text="nodes left with no feed")
+    text = serializers.CharField()
+
+
+class FeedLossItemSerializer(serializers.Serializer):
+    feed = serializers.CharField(help_text="the feed lost")
+    violations = ViolationSerializer(many=True)
+
+
+class FeedLossSerializer(serializers.Serializer):
+    feeds = FeedLossItemSerializer(many=True)
+    violations = serializers.IntegerField(help_text="0 is the state to keep")
+    text = serializers.CharField()
+
+
+# A what-if's target: a domain to hold (level:name), or a feed to lose (a feed's name has no ':').
+WHAT_IF_TARGET_PATTERN = rf"^((({'|'.join(LEVELS)}):[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}})|[A-Za-z0-9._-]{{1,100}})$"
+
+
+@extend_schema_field({"type": "string", "pattern": WHAT_IF_TARGET_PATTERN, "example": "rack:r12-07"})
+class WhatIfTargetField(TextField):
+    """A domain to hold or a feed to lose: the schema states the form, the service checks it."""
+
+
+class WhatIfSerializer(StrictSerializer):
+    target = WhatIfTargetField(
+        max_length=300, help_text="a domain to hold (rack:r12-07), or the name of a feed to lose (A1)"
+    )
+    drain = StrictBooleanField(required=False, default=False, help_text="with a hold: move its replicas out")
+
+
+class WhatIfMoveSerializer(serializers.Serializer):
+    replica = serializers.CharField(help_text="model#ordinal")
+    model = serializers.CharField()
+    to = serializers.ListField(child=serializers.CharField())
+    why = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.ListField(child=serializers.CharField())
+        return fields
+
+
+class WhatIfBlockedSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    model = serializers.CharField()
+    reason = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.ListField(child=serializers.CharField())
+        return fields
+
+
+class WhatIfStaySerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    model = serializers.CharField()
+    on = serializers.ListField(child=serializers.CharField())
+
+
+class WhatIfDomainSerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    use_watts_before = serializers.FloatField()
+    use_watts_after = serializers.FloatField()
+    limit_watts = serializers.FloatField()
+
+
+class WhatIfResultSerializer(serializers.Serializer):
+    scenario = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField(), help_text="the nodes that leave")
+    moves = WhatIfMoveSerializer(many=True)
+    blocked = WhatIfBlockedSerializer(many=True)
+    stay = WhatIfStaySerializer(many=True)
+    domains = WhatIfDomainSerializer(many=True)
+    feed_loss = ViolationSerializer(many=True)

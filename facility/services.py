@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.node.protocol import value_shown
-from facility import power
+from facility import feed_services, power
 from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
 from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY, DomainError, parse_domain
 from facility.models import (
@@ -120,7 +120,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "budgets", "conditions", "sources")
+    known = (*SETTINGS_KEYS, "budgets", "conditions", "sources", "feeds")
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -165,7 +165,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
 
 
 @transaction.atomic
-def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int]:
+def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, Any]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
 
     When the file has a `budgets:` list, budgets an earlier apply of a file created and this list no
@@ -188,6 +188,8 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
                 values[key] = block[key] or {}
                 if key == "sources":
                     scenario = _scenario_of(doc, parsed)
+    # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
+    feeds = feed_services.feeds_parse(doc, block["feeds"] or []) if isinstance(block, dict) and "feeds" in block else None
     settings = FacilitySettings.load()
     for key, value in values.items():
         setattr(settings, key, value)
@@ -201,7 +203,10 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
     for item in budgets:
         _, was_created = Budget.objects.update_or_create(
             domain=item["domain"],
-            defaults={"cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE},
+            defaults={
+                "cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE,
+                "derived_from": "",
+            },
         )
         created += was_created
         updated += not was_created
@@ -210,8 +215,15 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, int
         gone = Budget.objects.filter(source=Source.FILE).exclude(domain__in=names)
         removed = sorted(gone.values_list("domain", flat=True))
         gone.delete()
+    feeds_result: dict[str, Any] | None = None
+    if feeds is not None:
+        feeds_result = feed_services.feeds_replace(feeds=feeds, source=Source.FILE)
+    feed_services.feed_caps_refresh()
     facility_changed_send()
-    return {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
+    result = {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
+    if feeds_result is not None:
+        result["feeds"] = feeds_result
+    return result
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:
@@ -242,7 +254,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
     budget, _ = Budget.objects.update_or_create(
-        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source}
+        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": ""}
     )
     facility_changed_send()
     return budget
@@ -254,6 +266,8 @@ def budget_delete(*, domain: str) -> None:
     deleted, _ = Budget.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} has no budget", field="domain")
+    # A cap derived from the feeds comes back where a written budget is removed.
+    feed_services.feed_caps_refresh()
     facility_changed_send()
 
 

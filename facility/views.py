@@ -15,9 +15,10 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import require_operator, require_reader
-from facility import services
+from facility import feed_selectors, services
 from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY
 from facility.history import recent_use
+from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
 from llmgw.charts import sparkline
 from llmgw.errors import LlmgwError
@@ -194,12 +195,23 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "rooms": sorted(rooms_known),
         "rows": sorted(rows_known),
         "near_pct": f"{round((1 - NEAR_LIMIT_SHARE) * 100):g}%",
+        **feeds_context(),
     }
 
 
 def _page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
     template = "facility/_facility_body.html" if request.htmx and request.method == "GET" else "facility/facility.html"
     return render(request, template, context, status=status)
+
+
+def feeds_context() -> dict[str, Any]:
+    """Feeds with what the loss of each would pass (the page's minimal N−1 listing)."""
+    if not Feed.objects.exists():
+        return {"feeds": [], "feed_loss": {"text": "0 violations"}}
+    loss = feed_selectors.feed_loss_report()
+    by_feed = {item["feed"]: item["violations"] for item in loss["feeds"]}
+    feeds = [{**f, "loss": by_feed.get(f["name"], [])} for f in feed_selectors.feeds_overview()["feeds"]]
+    return {"feeds": feeds, "feed_loss": loss}
 
 
 @login_required
@@ -267,3 +279,20 @@ def hold_release(request: HttpRequest) -> HttpResponse:
         return facility_page(request, errors={"release": exc.message}, status=422)
     return redirect("facility")
 
+
+@login_required
+@require_POST
+def what_if_preview(request: HttpRequest) -> HttpResponse:
+    """The Hold form's Preview: the hold (and drain) as a dry run, shown on the facility page; nothing written."""
+    require_reader(request)
+    from placement.whatif import what_if
+
+    try:
+        result = what_if(hold=request.POST.get("domain", "").strip(), drain=bool(request.POST.get("drain")))
+    except LlmgwError as exc:
+        return facility_page(request, errors={exc.field or "form": exc.message}, status=422)
+    context = facility_context()
+    context.update(
+        {"can_operate": can_operate(request.user), "errors": {}, "values": request.POST, "what_if": result}
+    )
+    return render(request, "facility/facility.html", context)

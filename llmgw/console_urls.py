@@ -21,6 +21,7 @@ urlpatterns = [
     path("facility/", facility_views.facility_page, name="facility"),
     path("facility/holds", facility_views.hold_create, name="facility-hold"),
     path("facility/holds/release", facility_views.hold_release, name="facility-release"),
+    path("facility/what-if", facility_views.what_if_preview, name="facility-what-if"),
     path("models/", placement_views.model_list, name="model-list"),
     path("models/<str:name>/headroom", placement_views.model_headroom, name="model-headroom"),
 ]

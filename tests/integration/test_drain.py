@@ -120,7 +120,7 @@ def test_a_drain_that_cannot_place_a_replacement_says_why_and_completes_when_a_n
     ctl(["facility"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("rack:r1 "))
     assert line.endswith("held (drain: 1 left, 0 moving, 1 blocked: no node fits (2 nodes): 1 × gpu: 8 requested, "
-                         "0 free; 1 × rack r1 is held: PDU swap): PDU swap")
+                         "0 free; 1 × rack r1 is held: PDU swap): PDU swap  -")  # SOURCE: no cap
 
     cluster.add("n-r3-0", "r3")
     for _ in range(10):

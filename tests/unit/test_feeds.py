@@ -110,3 +110,18 @@ def test_feed_loss_lists_exactly_the_racks_an_independent_sum_finds(loads, amps)
     dark = {n for v in feed_loss(a, [a, b], nodes) for n in v.dark_nodes}
     assert dark == {f"n{k}" for k, (_r, dual, _w) in enumerate(loads) if not dual}
     assert math.isfinite(sum(v.over_watts for v in feed_loss(a, [a, b], nodes)))
+
+
+def test_rack_level_feeds_cap_the_rack_and_carry_its_nodes_when_one_is_lost():
+    a = Feed("A", 230, 32, "single", 0.8, racks=("r1",))
+    b = Feed("B", 230, 16, "single", 0.8, racks=("r1",))
+    caps = derived_caps([a, b], {})
+    assert caps[Domain("rack", "r1")].cap_watts == b.capacity_watts  # the smaller, not the sum
+    nodes = [NodeLoad("n1", "r1", (), 3500, 0), NodeLoad("n2", "r1", (), 3500, 0)]  # 7 kW
+    lost_a = feed_loss(a, [a, b], nodes)
+    assert [(str(v.domain), v.carrier) for v in lost_a if v.domain] == [("rack:r1", "B")]
+    assert lost_a[0].over_watts == 7000 - b.capacity_watts
+    assert all(v.domain is None or v.domain.level != "pdu" for v in lost_a)  # no invented PDU named
+    lost_b = feed_loss(b, [a, b], nodes)  # A (5.9 kW) cannot carry 7 kW either
+    assert [(str(v.domain), v.carrier) for v in lost_b if v.domain] == [("rack:r1", "A")]
+    assert feed_loss(b, [a, b], nodes[:1]) == []  # 3.5 kW: either feed carries it

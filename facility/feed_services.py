@@ -1,0 +1,202 @@
+"""Writes for feeds: server.yaml's ``facility.feeds``, and the caps they imply kept as Budget rows.
+
+Derived caps are materialised: each PDU on a feed, and each rack its feeds reach, gets a Budget row
+with ``source=feed`` (and ``derived_from``, the words ``ctl facility`` shows). Placement, the guarded
+commit's locked budget read and every report then see one kind of cap. A budget written by a person
+(server.yaml's ``budgets``, the API, the admin) is never overwritten; when it is removed, the derived
+cap comes back. :func:`feed_caps_refresh` rewrites the rows when feeds, budgets or labels change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+
+from agents.models import NodeDomain
+from agents.node.protocol import value_shown
+from facility import feeds as pure
+from facility.domains import _NAME_RE
+from facility.models import Budget, Feed, Source
+from facility.signals import facility_changed
+from llmgw.errors import InvalidInput
+from llmgw.yamldoc import Document
+
+FEED_KEYS = ("name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks")
+# Bounds a real circuit stays within: a typo (4150 V, 3200 A) is refused, not turned into a cap.
+VOLTAGE_MAX = 1000
+AMPERAGE_MAX = 4000
+
+
+def _number(value: Any, field: str, low: float, high: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{field}: must be a number of {what}, not {value_shown(value)}", field=field)
+    if not low < value <= high:
+        raise InvalidInput(f"{field}: must be more than {low:g} and at most {high:g} {what} (got {value:g})", field=field)
+    return float(value)
+
+
+def _names(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InvalidInput(f"{field}: must be a list of names", field=field)
+    out: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not _NAME_RE.fullmatch(item) or len(item) > 253:
+            raise InvalidInput(
+                f"{field}: {value_shown(item)} is not a name (letters, digits, '.', '_' and '-')", field=field
+            )
+        if item in out:
+            raise InvalidInput(f"{field}: {item} is listed twice", field=field)
+        out.append(item)
+    return tuple(out)
+
+
+def feed_check(item: Any) -> pure.Feed:
+    """One feed's fields checked, or InvalidInput naming the field (``voltage``, ``pdus`` …)."""
+    if not isinstance(item, dict):
+        raise InvalidInput("must be a mapping with name, voltage, amperage and phase", field="")
+    for key in item:
+        if key not in FEED_KEYS:
+            raise InvalidInput(f"{key}: unknown key; a feed takes: {', '.join(FEED_KEYS)}", field=str(key))
+    for key in ("name", "voltage", "amperage", "phase"):
+        if key not in item:
+            raise InvalidInput(f"{key} is required", field="")
+    name = item["name"]
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or len(name) > 100:
+        raise InvalidInput(f"name: {value_shown(name)} is not a feed name (letters, digits, '.', '_', '-')", field="name")
+    if item["phase"] not in pure.PHASES:
+        raise InvalidInput(f"phase: must be single or three, not {value_shown(item['phase'])}", field="phase")
+    pdus = _names(item.get("pdus", []), "pdus")
+    racks = _names(item.get("racks", []), "racks")
+    if not pdus and not racks:
+        raise InvalidInput("pdus: a feed supplies at least one PDU (pdus) or rack (racks)", field="pdus")
+    return pure.Feed(
+        name=name,
+        voltage=_number(item["voltage"], "voltage", 0, VOLTAGE_MAX, "volts"),
+        amperage=_number(item["amperage"], "amperage", 0, AMPERAGE_MAX, "amperes"),
+        phase=item["phase"],
+        max_utilization=_number(item.get("max_utilization", 0.8), "max_utilization", 0, 1, "(a share of the rating)"),
+        pdus=pdus,
+        racks=racks,
+    )
+
+
+def feeds_parse(doc: Document, raw: Any) -> list[pure.Feed]:
+    """server.yaml's ``facility.feeds`` checked whole, or the file's line/field error."""
+    if not isinstance(raw, list):
+        raise doc.error(("facility", "feeds"), "must be a list of {name, voltage, amperage, phase, pdus}")
+    found: list[pure.Feed] = []
+    for i, item in enumerate(raw):
+        path = ("facility", "feeds", i)
+        try:
+            feed = feed_check(item)
+        except InvalidInput as exc:
+            where = (*path, exc.field) if exc.field else path
+            message = exc.message.split(": ", 1)[1] if exc.field else exc.message
+            raise doc.error(where, message) from exc
+        if any(f.name == feed.name for f in found):
+            raise doc.error((*path, "name"), f"feed {feed.name} is named twice in this file")
+        found.append(feed)
+    return found
+
+
+def feeds_replace(*, feeds: Iterable[pure.Feed], source: str) -> dict[str, Any]:
+    """Make the feeds of ``source`` exactly ``feeds`` (call inside the caller's transaction)."""
+    feeds = list(feeds)
+    names = [f.name for f in feeds]
+    taken = dict(Feed.objects.filter(name__in=names).exclude(source=source).values_list("name", "source"))
+    if taken:
+        name, other = sorted(taken.items())[0]
+        raise InvalidInput(f"feeds: feed {name} was set by {Source(other).label}; remove it there first", field="feeds")
+    created = updated = 0
+    for feed in feeds:
+        _, was_created = Feed.objects.update_or_create(
+            name=feed.name,
+            defaults={
+                "voltage": feed.voltage,
+                "amperage": feed.amperage,
+                "phase": feed.phase,
+                "max_utilization": feed.max_utilization,
+                "pdus": list(feed.pdus),
+                "racks": list(feed.racks),
+                "source": source,
+            },
+        )
+        created += was_created
+        updated += not was_created
+    gone = Feed.objects.filter(source=source).exclude(name__in=names)
+    removed = sorted(gone.values_list("name", flat=True))
+    gone.delete()
+    return {"created": created, "updated": updated, "removed": removed}
+
+
+def stored_feeds() -> list[pure.Feed]:
+    """Every feed as the pure kernel takes it."""
+    return [
+        pure.Feed(f.name, f.voltage, f.amperage, f.phase, f.max_utilization, tuple(f.pdus), tuple(f.racks))
+        for f in Feed.objects.all()
+    ]
+
+
+def rack_pdus() -> dict[str, set[str]]:
+    """Each rack's PDUs: those its nodes are plugged into, by their labels."""
+    by_node: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for node_id, level, domain in NodeDomain.objects.filter(level__in=("rack", "pdu")).values_list(
+        "node_id", "level", "domain"
+    ):
+        by_node[node_id][level].append(domain.split(":", 1)[1])
+    out: dict[str, set[str]] = defaultdict(set)
+    for levels in by_node.values():
+        for rack in levels.get("rack", []):
+            out[rack].update(levels.get("pdu", []))
+    return dict(out)
+
+
+@transaction.atomic
+def feed_caps_refresh() -> bool:
+    """Rewrite the Budget rows derived from feeds; True when any changed (the caller signals it).
+
+    Budgets people wrote win: a domain with one keeps it. Rows lock budgets only (no node), so this
+    keeps the guarded commit's lock order (budgets first).
+    """
+    feeds = stored_feeds()
+    caps = pure.derived_caps(feeds, rack_pdus()) if feeds else {}
+    existing = {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
+    changed = False
+    for domain, cap in caps.items():
+        text = str(domain)
+        row = existing.get(text)
+        if row is not None and row.source != Source.FEED:
+            continue
+        if row is not None and abs(row.cap_watts - cap.cap_watts) < 1e-6 and row.derived_from == cap.source:
+            continue
+        Budget.objects.update_or_create(
+            domain=text,
+            defaults={"cap_watts": cap.cap_watts, "source": Source.FEED, "derived_from": cap.source[:300]},
+        )
+        changed = True
+    wanted = {str(d) for d in caps}
+    stale = [d for d, b in existing.items() if b.source == Source.FEED and d not in wanted]
+    if stale:
+        Budget.objects.filter(domain__in=stale).delete()
+        changed = True
+    return changed
+
+
+def refresh_after_labels(**_: Any) -> None:
+    """nodes_changed: a node's rack or PDUs may have moved; rewrite derived caps once the change commits.
+
+    Deferred to the commit so a heartbeat holding its node's row never waits for a budget row (a
+    placement locks budgets first, then nodes).
+    """
+    transaction.on_commit(_refresh_and_signal)
+
+
+def _refresh_and_signal() -> None:
+    if not Feed.objects.exists() and not Budget.objects.filter(source=Source.FEED).exists():
+        return
+    if feed_caps_refresh():
+        facility_changed.send(sender=Feed)

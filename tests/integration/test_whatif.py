@@ -1,0 +1,127 @@
+"""What-if: a dry run of a hold with drain, or a feed's loss, that writes nothing and agrees with the drain."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from facility.models import Budget, Hold
+from facility.services import hold_create
+from llmgw.ctl import main as ctl
+from llmgw.management.commands.demo import load_demo
+from placement.models import Model, Replica, ReplicaState, Shard
+from placement.reconcile import reconcile_all
+from placement.whatif import what_if
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _busiest_rack() -> str:
+    racks = Counter(Shard.objects.values_list("node__labels__llmgw.io/rack", flat=True))
+    return racks.most_common(1)[0][0]
+
+
+def _counts() -> tuple[int, ...]:
+    return (Replica.objects.count(), Shard.objects.count(), Hold.objects.count(), Budget.objects.count())
+
+
+def _all_ready() -> None:
+    Model.objects.update(min_ready_seconds=0)
+    Replica.objects.exclude(state=ReplicaState.PENDING).update(
+        state=ReplicaState.READY, ready_since=timezone.now() - timedelta(hours=1)
+    )
+
+
+def test_what_if_hold_on_the_demo_lists_the_moves_the_real_drain_then_makes():
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    before = _counts()
+    with CaptureQueriesContext(connection) as queries:
+        preview = what_if(hold=f"rack:{rack}", drain=True)
+    writes = [q["sql"] for q in queries if q["sql"].lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE")]
+    assert writes == [] and _counts() == before  # nothing written
+    assert preview["moves"], preview
+    assert not preview["blocked"]
+
+    hold_create(domain=f"rack:{rack}", reason="PDU swap", drain=True)
+    made: dict[str, list[str]] = {}
+    for _ in range(40):
+        # The replacements the drain has placed so far (the hold's own reconcile placed the first ones).
+        for r in Replica.objects.filter(replaces__isnull=False).select_related("replaces", "model"):
+            made[f"{r.model.name}#{r.replaces.ordinal}"] = sorted(r.shards.values_list("node__name", flat=True))
+        if not Shard.objects.filter(node__domains__domain=f"rack:{rack}", replica__replaces__isnull=True).exists():
+            break
+        _all_ready()
+        reconcile_all()
+    assert {m["replica"]: m["to"] for m in preview["moves"]} == made
+
+
+def test_hold_without_drain_moves_nothing_and_lists_what_stays(capsys):
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    preview = what_if(hold=f"rack:{rack}")
+    assert preview["moves"] == [] and preview["stay"]
+    assert all(d["use_watts_before"] == d["use_watts_after"] for d in preview["domains"])
+    assert ctl(["facility", "what-if", "hold", f"rack:{rack}", "--drain", "-o", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["scenario"] == f"hold rack:{rack} --drain" and body["moves"]
+    assert ctl(["facility", "what-if", "hold", f"rack:{rack}", "--drain"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"what if: hold rack:{rack} --drain\n")
+    assert f"{body['moves'][0]['replica']}: " in out
+
+
+def test_what_if_feed_loss_moves_the_replicas_of_nodes_left_dark(join_node):
+    from facility.services import facility_apply
+
+    join_node("a1", rack="r1", pdu="r1-a")  # single-fed
+    join_node("b1", rack="r2", pdu="r2-a,r2-b")
+    facility_apply(
+        text="facility:\n  feeds:\n"
+        "    - {name: A, voltage: 415, amperage: 32, phase: three, pdus: [r1-a, r2-a]}\n"
+        "    - {name: B, voltage: 415, amperage: 32, phase: three, pdus: [r2-b]}\n"
+    )
+    from placement.services import models_apply
+
+    models_apply(text="kind: Model\nname: m\nreplicas: 1\nprofile:\n  gpus: 8\n  command: serve\n"
+                 "  node_selector: \"llmgw.io/rack = r1\"\n")
+    reconcile_all()
+    assert Shard.objects.filter(node__name="a1").exists()
+    preview = what_if(feed="A")
+    assert preview["nodes"] == ["a1"]
+    assert preview["blocked"][0]["replica"] == "m#1"  # its selector allows only the dark rack
+
+
+def test_what_if_api(admin_client):
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    body = admin_client.post("/api/v1/facility/what-if", {"target": f"rack:{rack}", "drain": True},
+                             content_type="application/json").json()
+    assert body["scenario"] == f"hold rack:{rack} --drain" and body["moves"][0]["from"]
+    refused = admin_client.post("/api/v1/facility/what-if", {}, content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["field"] == "target"
+    missing = admin_client.post("/api/v1/facility/what-if", {"target": "Z"}, content_type="application/json")
+    assert missing.status_code == 404
+
+
+def test_console_preview_and_feeds_listing(admin_client):
+    load_demo()
+    reconcile_all()
+    rack = _busiest_rack()
+    page = admin_client.get("/facility/").content.decode()
+    assert 'id="feeds"' in page and "Preview" in page
+    shown = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
+    text = shown.content.decode()
+    preview = what_if(hold=f"rack:{rack}", drain=True)
+    assert shown.status_code == 200 and f"Preview: hold rack:{rack} --drain" in text
+    assert all(m["replica"] in text for m in preview["moves"])
+    assert not Hold.objects.exists()
