@@ -6,6 +6,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from agents import bookings
 from agents.models import Node
 from facility import feeds as pure
 from facility.domains import LABEL_PREFIX, PDU_KEY, Domain, parse_domain
@@ -23,7 +24,8 @@ def node_loads(now=None) -> list[pure.NodeLoad]:
     now = now or timezone.now()
     node_watts = facility_settings().node_watts or 0.0
     loads = []
-    for node in Node.objects.only("name", "labels", "placed_watts", "measured_peak_watts", "sensors_at").order_by("name"):
+    placed = bookings.placed_watts()
+    for node in Node.objects.only("id", "name", "labels", "measured_peak_watts", "sensors_at").order_by("name"):
         labels = node.labels or {}
         pdus = tuple(sorted({p.strip() for p in (labels.get(PDU_KEY) or "").split(",") if p.strip()}))
         measured = node.fresh_measured_watts(now)
@@ -32,7 +34,7 @@ def node_loads(now=None) -> list[pure.NodeLoad]:
                 name=node.name,
                 rack=labels.get(LABEL_PREFIX + "rack") or None,
                 pdus=pdus,
-                reserved_watts=node_watts + node.placed_watts,
+                reserved_watts=node_watts + placed.get(node.pk, 0.0),
                 measured_watts=0.0 if measured is None else node_watts + measured,
             )
         )

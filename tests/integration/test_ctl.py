@@ -71,9 +71,9 @@ def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
     assert out == "rack:r12-07 held and draining: PDU swap\n"
     code, out, _ = run(capsys, "facility")
     assert out.splitlines() == [
-        "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED PEAK 15m  CONDITION  HOLD",
-        "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -                  unknown    held (drain: drained): PDU swap",
-        "pdu:r12-07-a  1      0.3 kW  -        0.0 kW    -                  unknown    -",
+        "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED PEAK 15m  CONDITION  HOLD                             SOURCE",
+        "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -                  unknown    held (drain: drained): PDU swap  budget",
+        "pdu:r12-07-a  1      0.3 kW  -        0.0 kW    -                  unknown    -                                -",
     ]
     code, out, _ = run(capsys, "nodes")
     assert "held" in out.splitlines()[1]

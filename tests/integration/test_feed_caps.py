@@ -109,9 +109,12 @@ def test_rack_level_feeds_cap_the_rack_without_pdu_labels(join_node):
 
 def _load(name: str, placed: float, measured: float | None) -> None:
     from agents.models import Node
+    from placement.models import NodeBooking
 
-    Node.objects.filter(name=name).update(
-        placed_watts=placed, measured_peak_watts=measured, sensors_at=timezone.now() if measured else None
+    node = Node.objects.get(name=name)
+    NodeBooking.objects.update_or_create(node=node, defaults={"placed_watts": placed})
+    Node.objects.filter(pk=node.pk).update(
+        measured_peak_watts=measured, sensors_at=timezone.now() if measured else None
     )
 
 
