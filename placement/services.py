@@ -7,15 +7,16 @@ in :mod:`placement.documents`, the guarded commit in :mod:`placement.commit`, th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from agents.models import Node
-from llmgw.errors import NotFound
+from llmgw.errors import NotFound, is_write_conflict
 from llmgw.yamldoc import read_text
 from placement import documents
 from placement.commit import placeholders
@@ -101,6 +102,11 @@ def replica_free(*, replica: Replica) -> bool:
     return replicas_free(replica_ids=[replica.pk]) == 1
 
 
+# A freeing that finds a node it did not lock first (a replica placed between its two reads) tries again
+# this many times, the first locks given back in between.
+FREE_ATTEMPTS = 5
+
+
 @transaction.atomic
 def replicas_free(*, replica_ids: Iterable[int]) -> int:
     """Remove replicas and give back what their shards booked, in one transaction; how many were still there.
@@ -114,15 +120,30 @@ def replicas_free(*, replica_ids: Iterable[int]) -> int:
     ids = sorted(set(replica_ids))
     if not ids:
         return 0
+    for attempt in range(FREE_ATTEMPTS):
+        try:
+            # A savepoint: when it rolls back, the row locks taken in it are given back too.
+            with transaction.atomic():
+                return _replicas_free_locked(ids)
+        except OperationalError as exc:
+            if not is_write_conflict(exc) or attempt == FREE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
+    return 0  # not reached
+
+
+def _replicas_free_locked(ids: list[int]) -> int:
     shards = Shard.objects.filter(replica_id__in=ids)
     locked = set(nodes_lock(shards.values_list("node_id", flat=True).distinct()))
     present = list(Replica.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
     if not present:
         return 0  # freed meanwhile
     node_ids = set(Shard.objects.filter(replica_id__in=present).values_list("node_id", flat=True).distinct())
-    # Placed between the two reads (the replica's lock waited for that commit): rare, and that placer
-    # is done, so these locks wait for nobody who waits for us.
-    nodes_lock(node_ids - locked)
+    # Placed between the two reads (the replica's lock waited for that commit). Its placer may go on to
+    # place another replica of the model on the same node, holding that node and waiting for a replica
+    # row locked here: so these nodes are not waited for. Busy, the whole freeing gives its locks back
+    # and starts again.
+    nodes_lock(node_ids - locked, nowait=True)
     GpuBooking.objects.filter(shard__replica_id__in=present).delete()
     marks = placeholders(present)
     with connection.cursor() as cursor:
@@ -152,9 +173,11 @@ def bookings_recount(cursor, node_ids: list[int]) -> None:
     )
 
 
-def nodes_lock(node_ids: Iterable[int]) -> list[int]:
-    """Lock the nodes by name (the order every placement locks them in); their ids."""
+def nodes_lock(node_ids: Iterable[int], *, nowait: bool = False) -> list[int]:
+    """Lock the nodes by name (the order every placement locks them in); their ids. ``nowait``: a node
+    another transaction holds raises a write conflict at once rather than waiting."""
     ids = sorted(set(node_ids))
     if not ids:
         return []
-    return list(Node.objects.select_for_update().filter(pk__in=ids).order_by("name").values_list("id", flat=True))
+    rows = Node.objects.select_for_update(nowait=nowait).filter(pk__in=ids).order_by("name")
+    return list(rows.values_list("id", flat=True))
