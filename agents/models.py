@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections.abc import Callable
 from datetime import datetime
 
 from django.conf import settings
@@ -26,9 +28,36 @@ def heartbeat_is_fresh(last_heartbeat_at: datetime | None, interval_seconds: flo
     return (now - last_heartbeat_at).total_seconds() <= ready_window_seconds(interval_seconds)
 
 
+# server.yaml's facility.measured_window, read through a function the facility app registers in its ready()
+# (this layer may not import facility's models); cached briefly since every heartbeat asks.
+_measured_window_reader: Callable[[], float | None] | None = None
+_measured_window_cache: tuple[float | None, float] | None = None  # (value, monotonic time it expires)
+MEASURED_WINDOW_CACHE_SECONDS = 10.0
+
+
+def register_measured_window_reader(reader: Callable[[], float | None]) -> None:
+    """Set the function that reads the configured window in seconds (None: not configured)."""
+    global _measured_window_reader
+    _measured_window_reader = reader
+    forget_measured_window()
+
+
+def forget_measured_window() -> None:
+    """Drop the cached window (the settings row changed)."""
+    global _measured_window_cache
+    _measured_window_cache = None
+
+
 def measured_window_seconds() -> float:
-    """The window of a node's measured peak (LLMGW_MEASURED_WINDOW_SECONDS; server.yaml facility.measured_window)."""
-    return settings.LLMGW_MEASURED_WINDOW_SECONDS
+    """The window of a node's measured peak: server.yaml facility.measured_window where set, else
+    LLMGW_MEASURED_WINDOW_SECONDS (default 15 minutes)."""
+    global _measured_window_cache
+    now = time.monotonic()
+    if _measured_window_cache is None or _measured_window_cache[1] <= now:
+        value = _measured_window_reader() if _measured_window_reader is not None else None
+        _measured_window_cache = (value, now + MEASURED_WINDOW_CACHE_SECONDS)
+    value = _measured_window_cache[0]
+    return settings.LLMGW_MEASURED_WINDOW_SECONDS if value is None else value
 
 
 def measured_peak_of(buckets, watts: float | None, at: datetime) -> tuple[list[list[float]], float | None]:

@@ -54,6 +54,10 @@ class FacilitySettings(models.Model):
     # facility.sources parse them again when read).
     conditions = models.JSONField(default=dict, blank=True)
     sources = models.JSONField(default=dict, blank=True)
+    measured_window_seconds = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(60.0), MaxValueValidator(86400.0)],
+        help_text="A node's measured draw is its highest reading of this window (blank: LLMGW_MEASURED_WINDOW_SECONDS).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -27,7 +27,7 @@ from facility.models import (
     Source,
 )
 from facility.signals import facility_changed
-from facility.sources import SourcesConfig, parse_scenario, parse_sources_config
+from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.yamldoc import Document, load_documents, read_text
 
@@ -109,6 +109,28 @@ def _scenario_of(doc: Document, sources: SourcesConfig) -> Any:
     return data
 
 
+# facility.measured_window's bounds: shorter than a minute misses a prefill burst's neighbours; a day is
+# longer than any use a peak has.
+MEASURED_WINDOW_MIN = 60.0
+MEASURED_WINDOW_MAX = 86400.0
+
+
+def _measured_window(doc: Document, value: Any) -> float | None:
+    """facility.measured_window as seconds (null: back to LLMGW_MEASURED_WINDOW_SECONDS)."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise doc.error(("facility", "measured_window"), str(exc)) from exc
+    if not MEASURED_WINDOW_MIN <= seconds <= MEASURED_WINDOW_MAX:
+        raise doc.error(
+            ("facility", "measured_window"),
+            f"{value_shown(value)} is outside 1m to 24h (the window of a node's measured peak)",
+        )
+    return seconds
+
+
 def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
     """Validate a server.yaml document whole; return (settings, budgets) or raise naming file, line, field."""
     data = doc.data
@@ -120,7 +142,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "budgets", "conditions", "sources", "feeds")
+    known = (*SETTINGS_KEYS, "measured_window", "budgets", "conditions", "sources", "feeds")
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -133,6 +155,8 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
                 values[key] = _watts(block[key], f"facility.{key}", allow_none=True)
     except InvalidInput as exc:
         raise doc.error(("facility", exc.field.split(".")[-1]), exc.message.split(": ", 1)[1]) from exc
+    if "measured_window" in block:
+        values["measured_window_seconds"] = _measured_window(doc, block["measured_window"])
     budgets_raw = block.get("budgets") or []
     if not isinstance(budgets_raw, list):
         raise doc.error(("facility", "budgets"), "must be a list of {domain, cap_watts, other_watts}")

@@ -104,6 +104,9 @@ def _heartbeat_readings_written_at_once():
         return
     readings.FLUSH_SECONDS = 0
     readings.forget()
+    from agents.models import forget_measured_window
+
+    forget_measured_window()  # a rolled-back settings row from an earlier test is not cached
     readings.invalidate_assignments()
     _forget_sensor_updates()
     yield
