@@ -28,6 +28,7 @@ from facility.serializers import (
 from llmgw.api import ApiView, documented
 from llmgw.errors import InvalidInput
 from placement import selectors as placement_selectors
+from placement import whatif
 
 DOMAIN_IN_PATH = [OpenApiParameter("domain", str, OpenApiParameter.PATH, pattern=DOMAIN_PATTERN, description="level:name")]
 
@@ -58,7 +59,10 @@ class HoldListView(ApiView):
     def post(self, request):
         data = HoldSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        warning = services.domain_warning(domain=data.validated_data["domain"])
+        warnings = whatif.hold_warnings(
+            domain=data.validated_data["domain"], drain=bool(data.validated_data.get("drain"))
+        )
+        warning = "; ".join(warnings) or None
         hold = services.hold_create(**data.validated_data, created_by=request.user.get_username())
         return Response({**hold_body(hold), "warning": warning}, status=status.HTTP_201_CREATED)
 

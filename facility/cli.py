@@ -9,6 +9,7 @@ from agents.models import measured_window_seconds
 from facility import feed_selectors, services
 from llmgw.output import kw, print_json, print_table
 from placement import selectors as placement_selectors
+from placement import whatif
 
 
 def register(commands) -> None:
@@ -207,8 +208,9 @@ def _feeds_applied(feeds: dict | None) -> str:
 
 
 def hold(args) -> int:
-    warning = services.domain_warning(domain=args.domain)
+    warnings = whatif.hold_warnings(domain=args.domain, drain=bool(args.drain))
     h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
+    warning = "; ".join(warnings)
     print(f"{h.domain} held{' and draining' if h.drain else ''}: {h.reason}" + (f" ({warning})" if warning else ""))
     return 0
 

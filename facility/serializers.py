@@ -184,7 +184,10 @@ class HoldBodySerializer(serializers.Serializer):
     created_by = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField()
     warning = serializers.CharField(
-        allow_null=True, help_text="set when no node is in the domain yet (a typo?), with the nearest known names"
+        allow_null=True, help_text=(
+            "set when no node is in the domain yet (a typo?), with the nearest known names; with drain, each"
+            " domain the drain's dry run takes past its limit (with the figures) and each replica that cannot move"
+        ),
     )
 
 

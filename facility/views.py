@@ -23,6 +23,7 @@ from facility.power import NEAR_LIMIT_SHARE, kw
 from llmgw.charts import sparkline
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
+from placement import whatif
 from placement.selectors import facility_overview
 
 # Headroom (share of the limit still free) under which a rack is shown as tight.
@@ -236,13 +237,13 @@ def facility_page(
     return _page(request, context, status=status)
 
 
-def hold_warnings(domain: str) -> list[str]:
-    """What a person should confirm before holding `domain`: a name no node is in (a typo?)."""
+def hold_warnings(domain: str, drain: bool = False) -> list[str]:
+    """What a person should confirm before holding `domain`: a name no node is in (a typo?), and with a
+    drain the dry run's domains past their limit and replicas that cannot move (placement.whatif)."""
     try:
-        warning = services.domain_warning(domain=domain)
+        return whatif.hold_warnings(domain=domain, drain=drain)
     except LlmgwError:
         return []  # hold_create refuses it, naming the field
-    return [warning] if warning else []
 
 
 @login_required
@@ -253,7 +254,7 @@ def hold_create(request: HttpRequest) -> HttpResponse:
     require_operator(request)
     domain = request.POST.get("domain", "").strip()
     if not request.POST.get("confirm"):
-        warnings = hold_warnings(domain)
+        warnings = hold_warnings(domain, bool(request.POST.get("drain")))
         if warnings:
             return facility_page(request, warnings=warnings, status=200)
     try:
@@ -285,10 +286,8 @@ def hold_release(request: HttpRequest) -> HttpResponse:
 def what_if_preview(request: HttpRequest) -> HttpResponse:
     """The Hold form's Preview: the hold (and drain) as a dry run, shown on the facility page; nothing written."""
     require_reader(request)
-    from placement.whatif import what_if
-
     try:
-        result = what_if(hold=request.POST.get("domain", "").strip(), drain=bool(request.POST.get("drain")))
+        result = whatif.what_if(hold=request.POST.get("domain", "").strip(), drain=bool(request.POST.get("drain")))
     except LlmgwError as exc:
         return facility_page(request, errors={exc.field or "form": exc.message}, status=422)
     context = facility_context()

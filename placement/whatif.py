@@ -19,7 +19,8 @@ from facility import feeds as pure_feeds
 from facility.domains import parse_domain
 from facility.feed_selectors import feed_loss_report, node_loads
 from facility.feed_services import stored_feeds
-from facility.services import clean_domain
+from facility.power import kw
+from facility.services import clean_domain, domain_warning
 from llmgw.errors import InvalidInput, NotFound
 from placement import snapshot
 from placement.index import PlacementIndex
@@ -182,3 +183,31 @@ def what_if(*, hold: str | None = None, drain: bool = False, feed: str | None = 
     out.setdefault("feed_loss", [])
     return out
 
+
+
+def hold_result_warnings(result: dict[str, Any]) -> list[str]:
+    """What a person should confirm in a hold's dry run: each domain its drain would take past its limit,
+    with the figures, and each replica that could not move (the drain would wait there)."""
+    warnings = []
+    for d in result["domains"]:
+        before, after, limit = d["use_watts_before"], d["use_watts_after"], d["limit_watts"]
+        if after > limit and after > before:
+            warnings.append(
+                f"{d['domain']} would reach {kw(after)} of its {kw(limit)} limit ({kw(after - limit)} over; {kw(before)} now)"
+            )
+    for b in result["blocked"]:
+        warnings.append(f"{b['replica']} could not move: {b['reason']}")
+    return warnings
+
+
+def hold_warnings(*, domain: str, drain: bool) -> list[str]:
+    """Every warning before holding `domain`: a name no node is in (a typo?), and with `drain` what the
+    dry run finds (domains past their limit, replicas that cannot move). The console asks for confirmation
+    with them; the API's `warning` and ctl say them."""
+    warnings = []
+    typo = domain_warning(domain=domain)
+    if typo:
+        warnings.append(typo)
+    elif drain:
+        warnings.extend(hold_result_warnings(what_if(hold=domain, drain=True)))
+    return warnings
