@@ -181,12 +181,32 @@ def test_sim_facility_starts_the_replay_the_evaluation_reads(capsys, join_node):
     run_ = ScenarioRun.objects.get()
     assert run_.speed == 2
     apply_mode("enforce")
-    # 8 minutes at ×2 are 16 of the scenario's: above 32 °C since 5 minutes (hold times do not shrink).
+    # 8 minutes at ×2 are 16 of the scenario's: above 32 °C since 5 minutes of the scenario's clock.
     moment = run_.started_at
     while moment <= run_.started_at + timedelta(minutes=8):
         conditions_evaluate(now=moment)
         moment += timedelta(seconds=6)
     assert condition("rack:r1-01") == "hot"
+
+
+@pytest.mark.parametrize("speed", [10, 30])
+def test_a_fast_replay_shrinks_the_hold_times_too(speed, join_node):
+    """The scenario's clock, not the wall's: at ×10 and ×30 the row still turns warm, hot, then back to ok,
+    with the same steps as at ×1 (the hold times shrink with the readings)."""
+    join_node("gpu01", rack="r1-01")
+    apply_mode("enforce")
+    start = timezone.now() - timedelta(hours=1)
+    scenario_start(data=yaml.safe_load(CRAC.read_text()), speed=speed, started_at=start)
+    moment = start
+    seen = []
+    # Evaluated every 2 s of wall time through the scenario's 50 minutes.
+    while moment <= start + timedelta(minutes=50 / speed):
+        conditions_evaluate(now=moment)
+        moment += timedelta(seconds=2)
+        if not seen or seen[-1] != condition("rack:r1-01"):
+            seen.append(condition("rack:r1-01"))
+    assert seen == ["ok", "warm", "hot", "warm", "ok"]
+    assert condition("rack:r2-01") == "ok"
 
 
 def test_the_api_shows_conditions_and_events_and_sets_overrides(api, viewer_api, join_node):

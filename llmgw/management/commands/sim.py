@@ -59,7 +59,7 @@ class Command(BaseCommand):
             help="up: run the simulated agents; facility: replay a scenario (deploy/scenarios/crac-failure.yaml)",
         )
         parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …) or the scenario")
-        parser.add_argument("--speed", type=float, default=1.0, help="facility: replay this many times faster")
+        parser.add_argument("--speed", type=float, default=1.0, help="facility: replay this many times faster (readings and hold times alike)")
         parser.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
         parser.add_argument("--server", default="http://127.0.0.1:8000", help="default http://127.0.0.1:8000")
         parser.add_argument(
