@@ -213,7 +213,10 @@ class FacilityConsumer(FilteredPageConsumer):
         from llmgw.permissions import can_operate
 
         context = {**facility_context(self.params()), "oob": True, "can_operate": can_operate(self.scope.get("user"))}
-        return render_to_string("facility/_facility_body.html", context) + render_to_string("facility/_holds.html", context)
+        return "".join(
+            render_to_string(template, context)
+            for template in ("facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html")
+        )
 
 
 class ModelsConsumer(FilteredPageConsumer):

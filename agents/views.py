@@ -24,7 +24,7 @@ from agents.models import Node, NodeDomain, StoreLabel
 from facility import services as facility_services
 from facility.domains import LABEL_PREFIX, LEVELS
 from facility.models import Hold
-from facility.nodes import NodeRow, node_rows
+from facility.nodes import NodeRow, node_condition, node_rows
 from facility.power import kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
@@ -275,6 +275,7 @@ def node_live_context(node: Node) -> dict[str, Any]:
     return {
         "row": row,
         "node": node,
+        "condition": node_condition(row.domains),
         "gpus": gpu_lines(node),
         "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
         "cpu_power_watts": sensors.get("cpu_power_watts"),

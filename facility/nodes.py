@@ -98,3 +98,19 @@ def node_rows(queryset: QuerySet[Node] | None = None, *, domain: str | None = No
         free = node.gpus_total - booked.get(node.pk, 0)
         rows.append(NodeRow(node, state, free, node.gpus_total, domains, hold, condition=condition))
     return rows
+
+
+def node_condition(domains: list[str], *, now=None) -> dict[str, Any]:
+    """A node's thermal condition as its page shows it: the worst of its domains', which domain gives it,
+    the reading in words and its age (``condition`` unknown, domain None when no domain has one)."""
+    states = effective_conditions(now=now or timezone.now())
+    known = [(d, states[d]) for d in domains if d in states]
+    condition = worst([s["condition"] for _, s in known])
+    domain, state = next(((d, s) for d, s in known if s["condition"] == condition), (None, None))
+    return {
+        "condition": condition,
+        "domain": domain,
+        "detail": (state or {}).get("detail") or ("no fresh reading" if condition == UNKNOWN else ""),
+        "age_seconds": None if state is None or state.get("age_seconds") is None else round(state["age_seconds"]),
+        "enforce": bool(state and state.get("enforce")),
+    }

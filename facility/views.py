@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import require_operator, require_reader
-from facility import feed_selectors, services
+from facility import feed_selectors, selectors, services
 from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY
 from facility.history import recent_use
 from facility.models import Feed
@@ -197,6 +198,33 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "rows": sorted(rows_known),
         "near_pct": f"{round((1 - NEAR_LIMIT_SHARE) * 100):g}%",
         **feeds_context(),
+        **conditions_context(overview),
+    }
+
+
+# The Facility page's timeline shows this many newest changes (all of them: ctl facility events, the API).
+EVENTS_SHOWN = 20
+# Domains with no fresh reading named on the page; the rest are counted.
+UNKNOWN_NAMED = 12
+
+
+def conditions_context(overview: Mapping[str, Any]) -> dict[str, Any]:
+    """The timeline of condition changes and the data that is missing: sources down, domains with no fresh
+    reading (unknown places as ok, never blocks; the page says so)."""
+    events = [{**e, "at": datetime.fromisoformat(e["at"])} for e in selectors.condition_events(limit=EVENTS_SHOWN)]
+    unknown = [
+        d["domain"] for d in overview["domains"]
+        if d["condition"]["condition"] == "unknown" and not d["condition"]["overridden"]
+    ]
+    return {
+        "condition_events": events,
+        "missing": {
+            "sources": overview["sources"],
+            "sources_down": [s for s in overview["sources"] if not s["up"]],
+            "unknown": unknown[:UNKNOWN_NAMED],
+            "unknown_count": len(unknown),
+            "unknown_more": max(0, len(unknown) - UNKNOWN_NAMED),
+        },
     }
 
 
