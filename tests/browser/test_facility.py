@@ -184,3 +184,26 @@ def test_models_page_shows_the_rack_beside_each_node(racks, page):
     page.goto("/models/")
     expect(page.locator("#model-llama .replicas")).to_contain_text("rack r1-0")
     expect(page.locator("#live-status")).to_have_text("live")
+
+
+def test_a_condition_set_from_ctl_shows_on_the_open_facility_page_without_a_reload(racks, redis_layer, redis_page):
+    page = redis_page
+    page.goto("/facility/")
+    expect(page.locator("#live-status")).to_have_text("live")
+    expect(page.locator("#condition-events")).to_contain_text("No condition has changed yet.")
+    expect(page.locator("#missing-data")).to_contain_text("with no fresh reading")
+    page.evaluate("window.notReloaded = true")
+
+    def hot():
+        from llmgw.ctl import main as ctl
+
+        assert ctl(["facility", "condition", "set", "rack:r1-01", "hot", "--reason", "CRAC 3 alarm", "--for", "1h"]) == 0
+
+    in_thread(hot)
+    first = page.locator("#condition-events tbody tr").first
+    expect(first).to_contain_text("rack:r1-01")
+    expect(first).to_contain_text("set by hand: CRAC 3 alarm")
+    expect(first.locator(".cond-hot")).to_have_text("hot")
+    expect(page.locator("#rack-r1-01 .tile-cond")).to_have_text("hot")
+    expect(page.locator("#missing-data")).not_to_contain_text("rack:r1-01")
+    assert page.evaluate("window.notReloaded") is True
