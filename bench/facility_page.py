@@ -3,7 +3,7 @@
 Makes its own database (``llmgw_bench_facility`` on the server of DATABASE_URL), bulk-loads the cluster of
 bench/placements.py (budgets on every rack and PDU, a few holds), writes 48 h of minute points and their
 quarter-hour roll-ups for every domain, then times GET /facility/ (the whole page), the filtered
-body htmx asks for, and what the live socket renders (facility_context + the two partials).
+body htmx asks for, and what the live socket renders (facility_context + its three partials).
 Run: ``.venv/bin/python bench/facility_page.py`` (``--nodes``, ``--runs``). Prints figures, asserts nothing.
 """
 
@@ -59,12 +59,9 @@ def timed(runs: int, fn) -> tuple[float, float]:
     return percentile(samples, 0.5), percentile(samples, 0.99)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--runs", type=int, default=20)
-    args = parser.parse_args()
-
+def prepare(nodes: int) -> str:
+    """Make the bench database and load the cluster (nodes, 40 racks, 80 PDUs, holds, 48 h of history);
+    returns its URL (also set as DATABASE_URL)."""
     import bench.placements as placements
 
     placements.BENCH_DB = BENCH_DB  # bench_database makes the database this names
@@ -79,13 +76,22 @@ def main() -> None:
     django.setup()
     call_command("migrate", verbosity=0)
     t0 = time.perf_counter()
-    load_cluster(args.nodes)
+    load_cluster(nodes)
     from facility.services import hold_create
 
     for rack in ("r003", "r017", "r031"):
         hold_create(domain=f"rack:{rack}", reason="bench", drain=rack == "r017")
     points = load_history()
-    print(f"loaded {args.nodes} nodes, 40 racks, 80 PDUs, {points} history points in {time.perf_counter() - t0:.1f} s")
+    print(f"loaded {nodes} nodes, 40 racks, 80 PDUs, {points} history points in {time.perf_counter() - t0:.1f} s")
+    return os.environ["DATABASE_URL"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    prepare(args.nodes)
 
     from django.contrib.auth import get_user_model
     from django.template.loader import render_to_string
@@ -105,7 +111,8 @@ def main() -> None:
 
     def live():
         context = {**facility_context({}), "oob": True}
-        render_to_string("facility/_facility_body.html", context) + render_to_string("facility/_holds.html", context)
+        for template in ("facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html"):
+            render_to_string(template, context)
 
     p50, p99 = timed(args.runs, live)
     print(f"live render (socket): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
