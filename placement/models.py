@@ -11,6 +11,13 @@ class Model(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     replicas = models.PositiveIntegerField(default=1, help_text="Desired replicas.")
+    # The document's `class:` (a Python keyword, hence the name): what shedding moves first (batch).
+    service_class = models.CharField(
+        max_length=8, default="standard", help_text="critical, standard or batch: batch is shed first"
+    )
+    min_ready = models.PositiveIntegerField(
+        default=1, help_text="Ready replicas no drain, shed or cap takes the model below."
+    )
     gpus = models.PositiveIntegerField(default=0, help_text="GPUs per node.")
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)], help_text="Nodes per replica.")
     cpu_cores = models.PositiveIntegerField(default=0, help_text="Cores reserved per node.")

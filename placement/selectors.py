@@ -194,6 +194,8 @@ def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
             "failed": states[ReplicaState.FAILED],
             "unreachable": states[UNREACHABLE],
         },
+        "class": model.service_class,
+        "min_ready": model.min_ready,
         "profile": profile_dict(model),
         "error": model.error or None,
         "error_at": model.error_at.isoformat() if model.error_at else None,
