@@ -54,6 +54,9 @@ class FacilitySettings(models.Model):
     # facility.sources parse them again when read).
     conditions = models.JSONField(default=dict, blank=True)
     sources = models.JSONField(default=dict, blank=True)
+    # facility.shedding and facility.capping (facility.response parses them again when read).
+    shedding = models.JSONField(default=dict, blank=True)
+    capping = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

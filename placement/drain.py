@@ -65,6 +65,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     """
     draining = draining_nodes() if draining is None else draining
     on_draining = _replicas_on(set(draining), model) if draining else set()
+    # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
+    on_draining |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
     replacements = list(Replica.objects.filter(model=model, replaces__isnull=False).select_related("replaces"))
 
     # A replacement whose original no longer drains (released, uncordoned) is not needed: the drain stopped.

@@ -65,6 +65,9 @@ class Replica(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by",
         help_text="The replica this one takes over from (a drain).",
     )
+    # Set by shedding: the replica is to move off a hot or over-limit domain (the drain's steps move it,
+    # replacement first); why, in the shed's words.
+    shed_reason = models.CharField(max_length=1000, blank=True, default="")
     placed_at = models.DateTimeField(null=True, blank=True)
     ready_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -133,3 +136,15 @@ class NodeBooking(models.Model):
 
     def __str__(self) -> str:
         return f"booked on node {self.node_id}"
+
+
+class ShedDomain(models.Model):
+    """Shedding's memory of a domain: since when it has been in trouble (hot under enforce, or past its
+    power limit) without a break, and when shedding last acted there (one move per interval)."""
+
+    domain = models.CharField(max_length=300, unique=True)
+    trouble_since = models.DateTimeField(null=True, blank=True)
+    last_move_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.domain
