@@ -80,6 +80,10 @@ def register(commands) -> None:
     output_option(sh)
     sh.set_defaults(handler=shed)
 
+    cp = sub.add_parser("capping", help="GPU caps: the nodes capped (or, in observe mode, that would be) and why")
+    output_option(cp)
+    cp.set_defaults(handler=capping)
+
     e = sub.add_parser("events", help="the timeline of condition changes, newest first (kept 30 days)")
     e.add_argument("--domain", default=None, help="only this domain (rack:r12-07)")
     output_option(e)
@@ -215,6 +219,24 @@ def shed(args) -> int:
         [[r["at"][:19].replace("T", " "), r["domain"], r["action"], r["replica"] or "-", r["class"] or "-",
           ",".join(r["to"]) or "-", r["reason"]] for r in rows],
     )
+    return 0
+
+
+def capping(args) -> int:
+    from placement.capping import capping_config, capping_rows
+
+    rows = capping_rows()
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    if not capping_config().enabled:
+        print("capping is off (facility.capping.enabled in server.yaml): every GPU holds its defaults")
+        return 0
+    if not rows:
+        print("no GPU is capped: no domain is warm, hot or near its power limit")
+        return 0
+    for row in rows:
+        print(row["text"])
     return 0
 
 

@@ -21,5 +21,9 @@ class PlacementConfig(AppConfig):
         readings.register_assignments_provider(all_assignments)
         # What is booked on each node: placement's tables, read for the node list and facility power.
         bookings.register_booking_readers(booked_gpus=booked_gpus, placed_watts=placed_watts)
+        # The GPU caps each node's answer carries (placement.capping; none while capping is off).
+        from placement.capping import capping_blocks
+
+        readings.register_capping_provider(capping_blocks)
         conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")

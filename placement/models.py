@@ -148,3 +148,21 @@ class ShedDomain(models.Model):
 
     def __str__(self) -> str:
         return self.domain
+
+
+class NodeCap(models.Model):
+    """What capping asks of a node's GPUs: a share of their default power limit (or of the top SM clock).
+
+    ``fraction`` is what the heartbeat answer carries (1: the defaults, no block); ``would_fraction``
+    is what observe mode would have asked, said and never sent. Kept by placement.capping.
+    """
+
+    node = models.OneToOneField("agents.Node", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    fraction = models.FloatField(default=1.0)
+    would_fraction = models.FloatField(default=1.0)
+    reason = models.CharField(max_length=1000, blank=True, default="")
+    ok_since = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} at {self.fraction:.0%}"

@@ -36,10 +36,12 @@ def forget_assignments(**_: Any) -> None:
 
 
 def respond_to_conditions(*, now, **_: Any) -> None:
-    """After each evaluation of conditions: shed what is due (placement.shedding; off by default)."""
+    """After each evaluation of conditions: step the GPU caps, then shed what is due (both off by default)."""
+    from placement.capping import capping_run
     from placement.shedding import shed_run
 
-    try:
-        shed_run(now=now)
-    except Exception:  # the evaluation's round is done; a failed shed is logged and tried next round
-        log.exception("shedding failed")
+    for name, step in (("capping", capping_run), ("shedding", shed_run)):
+        try:
+            step(now=now)
+        except Exception:  # the evaluation's round is done; a failed step is logged and tried next round
+            log.exception("%s failed", name)
