@@ -93,7 +93,7 @@ def models(args) -> int:
         print_json(rows)
         return 0
     print_table(
-        ["NAME", "PLACED", "READY", "PENDING", "CLASS", "MIN", "PROFILE"],
+        ["NAME", "PLACED", "READY", "PENDING", "CLASS", "MIN", "TOKENS/J", "PROFILE"],
         [
             [
                 m["name"],
@@ -102,6 +102,7 @@ def models(args) -> int:
                 m["replicas"]["pending"],
                 m["class"],
                 m["min_ready"],
+                selectors.efficiency_text(m["efficiency"]),
                 selectors.profile_text(m["profile"]),
             ]
             for m in rows

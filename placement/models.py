@@ -166,3 +166,26 @@ class NodeCap(models.Model):
 
     def __str__(self) -> str:
         return f"node {self.node_id} at {self.fraction:.0%}"
+
+
+class ModelEfficiency(models.Model):
+    """How a model serves on one GPU model, as measured: tokens per second per replica and tokens per joule.
+
+    Kept by placement.throughput from the replicas' reported tokens/s and their GPUs' measured power;
+    the planner prefers, among candidates otherwise equal, the GPU model with more tokens per joule.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="efficiencies")
+    gpu_model = models.CharField(max_length=50)
+    replicas = models.PositiveIntegerField(default=0, help_text="Replicas measured.")
+    tokens_per_second = models.FloatField(help_text="Mean generated tokens per second per replica.")
+    watts = models.FloatField(help_text="Mean measured GPU power per replica.")
+    tokens_per_joule = models.FloatField()
+    measured_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["model", "gpu_model"]
+        constraints = [models.UniqueConstraint(fields=["model", "gpu_model"], name="efficiency_one_per_gpu_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.gpu_model}: {self.tokens_per_joule:.2f} tokens/J"

@@ -36,11 +36,13 @@ def forget_assignments(**_: Any) -> None:
 
 
 def respond_to_conditions(*, now, **_: Any) -> None:
-    """After each evaluation of conditions: step the GPU caps, then shed what is due (both off by default)."""
+    """After each evaluation of conditions: keep the tokens per joule measured, step the GPU caps, then
+    shed what is due (capping and shedding are off by default)."""
     from placement.capping import capping_run
     from placement.shedding import shed_run
+    from placement.throughput import efficiency_record
 
-    for name, step in (("capping", capping_run), ("shedding", shed_run)):
+    for name, step in (("tokens per joule", efficiency_record), ("capping", capping_run), ("shedding", shed_run)):
         try:
             step(now=now)
         except Exception:  # the evaluation's round is done; a failed step is logged and tried next round

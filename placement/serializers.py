@@ -85,10 +85,20 @@ class ReplicaCountsSerializer(serializers.Serializer):
     unreachable = serializers.IntegerField()
 
 
+class EfficiencySerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    replicas = serializers.IntegerField(help_text="replicas measured")
+    tokens_per_second = serializers.FloatField(help_text="mean generated tokens per second per replica")
+    watts = serializers.FloatField(help_text="mean measured GPU power per replica")
+    tokens_per_joule = serializers.FloatField()
+    measured_at = serializers.DateTimeField()
+
+
 class ModelRowSerializer(serializers.Serializer):
     name = serializers.CharField()
     replicas = ReplicaCountsSerializer()
     min_ready = serializers.IntegerField(help_text="ready replicas no drain, shed or cap takes it below")
+    efficiency = EfficiencySerializer(many=True, help_text="measured per GPU model, most tokens per joule first")
 
     def get_fields(self):
         fields = super().get_fields()

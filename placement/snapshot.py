@@ -23,7 +23,7 @@ from facility.domains import LEVELS, Domain, parse_domain
 from facility.evaluation import effective_conditions
 from facility.models import Hold
 from facility.power import fresh_measured_watts
-from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
+from placement.models import GpuBooking, Model, ModelEfficiency, NodeBooking, Replica, Shard
 from placement.planner import DomainCondition, FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
 
@@ -194,6 +194,11 @@ def profile_of(model: Model) -> Profile:
         power_watts=model.power_watts,
         keep_within=model.keep_within or None,
         selector=parse_selector(model.node_selector) if model.node_selector.strip() else None,
+        # Measured by placement.throughput; none until its replicas report tokens/s and power.
+        tokens_per_joule=tuple(
+            ModelEfficiency.objects.filter(model_id=model.pk).order_by("gpu_model")
+            .values_list("gpu_model", "tokens_per_joule")
+        ) if model.pk else (),
     )
 
 

@@ -63,9 +63,9 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
     ]
     code, out, _ = run(capsys, "models")
     assert out.splitlines() == [
-        "NAME       PLACED  READY  PENDING  CLASS     MIN  PROFILE",
-        "embed      1/1     0      0        standard  1    CPU × 1 node, 8 cores, 16 GiB",
-        "llama-70b  2/2     0      0        standard  1    8 GPUs × 1 node, 16 cores, 256 GiB; "
+        "NAME       PLACED  READY  PENDING  CLASS     MIN  TOKENS/J  PROFILE",
+        "embed      1/1     0      0        standard  1    -         CPU × 1 node, 8 cores, 16 GiB",
+        "llama-70b  2/2     0      0        standard  1    -         8 GPUs × 1 node, 16 cores, 256 GiB; "
         "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot",
     ]
     booking = NodeBooking.objects.get(node__name="gpu01")
