@@ -90,3 +90,11 @@ def test_a_capped_gpu_draws_its_enforced_limit_so_headroom_grows(join_node):
     node.save(update_fields=["sensors"])
     after = model_headroom("m")["fits"]
     assert (before, after) == (1, 2)
+
+
+def test_the_locked_clocks_lever_asks_for_a_share_of_the_top_clock(join_node):
+    join_node("gpu01", rack="r1")
+    facility_apply(text="facility:\n  conditions: {mode: enforce}\n  capping: {enabled: true, lever: locked_clocks}\n")
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 2 down", seconds=7200)
+    capping_run()
+    assert capping_blocks() == {"gpu01": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1782]}}}

@@ -65,10 +65,12 @@ def test_with_shedding_off_nothing_moves(capsys):
     assert "shedding is off" in capsys.readouterr().out
 
 
-def test_a_hot_rack_loses_one_replica_per_interval_lowest_class_first_and_the_dry_run_said_so(capsys):
+def test_a_hot_rack_loses_one_replica_per_interval_lowest_class_first_and_the_dry_run_said_so(capsys, admin_client):
     cluster = hot_rack_with_three_classes()
     facility_apply(text=SHEDDING)
     t0 = timezone.now()
+    page = admin_client.get("/facility/").content.decode()
+    assert "Shedding: the next moves" in page and "move bat#1 (batch, at its minimum" in page
     assert shed_run(now=t0) == []  # hot since now: not yet for shed_after
     dry = shed_plan(now=t0 + timedelta(minutes=10), intervals=3)
     assert [(m["action"], m["replica"], m["to"]) for m in dry] == [
@@ -122,3 +124,28 @@ def test_every_shed_is_counted_on_metrics():
     samples = {(s.labels["domain"], s.labels["outcome"]): s.value for s in shed_moves().samples
                if s.name == "llmgw_shed_moves_total"}
     assert samples == {("rack:r1", "move"): 1.0}
+
+
+def test_with_no_room_elsewhere_a_replica_stays_and_says_why_unless_drop_batch_stops_a_batch_one():
+    cluster = Cluster({"r1": 1})
+    cluster.tick()
+    models_apply(text=model("bat", "batch").replace("replicas: 1", "replicas: 2"))
+    reconcile_all()
+    for _ in range(10):
+        cluster.tick()
+    assert ready_counts() == {"bat": 2}
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC down", seconds=7200)
+    facility_apply(text=SHEDDING)
+    t0 = timezone.now()
+    shed_run(now=t0)
+    [stays] = shed_run(now=t0 + timedelta(minutes=10))
+    assert stays["action"] == "stays"
+    assert stays["reason"].startswith("bat#2 stays (batch, above its minimum: 2 ready, min 1): no replacement fits: ")
+    assert Replica.objects.count() == 2
+    facility_apply(text=SHEDDING.replace("interval: 5m", "interval: 5m, drop_batch: true"))
+    [drop] = shed_run(now=t0 + timedelta(minutes=15))
+    assert (drop["action"], drop["replica"]) == ("drop", "bat#2")
+    assert list(Replica.objects.values_list("ordinal", flat=True)) == [1]
+    # At its minimum now: the last one is never dropped.
+    [last] = shed_run(now=t0 + timedelta(minutes=20))
+    assert last["action"] == "stays" and "at its minimum: 1 ready, min 1" in last["reason"]
