@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from facility.conditions import ConfigError
+from facility.conditions import ConfigError, domain_overrides
 
 SHED_KEYS = ("enabled", "shed_after", "interval", "drop_batch")
 CAPPING_KEYS = ("enabled", "floor_fraction", "lever", "step_fraction", "restore_after")
@@ -105,21 +105,13 @@ def _shed_rule(raw: object, base: ShedRule, path: tuple, *, allow_domains: bool)
 
 def parse_shedding_config(raw: object) -> SheddingConfig:
     """``{enabled, shed_after, interval, drop_batch, domains: {rack:r1: {...}}}`` → SheddingConfig."""
-    from facility.domains import DomainError, parse_domain
-
     if raw is None:
         return SheddingConfig()
     default, domains_raw = _shed_rule(raw, ShedRule(), (), allow_domains=True)
-    domains: dict[str, ShedRule] = {}
-    if domains_raw is not None:
-        if not isinstance(domains_raw, Mapping):
-            raise ConfigError(("domains",), "a mapping of domain (rack:r12-07) to {enabled, shed_after, interval}")
-        for name, rule_raw in domains_raw.items():
-            try:
-                domain = str(parse_domain(name))
-            except DomainError as exc:
-                raise ConfigError(("domains", name), str(exc)) from None
-            domains[domain], _ = _shed_rule(rule_raw, default, ("domains", name), allow_domains=False)
+    domains = domain_overrides(
+        domains_raw, "{enabled, shed_after, interval, drop_batch}",
+        lambda rule_raw, path: _shed_rule(rule_raw, default, path, allow_domains=False)[0],
+    )
     return SheddingConfig(default, domains)
 
 
