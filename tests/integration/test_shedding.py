@@ -149,3 +149,23 @@ def test_with_no_room_elsewhere_a_replica_stays_and_says_why_unless_drop_batch_s
     # At its minimum now: the last one is never dropped.
     [last] = shed_run(now=t0 + timedelta(minutes=20))
     assert last["action"] == "stays" and "at its minimum: 1 ready, min 1" in last["reason"]
+
+
+def test_a_rack_past_its_power_limit_is_shed_too_after_shed_after():
+    from facility.services import budget_set
+
+    cluster = Cluster({"r1": 1})
+    cluster.tick()
+    models_apply(text=model("std", "standard"))
+    reconcile_all()
+    for _ in range(10):
+        cluster.tick()
+    cluster.add("n-r2-1", "r2")
+    cluster.tick()
+    budget_set(domain="rack:r1", cap_watts=1000)  # far under what its node draws
+    facility_apply(text="facility:\n  sources: {agents: false}\n  shedding: {enabled: true, shed_after: 10m}\n")
+    t0 = timezone.now()
+    assert shed_run(now=t0) == []
+    [move] = shed_run(now=t0 + timedelta(minutes=10))
+    assert (move["action"], move["replica"], move["to"]) == ("move", "std#1", ["n-r2-1"])
+    assert "rack r1 is past its power limit (use " in move["reason"]
