@@ -70,6 +70,21 @@ def register(commands) -> None:
     cc.add_argument("domain")
     cc.set_defaults(handler=condition_clear)
 
+    sh = sub.add_parser(
+        "shed",
+        help="the moves shedding would make off hot or over-limit domains in the next intervals",
+        epilog="example: llmgw ctl facility shed --dry-run -o json",
+    )
+    sh.add_argument("--dry-run", action="store_true", required=True,
+                    help="list the moves (shedding itself runs from the periodic evaluation)")
+    sh.add_argument("--intervals", type=int, default=3, help="how many intervals ahead (default 3)")
+    output_option(sh)
+    sh.set_defaults(handler=shed)
+
+    cp = sub.add_parser("capping", help="GPU caps: the nodes capped (or, in observe mode, that would be) and why")
+    output_option(cp)
+    cp.set_defaults(handler=capping)
+
     e = sub.add_parser("events", help="the timeline of condition changes, newest first (kept 30 days)")
     e.add_argument("--domain", default=None, help="only this domain (rack:r12-07)")
     output_option(e)
@@ -183,6 +198,46 @@ def events(args) -> int:
         ["AT", "DOMAIN", "FROM", "TO", "REASON"],
         [[e["at"][:19].replace("T", " "), e["domain"], e["from"], e["to"], e["reason"] or "-"] for e in rows],
     )
+    return 0
+
+
+def shed(args) -> int:
+    from placement.shedding import shed_plan, shedding_config
+
+    config = shedding_config()
+    rows = shed_plan(intervals=max(1, min(args.intervals, 100)), config=config)
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    if not config.any_enabled:
+        print("shedding is off (facility.shedding.enabled in server.yaml): nothing moves")
+        return 0
+    if not rows:
+        print("nothing to shed: no domain is hot (enforce mode) or past its power limit")
+        return 0
+    print_table(
+        ["AT", "DOMAIN", "ACTION", "REPLICA", "CLASS", "TO", "REASON"],
+        [[r["at"][:19].replace("T", " "), r["domain"], r["action"], r["replica"] or "-", r["class"] or "-",
+          ",".join(r["to"]) or "-", r["reason"]] for r in rows],
+    )
+    return 0
+
+
+def capping(args) -> int:
+    from placement.capping import capping_config, capping_rows
+
+    rows = capping_rows()
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    if not capping_config().enabled:
+        print("capping is off (facility.capping.enabled in server.yaml): every GPU holds its defaults")
+        return 0
+    if not rows:
+        print("no GPU is capped: no domain is warm, hot or near its power limit")
+        return 0
+    for row in rows:
+        print(row["text"])
     return 0
 
 

@@ -24,6 +24,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 OK, WARM, HOT, UNKNOWN = "ok", "warm", "hot", "unknown"
 CONDITIONS: tuple[str, ...] = (OK, WARM, HOT, UNKNOWN)
@@ -310,22 +311,33 @@ def _rule(raw: object, base: DomainRule, path: tuple, *, allow_domains: bool) ->
 
 def parse_conditions_config(raw: object) -> ConditionsConfig:
     """``{mode, thresholds, domains: {rack:r12-07: {mode, thresholds}}}`` → ConditionsConfig; ConfigError names the path."""
-    from facility.domains import DomainError, parse_domain
-
     if raw is None:
         return ConditionsConfig()
     default, domains_raw = _rule(raw, DomainRule(), (), allow_domains=True)
-    domains: dict[str, DomainRule] = {}
-    if domains_raw is not None:
-        if not isinstance(domains_raw, Mapping):
-            raise ConfigError(("domains",), "a mapping of domain (rack:r12-07) to {mode, thresholds}")
-        for name, rule_raw in domains_raw.items():
-            try:
-                domain = str(parse_domain(name))
-            except DomainError as exc:
-                raise ConfigError(("domains", name), str(exc)) from None
-            domains[domain], _ = _rule(rule_raw, default, ("domains", name), allow_domains=False)
+    domains = domain_overrides(
+        domains_raw, "{mode, thresholds}",
+        lambda rule_raw, path: _rule(rule_raw, default, path, allow_domains=False)[0],
+    )
     return ConditionsConfig(default, domains)
+
+
+def domain_overrides(raw: object, keys: str, parse_one) -> dict[str, Any]:
+    """A block's ``domains:`` mapping (``rack:r12-07: {...}``): each domain checked and its rule parsed
+    by ``parse_one(rule_raw, path)``; ConfigError names the path. Shared by conditions and shedding."""
+    from facility.domains import DomainError, parse_domain
+
+    found: dict[str, Any] = {}
+    if raw is None:
+        return found
+    if not isinstance(raw, Mapping):
+        raise ConfigError(("domains",), f"a mapping of domain (rack:r12-07) to {keys}")
+    for name, rule_raw in raw.items():
+        try:
+            domain = str(parse_domain(name))
+        except DomainError as exc:
+            raise ConfigError(("domains", name), str(exc)) from None
+        found[domain] = parse_one(rule_raw, ("domains", name))
+    return found
 
 
 def describe(

@@ -31,6 +31,7 @@ from facility.models import (
     SourceStatus,
 )
 from facility.services import facility_changed_send
+from facility.signals import conditions_evaluated
 from facility.sources import (
     NodeSensors,
     Poll,
@@ -233,6 +234,8 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
         expired.delete()
         if changed:
             facility_changed_send(sender=DomainCondition)
+    # After the round, outside its transaction: shedding and capping act on what it judged.
+    conditions_evaluated.send(sender=DomainCondition, now=now)
     return events
 
 

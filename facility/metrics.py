@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
 LABELS = ["domain", "level"]
@@ -41,6 +41,7 @@ class DomainPowerCollector(Collector):
         yield held
         yield from condition_families()
         yield self._feed_loss()
+        yield shed_moves()
 
     def _feed_loss(self) -> Metric:
         from facility.feed_selectors import feed_loss_report
@@ -62,6 +63,29 @@ class DomainPowerCollector(Collector):
             yield GaugeMetricFamily(name, "", labels=labels)
 
         yield GaugeMetricFamily("llmgw_feed_loss_violations", "", labels=["feed"])
+        yield CounterMetricFamily("llmgw_shed_moves", "", labels=["domain", "outcome"])
+
+
+def shed_moves() -> Metric:
+    """llmgw_shed_moves_total{domain,outcome}: shedding's actions (move, drop, stays), counted from the
+    events timeline (kept 30 days, so the count is of those 30 days)."""
+    from django.db.models import Count
+
+    from facility.models import ConditionEvent
+
+    family = CounterMetricFamily(
+        "llmgw_shed_moves", "Shedding's actions per domain: move (replacement first), drop (batch), stays (no room).",
+        labels=["domain", "outcome"],
+    )
+    rows = (
+        ConditionEvent.objects.filter(readings__has_key="shed")
+        .values_list("domain", "readings__shed__action")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for domain, outcome, n in rows:
+        family.add_metric([domain, str(outcome)], float(n))
+    return family
 
 CONDITION_FAMILIES = (
     ("llmgw_domain_condition", "1 for the domain's current thermal condition, 0 for the others.",

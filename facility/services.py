@@ -26,6 +26,7 @@ from facility.models import (
     ScenarioRun,
     Source,
 )
+from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
 from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
 from llmgw.errors import InvalidInput, NotFound
@@ -142,7 +143,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "measured_window", "budgets", "conditions", "sources", "feeds")
+    known = (*SETTINGS_KEYS, "measured_window", "budgets", "conditions", "sources", "feeds", "shedding", "capping")
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -206,7 +207,10 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, Any
     owns_budgets = isinstance(block, dict) and "budgets" in block
     scenario = None
     if isinstance(block, dict):
-        for key, parse in (("conditions", parse_conditions_config), ("sources", parse_sources_config)):
+        for key, parse in (
+            ("conditions", parse_conditions_config), ("sources", parse_sources_config),
+            ("shedding", parse_shedding_config), ("capping", parse_capping_config),
+        ):
             if key in block:
                 parsed = _parse_block(doc, key, parse)
                 values[key] = block[key] or {}

@@ -8,3 +8,7 @@ from django.dispatch import Signal
 # A budget, a hold or the facility settings changed (sent inside the writing transaction; a receiver that
 # acts defers to its commit). Arguments: ``sender`` (the model class written).
 facility_changed = Signal()
+
+# A round of the periodic evaluation finished (conditions judged): placement sheds and caps from it.
+# Arguments: ``sender``, ``now`` (the round's time).
+conditions_evaluated = Signal()

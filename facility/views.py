@@ -260,9 +260,17 @@ def facility_page(
             "errors": errors or {},
             "warnings": warnings or [],
             "values": request.POST,
+            "shed_moves": shed_moves_shown(),
         }
     )
     return _page(request, context, status=status)
+
+
+def shed_moves_shown() -> list[dict[str, Any]]:
+    """What shedding would do next, as `llmgw ctl facility shed --dry-run` lists it (empty while it is off)."""
+    from placement.shedding import shed_plan
+
+    return shed_plan()
 
 
 def hold_warnings(domain: str, drain: bool = False) -> list[str]:

@@ -9,7 +9,7 @@ class PlacementConfig(AppConfig):
         # Placement listens to the layers below it; they never import placement (README, Architecture).
         from agents import bookings, readings
         from agents.signals import node_reported, nodes_changed
-        from facility.signals import facility_changed
+        from facility.signals import conditions_evaluated, facility_changed
         from placement import receivers
         from placement.selectors import all_assignments, booked_gpus, placed_watts
         from placement.signals import placement_changed
@@ -21,4 +21,9 @@ class PlacementConfig(AppConfig):
         readings.register_assignments_provider(all_assignments)
         # What is booked on each node: placement's tables, read for the node list and facility power.
         bookings.register_booking_readers(booked_gpus=booked_gpus, placed_watts=placed_watts)
+        # The GPU caps each node's answer carries (placement.capping; none while capping is off).
+        from placement.capping import capping_blocks
+
+        readings.register_capping_provider(capping_blocks)
+        conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")

@@ -93,13 +93,16 @@ def models(args) -> int:
         print_json(rows)
         return 0
     print_table(
-        ["NAME", "PLACED", "READY", "PENDING", "PROFILE"],
+        ["NAME", "PLACED", "READY", "PENDING", "CLASS", "MIN", "TOKENS/J", "PROFILE"],
         [
             [
                 m["name"],
                 f"{m['replicas']['placed']}/{m['replicas']['desired']}",
                 m["replicas"]["ready"],
                 m["replicas"]["pending"],
+                m["class"],
+                m["min_ready"],
+                selectors.efficiency_text(m["efficiency"]),
                 selectors.profile_text(m["profile"]),
             ]
             for m in rows

@@ -23,7 +23,10 @@ from llmgw.errors import InvalidInput
 from llmgw.yamldoc import Document, dotted, load_documents
 from placement.selector import SelectorError, parse_selector
 
-MODEL_KEYS = ("kind", "name", "replicas", "profile")
+MODEL_KEYS = ("kind", "name", "replicas", "class", "min_ready", "profile")
+# What llmgw may take away on its own (shedding), lowest first: batch before standard; critical never.
+CLASS_CHOICES = ("critical", "standard", "batch")
+DEFAULT_CLASS = "standard"
 PROFILE_KEYS = (
     "gpus",
     "nodes",
@@ -130,6 +133,14 @@ def parse_model_document(data: Any) -> dict[str, Any]:
             f"{value_shown(name)} is not a model name (letters, digits, '.', '_' and '-', at most {MODEL_NAME_MAX_LENGTH})",
         )
     replicas = _count(data.get("replicas", 1), ("replicas",), maximum=MAX_REPLICAS)
+    service_class = data.get("class", DEFAULT_CLASS)
+    if service_class not in CLASS_CHOICES:
+        raise DocumentError(("class",), f"must be one of {', '.join(CLASS_CHOICES)}, not {value_shown(service_class)}")
+    # The ready replicas nothing llmgw does on its own (drain, shedding, capping) takes the model below.
+    # Defaults to 1, or 0 for a model of no replicas.
+    min_ready = _count(data.get("min_ready", min(1, replicas)), ("min_ready",), maximum=MAX_REPLICAS)
+    if min_ready > replicas:
+        raise DocumentError(("min_ready",), f"must be at most replicas ({replicas}) (got {min_ready})")
     profile = data.get("profile")
     if profile is None:
         raise DocumentError(("profile",), "required: gpus per node at least (gpus: 0 for a CPU-only profile)")
@@ -143,6 +154,8 @@ def parse_model_document(data: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "name": name,
         "replicas": replicas,
+        "service_class": service_class,
+        "min_ready": min_ready,
         "gpus": _count(profile["gpus"], ("profile", "gpus"), maximum=MAX_GPUS_PER_NODE),
         "nodes": _count(profile.get("nodes", 1), ("profile", "nodes"), minimum=1, maximum=MAX_NODES_PER_REPLICA),
         "cpu_cores": _count(profile.get("cpu_cores", 0), ("profile", "cpu_cores"), maximum=MAX_CPU_CORES),

@@ -26,6 +26,7 @@ from agents.models import Node, NodeDomain
 from facility.models import Hold
 from placement import snapshot
 from placement.commit import replica_place
+from placement.minimums import stops_allowed
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
@@ -64,6 +65,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     """
     draining = draining_nodes() if draining is None else draining
     on_draining = _replicas_on(set(draining), model) if draining else set()
+    # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
+    on_draining |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
     replacements = list(Replica.objects.filter(model=model, replaces__isnull=False).select_related("replaces"))
 
     # A replacement whose original no longer drains (released, uncordoned) is not needed: the drain stopped.
@@ -76,11 +79,18 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     replacements = [r for r in replacements if r.replaces_id in on_draining]
 
     in_flight = None
+    done = []
     for replacement in replacements:
         if _ready_long_enough(replacement, model, run.now):
-            stopping.append(replacement.replaces)  # the old one stops; the new one takes over
+            done.append(replacement.replaces)  # the old one stops; the new one takes over
         else:
             in_flight = replacement
+    # The replacement is up, but another replica may have failed meanwhile: an old one stops only while
+    # the model keeps min_ready ready replicas; else it waits (and serves) until the count is back.
+    allowed = stops_allowed(model=model, replicas=done)
+    stopping.extend(allowed)
+    if len(allowed) < len(done):
+        in_flight = next(r for r in replacements if r.replaces_id not in {a.pk for a in allowed})
     for replica in stopping:
         freed |= _nodes_of(replica)
     run.removed += replicas_free(replica_ids=[replica.pk for replica in stopping])

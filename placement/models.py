@@ -11,6 +11,13 @@ class Model(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     replicas = models.PositiveIntegerField(default=1, help_text="Desired replicas.")
+    # The document's `class:` (a Python keyword, hence the name): what shedding moves first (batch).
+    service_class = models.CharField(
+        max_length=8, default="standard", help_text="critical, standard or batch: batch is shed first"
+    )
+    min_ready = models.PositiveIntegerField(
+        default=1, help_text="Ready replicas no drain, shed or cap takes the model below."
+    )
     gpus = models.PositiveIntegerField(default=0, help_text="GPUs per node.")
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)], help_text="Nodes per replica.")
     cpu_cores = models.PositiveIntegerField(default=0, help_text="Cores reserved per node.")
@@ -58,6 +65,9 @@ class Replica(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by",
         help_text="The replica this one takes over from (a drain).",
     )
+    # Set by shedding: the replica is to move off a hot or over-limit domain (the drain's steps move it,
+    # replacement first); why, in the shed's words.
+    shed_reason = models.CharField(max_length=1000, blank=True, default="")
     placed_at = models.DateTimeField(null=True, blank=True)
     ready_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -126,3 +136,56 @@ class NodeBooking(models.Model):
 
     def __str__(self) -> str:
         return f"booked on node {self.node_id}"
+
+
+class ShedDomain(models.Model):
+    """Shedding's memory of a domain: since when it has been in trouble (hot under enforce, or past its
+    power limit) without a break, and when shedding last acted there (one move per interval)."""
+
+    domain = models.CharField(max_length=300, unique=True)
+    trouble_since = models.DateTimeField(null=True, blank=True)
+    last_move_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.domain
+
+
+class NodeCap(models.Model):
+    """What capping asks of a node's GPUs: a share of their default power limit (or of the top SM clock).
+
+    ``fraction`` is what the heartbeat answer carries (1: the defaults, no block); ``would_fraction``
+    is what observe mode would have asked, said and never sent. Kept by placement.capping.
+    """
+
+    node = models.OneToOneField("agents.Node", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    fraction = models.FloatField(default=1.0)
+    would_fraction = models.FloatField(default=1.0)
+    reason = models.CharField(max_length=1000, blank=True, default="")
+    ok_since = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} at {self.fraction:.0%}"
+
+
+class ModelEfficiency(models.Model):
+    """How a model serves on one GPU model, as measured: tokens per second per replica and tokens per joule.
+
+    Kept by placement.throughput from the replicas' reported tokens/s and their GPUs' measured power;
+    the planner prefers, among candidates otherwise equal, the GPU model with more tokens per joule.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="efficiencies")
+    gpu_model = models.CharField(max_length=50)
+    replicas = models.PositiveIntegerField(default=0, help_text="Replicas measured.")
+    tokens_per_second = models.FloatField(help_text="Mean generated tokens per second per replica.")
+    watts = models.FloatField(help_text="Mean measured GPU power per replica.")
+    tokens_per_joule = models.FloatField()
+    measured_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["model", "gpu_model"]
+        constraints = [models.UniqueConstraint(fields=["model", "gpu_model"], name="efficiency_one_per_gpu_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.gpu_model}: {self.tokens_per_joule:.2f} tokens/J"

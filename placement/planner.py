@@ -20,7 +20,8 @@ and the plan notes ``would have refused: …`` instead.
 What passes is ordered, never filtered, by :func:`order_key`: fewest of the model's replicas in the
 node's racks and PDUs first (counted, so replicas stay even), then condition (ok before warm, under
 enforce mode), then the power headroom left in the node's rack after the shard (more first, in coarse
-steps of a tenth of the limit), then nodes holding the weights, then bin packing, then the name.
+steps of a tenth of the limit), then the model's measured tokens per joule on the node's GPU model
+(more first), then nodes holding the weights, then bin packing, then the name.
 
 :func:`plan_replica` is the plain, whole-cluster evaluation; :class:`placement.index.PlacementIndex`
 is the fast path for a long run of placements and gives the same plans.
@@ -67,6 +68,9 @@ class Profile:
     power_watts: float | None = None
     keep_within: str | None = None
     selector: Selector | None = None
+    # Tokens per joule this model was measured at, per GPU model (``(("H100", 2.1), ("H200", 3.0))``):
+    # among candidates otherwise equal up to the headroom step, the more efficient card goes first.
+    tokens_per_joule: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,22 +270,36 @@ def pack_value(node: NodeView, profile: Profile) -> int:
     return node.replicas
 
 
-OrderKey = tuple[int, int, int, int, int, str]
+OrderKey = tuple[int, int, int, int, int, int, str]
 
 
 def order_key(
     node: NodeView, profile: Profile, model: str, spread: int, rank: int, step: int
 ) -> OrderKey:
     """The ordering of candidates: spreading (replicas in its racks and PDUs), condition, rack headroom
-    step (more first), weights, bin packing, name."""
+    step (more first), tokens per joule of the model on the node's GPU model (more first, where
+    measured), weights, bin packing, name."""
     return (
         spread,
         rank,
         -step,
+        -efficiency_step(node, profile),
         0 if model in node.weights else 1,
         pack_value(node, profile),
         node.name,
     )
+
+
+def efficiency_step(node: NodeView, profile: Profile) -> int:
+    """The model's measured tokens per joule on the node's GPU model, in hundredths (0: not measured), so
+    noise in the figures does not reorder cards that serve alike."""
+    if not profile.tokens_per_joule:
+        return 0
+    gpu_model = node.labels.get("gpu.model")
+    for name, value in profile.tokens_per_joule:
+        if name == gpu_model:
+            return int(value * 100)
+    return 0
 
 
 def has_cards_for(node: NodeView, profile: Profile) -> bool:

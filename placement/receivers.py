@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import transaction
@@ -10,6 +11,8 @@ from agents import readings
 from llmgw import inprocess
 from placement.reports import shard_states_report
 from placement.tasks import request_reconcile
+
+log = logging.getLogger(__name__)
 
 
 def reconcile_on_change(*, heartbeat: bool = False, **_: Any) -> None:
@@ -30,3 +33,17 @@ def record_report(*, node, states, now, **_: Any) -> None:
 def forget_assignments(**_: Any) -> None:
     """Placement wrote shards or replicas: the heartbeat's cached map of assignments is read again."""
     readings.invalidate_assignments()
+
+
+def respond_to_conditions(*, now, **_: Any) -> None:
+    """After each evaluation of conditions: keep the tokens per joule measured, step the GPU caps, then
+    shed what is due (capping and shedding are off by default)."""
+    from placement.capping import capping_run
+    from placement.shedding import shed_run
+    from placement.throughput import efficiency_record
+
+    for name, step in (("tokens per joule", efficiency_record), ("capping", capping_run), ("shedding", shed_run)):
+        try:
+            step(now=now)
+        except Exception:  # the evaluation's round is done; a failed step is logged and tried next round
+            log.exception("%s failed", name)

@@ -48,6 +48,15 @@ def _plural(count: int | float, word: str) -> str:
     return f"{count:g} {word}" if count == 1 else f"{count:g} {word}s"
 
 
+def efficiency_text(rows: list[dict[str, Any]]) -> str:
+    """``H200 3.10 tok/J 2,400 tok/s · H100 2.20 tok/J 1,900 tok/s`` (best first), or ``-`` when not measured."""
+    if not rows:
+        return "-"
+    return " · ".join(
+        f"{r['gpu_model']} {r['tokens_per_joule']:.2f} tok/J {r['tokens_per_second']:,.0f} tok/s" for r in rows
+    )
+
+
 def profile_text(profile: dict[str, Any]) -> str:
     """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200)``."""
     if profile["gpus"]:
@@ -183,7 +192,11 @@ def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
     return [_replica_dict(r, r.model.name, shards.get(r.pk, []), unreachable) for r in replicas]
 
 
-def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
+def _model_dict(model: Model, states: Counter, efficiency: dict[str, list] | None = None) -> dict[str, Any]:
+    if efficiency is None:
+        from placement.throughput import efficiency_rows
+
+        efficiency = efficiency_rows()
     return {
         "name": model.name,
         "replicas": {
@@ -194,6 +207,9 @@ def _model_dict(model: Model, states: Counter) -> dict[str, Any]:
             "failed": states[ReplicaState.FAILED],
             "unreachable": states[UNREACHABLE],
         },
+        "class": model.service_class,
+        "min_ready": model.min_ready,
+        "efficiency": efficiency.get(model.name, []),
         "profile": profile_dict(model),
         "error": model.error or None,
         "error_at": model.error_at.isoformat() if model.error_at else None,
@@ -208,7 +224,10 @@ def model_rows() -> list[dict[str, Any]]:
     unreachable = unreachable_replicas()
     for replica_id, model_id, state in Replica.objects.values_list("id", "model_id", "state"):
         states[model_id][shown_state(state, replica_id, unreachable)] += 1
-    return [_model_dict(m, states[m.pk]) for m in Model.objects.order_by("name")]
+    from placement.throughput import efficiency_rows
+
+    efficiency = efficiency_rows()
+    return [_model_dict(m, states[m.pk], efficiency) for m in Model.objects.order_by("name")]
 
 
 def model_detail(name: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from placement import documents as d
-from placement.documents import KEEP_WITHIN_CHOICES, MAX_REPLICAS
+from placement.documents import CLASS_CHOICES, KEEP_WITHIN_CHOICES, MAX_REPLICAS
 
 REPLICA_STATES = ("pending", "placed", "starting", "ready", "failed", "stopping", "unreachable")
 
@@ -49,6 +49,19 @@ class ModelDocumentSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False, default=1)
     profile = ProfileSerializer()
 
+    def get_fields(self):
+        # `class` is a Python keyword: the field is added under its document name.
+        fields = super().get_fields()
+        fields["class"] = serializers.ChoiceField(
+            choices=CLASS_CHOICES, required=False, default="standard",
+            help_text="what shedding moves first: batch, then standard; critical is never shed",
+        )
+        fields["min_ready"] = serializers.IntegerField(
+            min_value=0, max_value=MAX_REPLICAS, required=False,
+            help_text="ready replicas no drain, shed or cap takes the model below (default 1; at most replicas)",
+        )
+        return fields
+
 
 class ProfileBodySerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
@@ -72,9 +85,25 @@ class ReplicaCountsSerializer(serializers.Serializer):
     unreachable = serializers.IntegerField()
 
 
+class EfficiencySerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    replicas = serializers.IntegerField(help_text="replicas measured")
+    tokens_per_second = serializers.FloatField(help_text="mean generated tokens per second per replica")
+    watts = serializers.FloatField(help_text="mean measured GPU power per replica")
+    tokens_per_joule = serializers.FloatField()
+    measured_at = serializers.DateTimeField()
+
+
 class ModelRowSerializer(serializers.Serializer):
     name = serializers.CharField()
     replicas = ReplicaCountsSerializer()
+    min_ready = serializers.IntegerField(help_text="ready replicas no drain, shed or cap takes it below")
+    efficiency = EfficiencySerializer(many=True, help_text="measured per GPU model, most tokens per joule first")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["class"] = serializers.ChoiceField(choices=CLASS_CHOICES)
+        return fields
     profile = ProfileBodySerializer()
     error = serializers.CharField(
         allow_null=True, help_text="why the last reconcile could not place it (null once it places cleanly)"

@@ -23,7 +23,7 @@ from facility.domains import LEVELS, Domain, parse_domain
 from facility.evaluation import effective_conditions
 from facility.models import Hold
 from facility.power import fresh_measured_watts
-from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
+from placement.models import GpuBooking, Model, ModelEfficiency, NodeBooking, Replica, Shard
 from placement.planner import DomainCondition, FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
 
@@ -42,6 +42,7 @@ _NODE_FIELDS = (
     "last_heartbeat_at",
     "measured_peak_watts",
     "sensors_at",
+    "sensors",
     "weights",
 )
 
@@ -106,6 +107,21 @@ def _ready(row: dict, now: datetime) -> bool:
     return heartbeat_is_fresh(row["last_heartbeat_at"], row["heartbeat_interval_seconds"], now)
 
 
+def gpu_enforced_limits(sensors: dict | None) -> dict[int, float]:
+    """GPU index → the power limit its agent read back (``enforced_power_limit_watts``), where reported."""
+    found: dict[int, float] = {}
+    for gpu in (sensors or {}).get("gpus") or ():
+        if gpu.get("enforced_power_limit_watts") is not None and gpu.get("index") is not None:
+            found[gpu["index"]] = float(gpu["enforced_power_limit_watts"])
+    return found
+
+
+def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> float | None:
+    """The limit a card's derived draw counts: the enforced one its agent reads back when reported (a
+    capped card draws no more than its cap, so capping frees room), else the inventory's limit."""
+    return enforced_watts if enforced_watts is not None else spec_watts
+
+
 def node_views(*, names: Iterable[str] | None = None, now: datetime | None = None) -> list[NodeView]:
     """Every node (or the named ones) as the planner sees it, from six queries whatever their number."""
     now = now or timezone.now()
@@ -141,7 +157,9 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     for row in rows:
         cards = gpus.get(row["id"], [])
         cores, memory, placed = bookings.get(row["id"], (0, 0.0, 0.0))
-        limits = [g[2] for g in cards if g[2] is not None]
+        enforced = gpu_enforced_limits(row["sensors"])
+        limits = [gpu_power_limit(g[2], enforced.get(g[0])) for g in cards]
+        limits = [w for w in limits if w is not None]
         views.append(
             NodeView(
                 name=row["name"],
@@ -176,6 +194,11 @@ def profile_of(model: Model) -> Profile:
         power_watts=model.power_watts,
         keep_within=model.keep_within or None,
         selector=parse_selector(model.node_selector) if model.node_selector.strip() else None,
+        # Measured by placement.throughput; none until its replicas report tokens/s and power.
+        tokens_per_joule=tuple(
+            ModelEfficiency.objects.filter(model_id=model.pk).order_by("gpu_model")
+            .values_list("gpu_model", "tokens_per_joule")
+        ) if model.pk else (),
     )
 
 

@@ -187,3 +187,37 @@ def test_after_draining_two_racks_a_models_replicas_sit_at_most_two_per_rack(dra
     per_rack = {rack: shards_in(rack) for rack in racks}
     assert all(per_rack[rack] == 0 for rack in drained), per_rack
     assert max(per_rack.values()) == 2 and sum(per_rack.values()) == 6, per_rack
+
+
+def test_a_drain_never_takes_a_model_below_its_min_ready():
+    """The replacement is up, but another replica failed meanwhile: the old one keeps serving until the
+    model has min_ready ready replicas without it."""
+    cluster = Cluster({"r1": 1, "r2": 1, "r3": 1})
+    cluster.tick()
+    models_apply(
+        text="kind: Model\nname: llama\nreplicas: 2\nmin_ready: 2\n"
+        "profile: {gpus: 8, min_ready_seconds: 0, command: 'serve {model} --port {port}'}\n"
+    )
+    reconcile_all()
+    run_until_ready(cluster, {"llama": 2})
+    old = Replica.objects.order_by("ordinal").first()
+    other = Replica.objects.exclude(pk=old.pk).get()
+    rack = Shard.objects.filter(replica=old).first().node.labels["llmgw.io/rack"]
+    hold_create(domain=f"rack:{rack}", reason="PDU swap", drain=True)
+    cluster.tick(0)
+    replacement = Replica.objects.get(replaces=old)
+    cluster.reconcile = False  # the agents report; the reconciles below are the test's own
+    for _ in range(10):
+        cluster.tick()
+        replacement.refresh_from_db()
+        if replacement.state == "ready":
+            break
+    assert replacement.state == "ready"
+    # The other replica fails: stopping the old one now would leave 1 ready, under min_ready 2.
+    Replica.objects.filter(pk=other.pk).update(state="failed")
+    reconcile_all()
+    assert Replica.objects.filter(pk=old.pk).exists()
+    # Back to 3 ready with the failed one healthy again: the old one may stop.
+    Replica.objects.filter(pk=other.pk).update(state="ready")
+    reconcile_all()
+    assert not Replica.objects.filter(pk=old.pk).exists()

@@ -63,9 +63,9 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
     ]
     code, out, _ = run(capsys, "models")
     assert out.splitlines() == [
-        "NAME       PLACED  READY  PENDING  PROFILE",
-        "embed      1/1     0      0        CPU × 1 node, 8 cores, 16 GiB",
-        "llama-70b  2/2     0      0        8 GPUs × 1 node, 16 cores, 256 GiB; "
+        "NAME       PLACED  READY  PENDING  CLASS     MIN  TOKENS/J  PROFILE",
+        "embed      1/1     0      0        standard  1    -         CPU × 1 node, 8 cores, 16 GiB",
+        "llama-70b  2/2     0      0        standard  1    -         8 GPUs × 1 node, 16 cores, 256 GiB; "
         "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot",
     ]
     booking = NodeBooking.objects.get(node__name="gpu01")
@@ -86,7 +86,15 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
         ("name: a\nprofile: {gpus: 1}\n", "line 1: kind: required; write kind: Model"),
         (
             "kind: Model\nname: a\nreplica: 2\nprofile: {gpus: 1}\n",
-            "line 3: replica: unknown key; a Model takes: kind, name, replicas, profile",
+            "line 3: replica: unknown key; a Model takes: kind, name, replicas, class, min_ready, profile",
+        ),
+        (
+            "kind: Model\nname: a\nreplicas: 2\nclass: gold\nprofile: {gpus: 1}\n",
+            "line 4: class: must be one of critical, standard, batch, not 'gold'",
+        ),
+        (
+            "kind: Model\nname: a\nreplicas: 2\nmin_ready: 3\nprofile: {gpus: 1}\n",
+            "line 4: min_ready: must be at most replicas (2) (got 3)",
         ),
         (
             "kind: Model\nname: a\nreplicas: -1\nprofile: {gpus: 1}\n",
@@ -213,3 +221,16 @@ def test_models_json_output(capsys, tmp_path, join_node):
         data["llama-70b"]["profile"]["node_selector"]
         == "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot"
     )
+
+
+def test_class_and_min_ready_are_kept_and_shown(admin_client):
+    from placement.selectors import model_rows
+    from placement.services import models_apply
+
+    models_apply(text="kind: Model\nname: batchy\nreplicas: 3\nclass: batch\nmin_ready: 2\nprofile: {gpus: 0}\n")
+    models_apply(text="kind: Model\nname: none\nreplicas: 0\nprofile: {gpus: 0}\n")
+    rows = {r["name"]: r for r in model_rows()}
+    assert (rows["batchy"]["class"], rows["batchy"]["min_ready"]) == ("batch", 2)
+    assert (rows["none"]["class"], rows["none"]["min_ready"]) == ("standard", 0)
+    page = admin_client.get("/models/").content.decode()
+    assert "min ready 2" in page and ">batch<" in page
