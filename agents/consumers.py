@@ -176,7 +176,12 @@ class FilteredPageConsumer(ReaderConsumer):
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         message = page_message(text_data)
         if isinstance(message.get("filter"), str):
-            self.filter = message["filter"][:1000]
+            new = message["filter"][:1000]
+            changed, self.filter = new != self.filter, new
+            if changed and self.last_render:
+                # A live render for the old filter may have landed after the page's filtered swap: the
+                # page shows this filter's body again, so it never stays on the old one.
+                self.render()
 
     def params(self) -> dict[str, str]:
         from urllib.parse import parse_qsl
