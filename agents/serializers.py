@@ -100,6 +100,18 @@ class LabelsResultSerializer(serializers.Serializer):
     )
 
 
+class CordonSerializer(serializers.Serializer):
+    cordoned = serializers.BooleanField(help_text="true: nothing new is placed on the node; false: place on it again")
+    drain = serializers.BooleanField(default=False, help_text="also move its replicas out, the replacement up first")
+    reason = serializers.CharField(default="", allow_blank=True, max_length=500, help_text="why, shown with the node")
+
+
+class CordonResultSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    cordoned = serializers.BooleanField()
+    draining = serializers.BooleanField()
+
+
 class HeartbeatRequestSchema(serializers.Serializer):
     """For the OpenAPI schema only: the checks are agents.node.protocol.validate_heartbeat."""
 
