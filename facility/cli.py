@@ -96,7 +96,7 @@ def register(commands) -> None:
 
 
 def overview(args) -> int:
-    data = read(args, "facility", placement_selectors.facility_overview)
+    data = read(args, "facility", lambda: placement_selectors.facility_overview())
     if args.output == "json":
         print_json(data)
         return 0
@@ -306,7 +306,7 @@ def register_feeds(sub) -> None:
 
 
 def feeds(args) -> int:
-    data = read(args, "facility/feeds", feed_selectors.feeds_overview)
+    data = read(args, "facility/feeds", lambda: feed_selectors.feeds_overview())
     if args.output == "json":
         print_json(data)
         return 0

@@ -112,7 +112,7 @@ def apply_remote(args) -> int:
 
 
 def models(args) -> int:
-    rows = read(args, "models", selectors.model_rows)
+    rows = read(args, "models", lambda: selectors.model_rows())
     if args.output == "json":
         print_json(rows)
         return 0
