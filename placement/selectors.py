@@ -302,10 +302,12 @@ def gpu_replica_ids(*, node_id: int) -> dict[int, int]:
     return dict(GpuBooking.objects.filter(node_id=node_id).values_list("index", "shard__replica_id"))
 
 
-def all_assignments() -> dict[str, list[dict]]:
-    """Every node's assignments in one read: node name → what node_assignments would answer."""
+def all_assignments(nodes: Iterable[str] | None = None) -> dict[str, list[dict]]:
+    """Every node's assignments in one read (only `nodes`' when given): node name → what
+    node_assignments would answer; a node with none is absent."""
+    shards = Shard.objects.all() if nodes is None else Shard.objects.filter(node__name__in=list(nodes))
     out: dict[str, list[dict]] = {}
-    for node, item in _assignment_rows(Shard.objects.all()):
+    for node, item in _assignment_rows(shards):
         out.setdefault(node, []).append(item)
     return out
 
