@@ -259,14 +259,12 @@ def invalidate_assignments(*, nodes: Iterable[str] | None = None, **_: Any) -> N
     With the refresher running (a served process) the read happens there, at once; without it, the next
     heartbeat that needs the map reads it.
     """
-    global _assignments_at, _stale_nodes
+    global _stale_nodes
     named = None if nodes is None else set(nodes)
     with _assignments_lock:
         _stale_nodes = None if named is None or _stale_nodes is None else _stale_nodes | named
         for read in _reads:
             read.changed(named)
-        if _refresher is None:
-            _assignments_at = -1e9
     if _refresher is not None:
         _refresher.wake()
 
@@ -350,7 +348,11 @@ def assignments(node_name: str) -> list[dict]:
         if _assignments_provider is None:
             return []
         return _assignments_provider(nodes=[node_name]).get(node_name, [])
-    _read(None)
+    stale = _stale_nodes
+    if stale is not None and time.monotonic() - _assignments_at <= _max_age():
+        _read(stale | {node_name})  # the map is fresh but for the nodes changes named: read those alone
+    else:
+        _read(None)
     return _assignments.get(node_name, [])
 
 
