@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.ctl import main as ctl
-from tests.conftest import node_spec
+from tests.integration.test_schema_fuzz import seeded  # noqa: F401  (the fixture: something of everything)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("seeded")]
 
 LLMGW = Path(sys.executable).parent / "llmgw"
 
@@ -33,20 +33,6 @@ LISTINGS = [
 ]
 
 
-@pytest.fixture
-def facility(transactional_db):
-    from agents.services import heartbeat_record
-    from agents.simulator.cluster import heartbeat_for
-    from facility.services import budget_set, hold_create
-    from placement.services import model_apply
-
-    heartbeat_record(node_name="gpu01", heartbeat=heartbeat_for(node_spec("gpu01", rack="r1-01", pdu="p1")))
-    heartbeat_record(node_name="gpu02", heartbeat=heartbeat_for(node_spec("gpu02", rack="r1-02", pdu="p2")))
-    budget_set(domain="rack:r1-01", cap_watts=40_000)
-    hold_create(domain="rack:r1-02", reason="maintenance", drain=False)
-    model_apply(data={"kind": "Model", "name": "llama", "replicas": 3, "profile": {"gpus": 4}})
-
-
 def remote(url: str, token: str, *argv: str, home: Path, token_env: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_URL", "LLMGW_TOKEN", "DATABASE_URL"}}
     env.update({"LLMGW_URL": url, "XDG_CONFIG_HOME": str(home)})
@@ -61,7 +47,7 @@ def local(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_listings_print_the_same_remote_as_local(live_server, facility, make_user, capsys, tmp_path):
+def test_listings_print_the_same_remote_as_local(live_server, make_user, capsys, tmp_path):
     _, key = make_user("viewer1", role="viewer")
     for argv in LISTINGS:
         code, out, err = local(capsys, *argv)
@@ -75,7 +61,7 @@ def test_listings_print_the_same_remote_as_local(live_server, facility, make_use
         assert json.loads(got.stdout) == json.loads(out), argv
 
 
-def test_a_remote_listing_loads_no_django(live_server, facility, make_user, tmp_path):
+def test_a_remote_listing_loads_no_django(live_server, make_user, tmp_path):
     _, key = make_user("viewer1", role="viewer")
     probe = (
         "import sys\n"
@@ -91,7 +77,7 @@ def test_a_remote_listing_loads_no_django(live_server, facility, make_user, tmp_
     assert '"name": "gpu01"' in got.stdout
 
 
-def test_changes_through_the_api_and_the_same_refusals(live_server, facility, make_user, capsys, tmp_path):
+def test_changes_through_the_api_and_the_same_refusals(live_server, make_user, capsys, tmp_path):
     _, key = make_user("op", role="operator")
     got = remote(live_server.url, key, "facility", "hold", "rack:r1-01", "--reason", "PDU swap", home=tmp_path)
     assert (got.returncode, got.stdout) == (0, "rack:r1-01 held: PDU swap\n"), got.stderr
@@ -129,7 +115,7 @@ def test_changes_through_the_api_and_the_same_refusals(live_server, facility, ma
     assert got.returncode == 1 and "has no API yet" in got.stderr
 
 
-def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, facility, make_user, tmp_path):
+def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, make_user, tmp_path):
     got = remote(live_server.url, "not-a-token", "nodes", home=tmp_path)
     assert got.returncode == 1
     assert got.stderr.startswith(f"error: {live_server.url} refused the token (401"), got.stderr
