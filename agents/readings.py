@@ -358,12 +358,14 @@ def assignments(node_name: str) -> list[dict]:
 
 class Refresher:
     """A thread that keeps the map of assignments fresh off the requests' path: it reads every
-    ASSIGNMENTS_SECONDS, and at once when woken by a change (only the named nodes when it names them)."""
+    ASSIGNMENTS_SECONDS, and at once when woken by a change (only the named nodes when it names them).
+    It also runs `every`'s (seconds, function) pairs at their pace: other caches the fast lane reads."""
 
-    def __init__(self):
+    def __init__(self, every: Iterable[tuple[float, Callable[[], None]]] = ()):
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="llmgw-assignments", daemon=True)
+        self._every = [[seconds, task, time.monotonic() + seconds] for seconds, task in every]
 
     def start(self) -> None:
         self._thread.start()
@@ -389,6 +391,11 @@ class Refresher:
                     _read(None)
                 elif woken and stale:
                     _read(set(stale))
+                for entry in self._every:
+                    seconds, task, at = entry
+                    if time.monotonic() >= at:
+                        entry[2] = time.monotonic() + seconds
+                        task()
             except Exception:
                 log.exception("map of assignments not read; trying again")
             finally:
@@ -399,9 +406,9 @@ class Refresher:
 _refresher: Refresher | None = None
 
 
-def refresher_start() -> None:
+def refresher_start(every: Iterable[tuple[float, Callable[[], None]]] = ()) -> None:
     """Read the map now (the server's start: no first heartbeat waits on it), then keep it fresh in a
-    thread. Called by the ASGI server's lifespan startup (agents.asgi)."""
+    thread, which also runs `every` (see Refresher). Called by the ASGI lifespan's startup (agents.asgi)."""
     global _refresher
     try:
         _read(None)
@@ -411,7 +418,7 @@ def refresher_start() -> None:
         close_old_connections()
         connection.close()
     if _refresher is None:
-        _refresher = Refresher()
+        _refresher = Refresher(every)
         _refresher.start()
 
 

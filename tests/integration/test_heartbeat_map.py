@@ -115,3 +115,17 @@ def test_with_the_refresher_a_stale_node_is_read_alone(provider):
     finally:
         gate.set()
     assert ["b"] in provider.calls
+
+
+def test_cached_node_tokens_are_checked_again_off_the_request():
+    from agents import authentication
+    from agents.models import NodeToken
+    from agents.services import node_token_create
+
+    key = node_token_create(node_name="gpu01")
+    valid, gone = NodeToken.hash_key(key), NodeToken.hash_key("a token replaced since")
+    authentication._token_cache.update({valid: ("gpu01", time.monotonic() - 1), gone: ("gpu02", time.monotonic() + 5)})
+    assert authentication.cached_node_for(f"Token {key}") is None  # aged: a heartbeat would go to Django
+    authentication.node_tokens_recheck()
+    assert authentication.cached_node_for(f"Token {key}") == "gpu01"
+    assert gone not in authentication._token_cache
