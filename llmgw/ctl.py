@@ -75,9 +75,25 @@ def login_command(args) -> int:
     return 0
 
 
+def server_first(argv: list[str]) -> list[str]:
+    """`--server URL` may come anywhere, kubectl-style (`llmgw ctl login --server URL …`): moved first."""
+    rest, front = [], []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--server" and i + 1 < len(argv):
+            front, i = ["--server", argv[i + 1]], i + 2
+            continue
+        if argv[i].startswith("--server="):
+            front = [argv[i]]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return front + rest
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(server_first(list(argv)))
     try:
         args.remote = remote_mode.remote_from(args.server)
         if args.remote is None:

@@ -35,7 +35,9 @@ LISTINGS = [
 
 def remote(url: str, token: str, *argv: str, home: Path, token_env: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_URL", "LLMGW_TOKEN", "DATABASE_URL"}}
-    env.update({"LLMGW_URL": url, "XDG_CONFIG_HOME": str(home)})
+    env["XDG_CONFIG_HOME"] = str(home)
+    if url:
+        env["LLMGW_URL"] = url
     if token_env:
         env["LLMGW_TOKEN"] = token
     return subprocess.run([str(LLMGW), "ctl", *argv], capture_output=True, text=True, env=env, timeout=60)
@@ -123,7 +125,8 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     _, key = make_user("viewer1", role="viewer")
     token_file = tmp_path / "given.token"
     token_file.write_text(key + "\n")
-    got = remote(live_server.url, "", "login", "--token-file", str(token_file), home=tmp_path, token_env=False)
+    got = remote("", "", "login", "--server", live_server.url, "--token-file", str(token_file), home=tmp_path,
+                 token_env=False)
     assert got.returncode == 0, got.stderr
     kept = tmp_path / "llmgw" / "token"
     assert kept.read_text().strip() == key
