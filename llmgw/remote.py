@@ -93,10 +93,12 @@ class Remote:
             detail, field = str(body["detail"]), body.get("field")
         except (ValueError, KeyError, TypeError):
             detail, field = f"the server answered {code}", None
-        if code in (401, 403):
+        if code == 401:
             where = "LLMGW_TOKEN" if os.environ.get("LLMGW_TOKEN") else str(token_path())
             return LlmgwError(f"{self.url} refused the token ({code}: {detail}); check {where} "
                               "(llmgw ctl token create USER --role operator, then llmgw ctl login)")
+        if code == 403:  # the token is good, its user's role is not enough (viewer, not operator)
+            return LlmgwError(f"{self.url} refused: {detail}")
         kind = {404: NotFound, 409: Conflict}.get(code, InvalidInput if code == 400 else LlmgwError)
         return kind(detail, field=field)
 

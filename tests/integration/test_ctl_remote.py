@@ -133,3 +133,8 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     got = remote(live_server.url, "", "nodes", home=tmp_path, token_env=False)
     assert got.returncode == 0 and "gpu01" in got.stdout, got.stderr
+    # A good token whose role is short of the change: the API's words, not a token problem.
+    got = remote(live_server.url, "", "facility", "hold", "rack:r1-01", "--reason", "x", home=tmp_path, token_env=False)
+    assert got.returncode == 1
+    assert got.stderr == f"error: {live_server.url} refused: your role does not allow this: reading needs the " \
+        "viewer role, changes the operator role\n"
