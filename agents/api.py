@@ -17,6 +17,8 @@ from agents.filtersets import STATES, NodeFilterSet
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from agents.serializers import (
+    CordonResultSerializer,
+    CordonSerializer,
     HeartbeatAnswerSerializer,
     HeartbeatRequestSchema,
     LabelsResultSerializer,
@@ -115,6 +117,20 @@ class NodeLabelsView(ApiView):
             node_name=name, changes=data.validated_data["labels"], set_by=request.user.get_username()
         )
         return Response({"node": name, "labels": labels, "warning": "; ".join(warnings) or None})
+
+
+class NodeCordonView(ApiView):
+    @documented(
+        summary="Cordon (optionally drain) or uncordon a node",
+        request=CordonSerializer,
+        ok={200: CordonResultSerializer},
+        errors=(404,),
+    )
+    def post(self, request, name: str):
+        data = CordonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_cordon(node_name=name, **data.validated_data)
+        return Response({"node": node.name, "cordoned": node.cordoned, "draining": node.draining})
 
 
 # -- heartbeats ------------------------------------------------------------------------------------------

@@ -12,16 +12,40 @@ more than storing it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 from django.utils import timezone
 
 from agents import readings
-from agents.authentication import cached_node_for
+from agents.authentication import TOKEN_CACHE_SECONDS, cached_node_for, node_tokens_recheck
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from llmgw.bodies import HEARTBEAT_PATH, bounded_body, send_json, whole
 from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
+
+log = logging.getLogger(__name__)
+
+
+class AssignmentsLifespan:
+    """The ASGI lifespan of a served process: at start-up the map of assignments is read before the
+    first request (no first heartbeat waits on it) and a thread keeps it fresh from then on
+    (agents.readings.Refresher), and the node tokens the lane knows are checked again there before
+    their cache entries age; at shutdown the thread stops."""
+
+    async def __call__(self, scope, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                # Node tokens checked again in the same thread, before their cache entries age.
+                every = [(TOKEN_CACHE_SECONDS / 2, node_tokens_recheck)]
+                await asyncio.to_thread(readings.refresher_start, every)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await asyncio.to_thread(readings.refresher_stop)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
 
 class HeartbeatFastLane:

@@ -36,6 +36,23 @@ def forget_node_tokens() -> None:
     _token_cache.clear()
 
 
+def node_tokens_recheck() -> None:
+    """Check every cached node token again in one read: those still valid are kept another
+    TOKEN_CACHE_SECONDS, the others dropped. Run off the requests' path (agents.asgi's lifespan, through
+    the map's refresher), so a known node's heartbeat never goes to the database because its entry aged.
+    """
+    hashes = list(_token_cache)
+    if not hashes:
+        return
+    valid = dict(NodeToken.objects.filter(key_hash__in=hashes).values_list("key_hash", "node_name"))
+    until = time.monotonic() + TOKEN_CACHE_SECONDS
+    for key_hash in hashes:
+        if key_hash in valid:
+            _token_cache[key_hash] = (valid[key_hash], until)
+        else:
+            _token_cache.pop(key_hash, None)
+
+
 def cached_node_for(authorization: str) -> str | None:
     """The node a `Token …` header names, if this process knows the token (no database read)."""
     keyword, _, key = authorization.partition(" ")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from urllib.parse import quote
 
-from agents import services
-from facility import nodes as facility_nodes
-from facility import services as facility_services
-from facility.domains import DomainError, parse_domain
+from facility.domains import DomainError, parse_domain, parse_label_args
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
+from llmgw.remote import lazy, local_only, read, write
+
+# Imported when first used: a remote command (llmgw.remote) never loads Django.
+services = lazy("agents.services")
+facility_nodes = lazy("facility.nodes")
+facility_services = lazy("facility.services")
 
 
 def register(commands) -> None:
@@ -68,36 +72,54 @@ def nodes(args) -> int:
             domain = str(parse_domain(args.domain))
         except DomainError as exc:
             raise InvalidInput(f"--domain: {exc}", field="domain") from exc
-    rows = facility_nodes.node_rows(domain=domain)
+    rows = read(args, "nodes", lambda: [r.as_dict() for r in facility_nodes.node_rows(domain=domain)], domain=domain)
     if args.output == "json":
-        print_json([r.as_dict() for r in rows])
+        print_json(rows)
         return 0
     print_table(
         ["NAME", "STATE", "GPUS", "CONDITION", "LOCATION"],
-        [[r.name, r.state, f"{r.gpus_free}/{r.gpus_total}", r.condition, r.location_text] for r in rows],
+        [[r["name"], r["state"], f"{r['gpus']['free']}/{r['gpus']['total']}", r["condition"], location_words(r["location"])]
+         for r in rows],
     )
     return 0
 
 
+def location_words(location: dict[str, str]) -> str:
+    """``site=sto1 rack=r12-07`` from a node row's location (levels in order), ``-`` when nowhere."""
+    return " ".join(f"{level}={value}" for level, value in location.items()) or "-"
+
+
 def label(args) -> int:
-    changes = services.parse_label_args(args.labels)
-    warnings = facility_services.location_warnings(node_name=args.node, changes=changes)
-    labels = services.labels_set(node_name=args.node, changes=changes, set_by="ctl")
-    shown = " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(no labels)"
+    changes = parse_label_args(args.labels)
+
+    def local() -> dict:
+        warnings = facility_services.location_warnings(node_name=args.node, changes=changes)
+        labels = services.labels_set(node_name=args.node, changes=changes, set_by="ctl")
+        return {"node": args.node, "labels": labels, "warning": "; ".join(warnings) or None}
+
+    result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/labels", {"labels": changes}, local)
+    shown = " ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "(no labels)"
     print(f"{args.node}: {shown}")
-    for warning in warnings:
-        print(f"warning: {warning}")
+    if result.get("warning"):
+        print(f"warning: {result['warning']}")
     return 0
 
 
 def node_token(args) -> int:
+    local_only(args, "node token")
     print(services.node_token_create(node_name=args.node))
     return 0
 
 
 def cordon(args) -> int:
-    node = services.node_cordon(
-        node_name=args.node, cordoned=args.cordoned, reason=getattr(args, "reason", ""), drain=args.drain
-    )
-    print(f"{node.name} {'draining' if node.draining else 'cordoned' if node.cordoned else 'uncordoned'}")
+    reason = getattr(args, "reason", "")
+
+    def local() -> dict:
+        node = services.node_cordon(node_name=args.node, cordoned=args.cordoned, reason=reason, drain=args.drain)
+        return {"node": node.name, "cordoned": node.cordoned, "draining": node.draining}
+
+    body = {"cordoned": args.cordoned, "drain": args.drain, "reason": reason}
+    result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/cordon", body, local)
+    state = "draining" if result["draining"] else "cordoned" if result["cordoned"] else "uncordoned"
+    print(f"{result['node']} {state}")
     return 0

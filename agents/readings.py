@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -160,16 +160,23 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
         table = Node._meta.db_table
         # The peak buckets are updated in the same UPDATE, from the row's own: one statement still.
         buckets_sql, peak_sql = measured_peak_sql("n.measured_peaks", "v.at", "v.watts", measured_window_seconds())
-        rows = [(name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in batch.items()]
+        rows = [
+            (name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in sorted(batch.items())
+        ]
         values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
         params = [p for row in rows for p in row]
         with transaction.atomic(), connection.cursor() as cursor:
+            # The rows locked first, in name order (the CTE), still one statement: two processes'
+            # batches share nodes (a node's heartbeats reach either), and an UPDATE … FROM alone locks
+            # in its join's order, which deadlocked them (found only after deadlock_timeout, a second
+            # in the tail).
             cursor.execute(
+                f"WITH locked AS (SELECT id FROM {table} WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
-                f"FROM (VALUES {values}) AS v(name, at, sensors, watts, digest) "
-                f"WHERE n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
-                params,
+                f"FROM (VALUES {values}) AS v(name, at, sensors, watts, digest), locked "
+                f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
+                [[r[0] for r in rows], *params],
             )
             return {row[0] for row in cursor.fetchall()}
     written = set()
@@ -193,11 +200,14 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
 
 _assignments: dict[str, list[dict]] = {}
 _assignments_at = -1e9
-_assignments_generation = 0  # moved on by every invalidation, so a read begun before one is not kept
-_assignments_lock = threading.Lock()
+_assignments_lock = threading.Lock()  # held for swaps only, never across a read of the database
+# Nodes named by invalidations since the map was read (None: all of them): their entries are not
+# answered from the map until read again.
+_stale_nodes: set[str] | None = set()
 # Who answers "what must each node run": registered by the layer that owns assignments (placement, in
-# its AppConfig.ready), so the node layer never imports it. None: nothing to run anywhere.
-_assignments_provider: Callable[[], dict[str, list[dict]]] | None = None
+# its AppConfig.ready), so the node layer never imports it. Called with no argument it reads every
+# node; with `nodes`, only those (a refresh after a change that named them). None: nothing to run.
+_assignments_provider: Callable[..., dict[str, list[dict]]] | None = None
 
 
 # Who answers "which GPU capping must each node hold" (agents.node.protocol's `capping` block, by node
@@ -235,42 +245,185 @@ def answer_for(node_name: str, interval: float, replicas: list[dict]) -> dict[st
     return answer
 
 
-def register_assignments_provider(provider: Callable[[], dict[str, list[dict]]]) -> None:
-    """Set the function that reads every node's assignments in one go (node name → list)."""
+def register_assignments_provider(provider: Callable[..., dict[str, list[dict]]]) -> None:
+    """Set the function that reads every node's assignments in one go (node name → list), or with
+    `nodes=` only those nodes'."""
     global _assignments_provider
     _assignments_provider = provider
     invalidate_assignments()
 
 
-def invalidate_assignments(**_: Any) -> None:
-    """A placement changed in this process: the next heartbeat reads the map again."""
-    global _assignments_at, _assignments_generation
+def invalidate_assignments(*, nodes: Iterable[str] | None = None, **_: Any) -> None:
+    """A placement changed in this process: the map is read again (only `nodes`' entries, when named).
+
+    With the refresher running (a served process) the read happens there, at once; without it, the next
+    heartbeat that needs the map reads it.
+    """
+    global _stale_nodes
+    named = None if nodes is None else set(nodes)
     with _assignments_lock:
-        _assignments_at = -1e9
-        _assignments_generation += 1
+        _stale_nodes = None if named is None or _stale_nodes is None else _stale_nodes | named
+        for read in _reads:
+            read.changed(named)
+    if _refresher is not None:
+        _refresher.wake()
+
+
+def _max_age() -> float:
+    # With the refresher reading every ASSIGNMENTS_SECONDS, a map is kept a little past that while the
+    # next read is under way (a slow read on a loaded machine), rather than sending every heartbeat of
+    # that moment down the full path.
+    return ASSIGNMENTS_SECONDS * (3 if _refresher is not None else 1)
 
 
 def cached_assignments(node_name: str) -> list[dict] | None:
     """The node's assignments from the map if it is fresh, else None; never reads the database."""
-    if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
+    if time.monotonic() - _assignments_at > _max_age():
+        return None
+    stale = _stale_nodes
+    if stale is None or node_name in stale:
         return None
     return _assignments.get(node_name, [])
+
+
+class _Read:
+    """One read of the map under way: what was invalidated while it ran (None: everything) stays stale."""
+
+    def __init__(self):
+        self.since: set[str] | None = set()
+
+    def changed(self, nodes: set[str] | None) -> None:
+        self.since = None if nodes is None or self.since is None else self.since | nodes
+
+
+_reads: list[_Read] = []
+
+
+def _read(nodes: set[str] | None) -> None:
+    """Read the map (all of it, or `nodes`' entries) and swap it in; what changed during the read stays
+    stale, so a change is never hidden by a read that began before it, and a storm of changes still
+    lets every read make progress."""
+    global _assignments, _assignments_at, _capping, _stale_nodes
+    read = _Read()
+    with _assignments_lock:
+        _reads.append(read)
+    try:
+        read_at = time.monotonic()
+        provider = _assignments_provider
+        if provider is None:
+            fresh: dict[str, list[dict]] = {}
+        else:
+            fresh = provider() if nodes is None else provider(nodes=sorted(nodes))
+        capping = dict(_capping_provider()) if _capping_provider is not None else {}
+    finally:
+        with _assignments_lock:
+            _reads.remove(read)
+    with _assignments_lock:
+        if nodes is None:
+            _assignments, _assignments_at, _stale_nodes = fresh, read_at, read.since
+        else:
+            merged = dict(_assignments)
+            for name in nodes:
+                merged[name] = fresh.get(name, [])
+            _assignments = merged
+            if _stale_nodes is not None:
+                kept = nodes if read.since is None else nodes & read.since
+                _stale_nodes = (_stale_nodes - nodes) | kept
+        _capping = capping
 
 
 def assignments(node_name: str) -> list[dict]:
     """What the node must run, from a map of all nodes read at most once a second.
 
     The read happens with no lock held: a request thread waiting on a lock while it holds a pooled
-    connection, behind one that needs a connection to finish its read, would starve the pool.
+    connection, behind one that needs a connection to finish its read, would starve the pool. Where
+    the refresher keeps the map (a served process), a node the map cannot answer for yet is read
+    alone: its heartbeat never waits on a read of every node.
     """
-    global _assignments, _assignments_at, _capping
-    if time.monotonic() - _assignments_at > ASSIGNMENTS_SECONDS:
-        generation = _assignments_generation
-        read_at = time.monotonic()
-        fresh = _assignments_provider() if _assignments_provider is not None else {}
-        capping = dict(_capping_provider()) if _capping_provider is not None else {}
-        with _assignments_lock:
-            if generation == _assignments_generation:
-                _assignments, _assignments_at, _capping = fresh, read_at, capping
-        return fresh.get(node_name, [])
+    cached = cached_assignments(node_name)
+    if cached is not None:
+        return cached
+    if _refresher is not None and _assignments_at > 0:
+        _refresher.wake()
+        if _assignments_provider is None:
+            return []
+        return _assignments_provider(nodes=[node_name]).get(node_name, [])
+    stale = _stale_nodes
+    if stale is not None and time.monotonic() - _assignments_at <= _max_age():
+        _read(stale | {node_name})  # the map is fresh but for the nodes changes named: read those alone
+    else:
+        _read(None)
     return _assignments.get(node_name, [])
+
+
+class Refresher:
+    """A thread that keeps the map of assignments fresh off the requests' path: it reads every
+    ASSIGNMENTS_SECONDS, and at once when woken by a change (only the named nodes when it names them).
+    It also runs `every`'s (seconds, function) pairs at their pace: other caches the fast lane reads."""
+
+    def __init__(self, every: Iterable[tuple[float, Callable[[], None]]] = ()):
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="llmgw-assignments", daemon=True)
+        self._every = [[seconds, task, time.monotonic() + seconds] for seconds, task in every]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop:
+            woken = self._wake.wait(ASSIGNMENTS_SECONDS)
+            self._wake.clear()
+            if self._stop:
+                break
+            stale = _stale_nodes
+            due = time.monotonic() - _assignments_at >= ASSIGNMENTS_SECONDS
+            try:
+                if due or stale is None:
+                    _read(None)
+                elif woken and stale:
+                    _read(set(stale))
+                for entry in self._every:
+                    seconds, task, at = entry
+                    if time.monotonic() >= at:
+                        entry[2] = time.monotonic() + seconds
+                        task()
+            except Exception:
+                log.exception("map of assignments not read; trying again")
+            finally:
+                close_old_connections()
+                connection.close()
+
+
+_refresher: Refresher | None = None
+
+
+def refresher_start(every: Iterable[tuple[float, Callable[[], None]]] = ()) -> None:
+    """Read the map now (the server's start: no first heartbeat waits on it), then keep it fresh in a
+    thread, which also runs `every` (see Refresher). Called by the ASGI lifespan's startup (agents.asgi)."""
+    global _refresher
+    try:
+        _read(None)
+    except Exception:  # the database not up yet: the refresher reads it as soon as it can
+        log.warning("map of assignments not read at start", exc_info=True)
+    finally:
+        close_old_connections()
+        connection.close()
+    if _refresher is None:
+        _refresher = Refresher(every)
+        _refresher.start()
+
+
+def refresher_stop() -> None:
+    global _refresher
+    refresher, _refresher = _refresher, None
+    if refresher is not None:
+        refresher.stop()

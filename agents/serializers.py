@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from agents.filtersets import STATES
 from agents.node.protocol import MAX_LABEL_VALUE_LENGTH, MAX_LABELS
+from facility.serializers import StrictBooleanField, StrictSerializer
 from llmgw.api import TextField
 
 
@@ -98,6 +99,18 @@ class LabelsResultSerializer(serializers.Serializer):
         allow_null=True,
         help_text="a location no node was in (a typo?, with the nearest known names) or a limit the node's draw passes",
     )
+
+
+class CordonSerializer(StrictSerializer):
+    cordoned = StrictBooleanField(help_text="true: nothing new is placed on the node; false: place on it again")
+    drain = StrictBooleanField(default=False, help_text="also move its replicas out, the replacement up first")
+    reason = TextField(default="", allow_blank=True, max_length=500, help_text="why, shown with the node")
+
+
+class CordonResultSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    cordoned = serializers.BooleanField()
+    draining = serializers.BooleanField()
 
 
 class HeartbeatRequestSchema(serializers.Serializer):

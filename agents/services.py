@@ -29,20 +29,6 @@ def clean_node_name(name: Any, field: str = "node") -> str:
     return name
 
 
-def parse_label_args(args: list[str]) -> dict[str, str | None]:
-    """`key=value` sets, `key-` removes (back to the agent's value): the ctl label syntax."""
-    changes: dict[str, str | None] = {}
-    for arg in args:
-        if "=" in arg:
-            key, _, value = arg.partition("=")
-            changes[key] = value
-        elif arg.endswith("-") and len(arg) > 1:
-            changes[arg[:-1]] = None
-        else:
-            raise InvalidInput(f"{arg!r}: write key=value to set a label or key- to remove it", field="labels")
-    return changes
-
-
 def node_refresh_labels(node: Node) -> None:
     """Recompute a node's effective labels and its domains from the agent's and the store's."""
     store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))

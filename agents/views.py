@@ -22,7 +22,7 @@ from agents import selectors, services
 from agents.filtersets import STATES, NodeFilterSet, node_state_lines
 from agents.models import Node, NodeDomain, StoreLabel
 from facility import services as facility_services
-from facility.domains import LABEL_PREFIX, LEVELS
+from facility.domains import LABEL_PREFIX, LEVELS, parse_label_args
 from facility.models import Hold
 from facility.nodes import NodeRow, node_condition, node_rows
 from facility.power import kw
@@ -388,7 +388,7 @@ def location_changes(
         changes[key] = new or None
     more = (post.get("more") or "").split()
     if more:
-        changes.update(services.parse_label_args(more))
+        changes.update(parse_label_args(more))
     return changes
 
 

@@ -212,9 +212,12 @@ def main() -> None:
     latencies.sort()
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+    slow = sum(1 for t in latencies if t > 0.05)
+    loadavg = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     print(
         f"{args.nodes} nodes, {args.workers} {args.server} processes, {args.connections} in flight, {elapsed:.0f} s: "
-        f"{len(latencies) / elapsed:.0f} heartbeats/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms, {len(errors)} errors"
+        f"{len(latencies) / elapsed:.0f} heartbeats/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms, {len(errors)} errors; "
+        f"over 50 ms: {slow / max(len(latencies), 1):.1%}, max {latencies[-1] * 1000:.0f} ms; load average {loadavg}"
     )
     if errors:
         print(f"first error: {errors[0]}")

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from urllib.parse import quote
 
-from agents.models import measured_window_seconds
-from facility import feed_selectors, services
 from llmgw.output import kw, print_json, print_table
-from placement import selectors as placement_selectors
-from placement import whatif
+from llmgw.remote import lazy, local_only, read, write
+
+# Imported when first used: a remote command (llmgw.remote) never loads Django.
+feed_selectors = lazy("facility.feed_selectors")
+services = lazy("facility.services")
+placement_selectors = lazy("placement.selectors")
+whatif = lazy("placement.whatif")
 
 
 def register(commands) -> None:
@@ -108,7 +112,7 @@ def register(commands) -> None:
 
 
 def overview(args) -> int:
-    data = placement_selectors.facility_overview()
+    data = read(args, "facility", lambda: placement_selectors.facility_overview())
     if args.output == "json":
         print_json(data)
         return 0
@@ -132,7 +136,7 @@ def overview(args) -> int:
                 d["cap_source"] or "-",
             ]
         )
-    window = f"{measured_window_seconds() / 60:g}m"
+    window = f"{data['settings']['measured_window_seconds'] / 60:g}m"
     print_table(
         ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD", "SOURCE"], rows
     )
@@ -163,6 +167,7 @@ def condition_text(c: dict) -> str:
 
 
 def condition_set(args) -> int:
+    local_only(args, "facility condition set")
     from facility.sources import parse_duration
     from llmgw.errors import InvalidInput
 
@@ -181,16 +186,19 @@ def condition_set(args) -> int:
 
 
 def condition_clear(args) -> int:
+    local_only(args, "facility condition clear")
     services.condition_override_clear(domain=args.domain)
     print(f"{args.domain}: condition set by hand cleared")
     return 0
 
 
 def events(args) -> int:
-    from facility.selectors import condition_events
+    def local() -> list[dict]:
+        from facility.selectors import condition_events
 
-    domain = services.clean_domain(args.domain) if args.domain else None
-    rows = condition_events(domain=domain)
+        return condition_events(domain=services.clean_domain(args.domain) if args.domain else None)
+
+    rows = read(args, "facility/events", local, domain=args.domain or None)
     if args.output == "json":
         print_json(rows)
         return 0
@@ -242,6 +250,7 @@ def capping(args) -> int:
 
 
 def apply(args) -> int:
+    local_only(args, "facility apply")
     if args.file == "-":
         result = services.facility_apply(text=sys.stdin.read(), filename="<stdin>")
     else:
@@ -263,26 +272,34 @@ def _feeds_applied(feeds: dict | None) -> str:
 
 
 def hold(args) -> int:
-    warnings = whatif.hold_warnings(domain=args.domain, drain=bool(args.drain))
-    h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
-    warning = "; ".join(warnings)
-    print(f"{h.domain} held{' and draining' if h.drain else ''}: {h.reason}" + (f" ({warning})" if warning else ""))
+    def local() -> dict:
+        warning = "; ".join(whatif.hold_warnings(domain=args.domain, drain=bool(args.drain)))
+        h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
+        return {"domain": h.domain, "reason": h.reason, "drain": h.drain, "warning": warning or None}
+
+    body = {"domain": args.domain, "reason": args.reason, "drain": args.drain}
+    h = write(args, "POST", "facility/holds", body, local)
+    print(f"{h['domain']} held{' and draining' if h['drain'] else ''}: {h['reason']}"
+          + (f" ({h['warning']})" if h.get("warning") else ""))
     return 0
 
 
 def release(args) -> int:
-    services.hold_release(domain=args.domain)
+    write(args, "DELETE", f"facility/holds/{quote(args.domain, safe=':')}", None,
+          lambda: services.hold_release(domain=args.domain))
     print(f"{args.domain} released")
     return 0
 
 
 def budget_set(args) -> int:
+    local_only(args, "facility budget set")
     b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
     print(f"{b.domain}: cap {kw(b.cap_watts)}, other {kw(b.other_watts)}")
     return 0
 
 
 def budget_delete(args) -> int:
+    local_only(args, "facility budget delete")
     services.budget_delete(domain=args.domain)
     print(f"{args.domain}: budget removed")
     return 0
@@ -345,7 +362,7 @@ def register_feeds(sub) -> None:
 
 
 def feeds(args) -> int:
-    data = feed_selectors.feeds_overview()
+    data = read(args, "facility/feeds", lambda: feed_selectors.feeds_overview())
     if args.output == "json":
         print_json(data)
         return 0
@@ -366,7 +383,7 @@ def feeds(args) -> int:
 
 
 def feed_loss(args) -> int:
-    data = feed_selectors.feed_loss_report(feed=args.feed)
+    data = read(args, "facility/feed-loss", lambda: feed_selectors.feed_loss_report(feed=args.feed), feed=args.feed)
     if args.output == "json":
         print_json(data)
         return 0
@@ -380,12 +397,13 @@ def feed_loss(args) -> int:
 
 
 def what_if(args) -> int:
-    from placement.whatif import what_if as run
+    def local() -> dict:
+        from placement.whatif import what_if as run
 
-    if args.what_if == "hold":
-        data = run(hold=args.domain, drain=args.drain)
-    else:
-        data = run(feed=args.feed)
+        return run(hold=args.domain, drain=args.drain) if args.what_if == "hold" else run(feed=args.feed)
+
+    body = {"target": args.domain, "drain": args.drain} if args.what_if == "hold" else {"target": args.feed}
+    data = write(args, "POST", "facility/what-if", body, local)
     if args.output == "json":
         print_json(data)
         return 0
@@ -418,6 +436,7 @@ def what_if_lines(data: dict) -> list[str]:
 
 
 def import_netbox(args) -> int:
+    local_only(args, "facility import netbox")
     from pathlib import Path
 
     from facility import netbox

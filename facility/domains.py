@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from llmgw.errors import InvalidInput
+
 LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu")
 # keep_within may name any level that contains whole nodes (a PDU is a power tree, not a place).
 KEEP_WITHIN_LEVELS: tuple[str, ...] = ("site", "room", "row", "rack")
@@ -118,3 +120,17 @@ def location_text(labels: Mapping[str, str], levels: Iterable[str] = LEVELS) -> 
         if labels.get(LABEL_PREFIX + level)
     ]
     return " ".join(parts) or "-"
+
+
+def parse_label_args(args: list[str]) -> dict[str, str | None]:
+    """`key=value` sets, `key-` removes (back to the agent's value): the ctl label syntax."""
+    changes: dict[str, str | None] = {}
+    for arg in args:
+        if "=" in arg:
+            key, _, value = arg.partition("=")
+            changes[key] = value
+        elif arg.endswith("-") and len(arg) > 1:
+            changes[arg[:-1]] = None
+        else:
+            raise InvalidInput(f"{arg!r}: write key=value to set a label or key- to remove it", field="labels")
+    return changes

@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from agents import bookings
-from agents.models import Node, NodeDomain
+from agents.models import Node, NodeDomain, measured_window_seconds
 from facility import power
 from facility.domains import LEVELS, Domain, parse_domain
 from facility.evaluation import effective_conditions
@@ -92,6 +92,7 @@ def facility_overview() -> dict[str, Any]:
             "gpu_watts": settings.gpu_watts,
             "cpu_core_watts": settings.cpu_core_watts,
             "node_watts": settings.node_watts,
+            "measured_window_seconds": measured_window_seconds(),
         },
         "domains": rows,
         "sources": source_statuses(),

@@ -161,6 +161,7 @@ class FacilitySettingsSerializer(serializers.Serializer):
     gpu_watts = serializers.FloatField(allow_null=True)
     cpu_core_watts = serializers.FloatField(allow_null=True)
     node_watts = serializers.FloatField(allow_null=True)
+    measured_window_seconds = serializers.FloatField(help_text="the window of the measured peak")
 
 
 class FacilitySerializer(serializers.Serializer):

@@ -11,7 +11,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from agents.asgi import HeartbeatFastLane  # noqa: E402
+from agents.asgi import AssignmentsLifespan, HeartbeatFastLane  # noqa: E402
 from llmgw.bodies import BoundedBodies  # noqa: E402
 from llmgw.routing import websocket_urlpatterns  # noqa: E402
 
@@ -20,5 +20,7 @@ application = ProtocolTypeRouter(
         # Bodies bounded in size and time first, then the heartbeat's fast lane, then Django.
         "http": BoundedBodies(HeartbeatFastLane(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # A served process reads the heartbeat's map of assignments at start and keeps it fresh.
+        "lifespan": AssignmentsLifespan(),
     }
 )

@@ -1,7 +1,8 @@
 """`llmgw ctl`: the operators' command line. Each app adds its commands (`<app>/cli.py: register`).
 
 It works where the control plane's database is (DATABASE_URL, or the embedded SQLite under
-LLMGW_DATA_DIR) and calls the same services as the API and the console.
+LLMGW_DATA_DIR) and calls the same services as the API and the console; with LLMGW_URL or --server it
+is a client of the API instead (llmgw.remote), with the same commands and output, and imports no Django.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from llmgw import remote as remote_mode
 from llmgw.errors import LlmgwError
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
@@ -22,6 +24,8 @@ examples:
   llmgw ctl facility apply -f server.yaml
   llmgw ctl facility hold rack:r12-07 --reason "PDU swap" --drain
   llmgw ctl facility -o json
+  llmgw ctl login --server https://llmgw.example.org --token-file my.token
+  llmgw ctl --server https://llmgw.example.org nodes     # or LLMGW_URL (and LLMGW_TOKEN)
 """
 
 
@@ -38,7 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--server", metavar="URL",
+        help="work through this control plane's API (default: LLMGW_URL; without either, on the database here)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    login = commands.add_parser(
+        "login",
+        help="keep an API token for remote mode",
+        description=f"Check a token against --server and keep it in {remote_mode.token_path()} (mode 0600).",
+    )
+    login.add_argument("--token-file", required=True, help="a file holding the token (- reads standard input)")
+    login.set_defaults(handler=login_command)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -50,13 +65,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
-    import django
+def login_command(args) -> int:
+    if args.remote is None:
+        raise LlmgwError("login: give --server URL (or LLMGW_URL)")
+    text = sys.stdin.read() if args.token_file == "-" else open(args.token_file).read()
+    args.remote.token = text.strip()
+    args.remote.call("GET", "facility/events", params={"limit": 1})  # any authenticated read: is the token good?
+    print(f"token kept in {remote_mode.token_save(args.remote.token)}; use --server {args.remote.url} or LLMGW_URL")
+    return 0
 
-    django.setup()
+
+def server_first(argv: list[str]) -> list[str]:
+    """`--server URL` may come anywhere, kubectl-style (`llmgw ctl login --server URL …`): moved first."""
+    rest, front = [], []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--server" and i + 1 < len(argv):
+            front, i = ["--server", argv[i + 1]], i + 2
+            continue
+        if argv[i].startswith("--server="):
+            front = [argv[i]]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return front + rest
+
+
+def main(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(server_first(list(argv)))
     try:
+        args.remote = remote_mode.remote_from(args.server)
+        if args.remote is None:
+            import django
+
+            django.setup()
         return args.handler(args) or 0
     except LlmgwError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

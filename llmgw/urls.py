@@ -28,6 +28,7 @@ api_v1 = [
     path("nodes", agents_api.NodeListView.as_view(), name="nodes"),
     path("nodes/<str:name>", agents_api.NodeDetailView.as_view(), name="node"),
     path("nodes/<str:name>/labels", agents_api.NodeLabelsView.as_view(), name="node-labels"),
+    path("nodes/<str:name>/cordon", agents_api.NodeCordonView.as_view(), name="node-cordon"),
     path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
     path("models", placement_api.ModelListView.as_view(), name="models"),
     path("models/<str:name>", placement_api.ModelDetailView.as_view(), name="model"),

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.db import transaction
-from rest_framework.authtoken.models import Token
-
 from llmgw.errors import InvalidInput
-from llmgw.permissions import ROLES
+from llmgw.remote import local_only
+
+# llmgw.permissions.ROLES, named here too: importing it would load Django for every remote command.
+ROLES = ("viewer", "operator")
 
 
-@transaction.atomic
 def token_create(*, username: str, role: str) -> str:
     """The user's API token (made, with the user, if missing), after giving them the role."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        return _token_create(username=username, role=role)
+
+
+def _token_create(*, username: str, role: str) -> str:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from rest_framework.authtoken.models import Token
+
     if role not in ROLES:
         raise InvalidInput(f"role: {role!r} is not a role; roles are {', '.join(ROLES)}", field="role")
     if not username or len(username) > 150:
@@ -38,4 +46,10 @@ def register(commands) -> None:
     )
     c.add_argument("username")
     c.add_argument("--role", choices=ROLES, default="viewer")
-    c.set_defaults(handler=lambda args: print(token_create(username=args.username, role=args.role)) or 0)
+    c.set_defaults(handler=token_command)
+
+
+def token_command(args) -> int:
+    local_only(args, "token create")
+    print(token_create(username=args.username, role=args.role))
+    return 0

@@ -6,9 +6,15 @@ import argparse
 import sys
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from placement import selectors, services
+from llmgw.remote import lazy, local_only, read
+from placement.planner import efficiency_text, gpus_text, profile_text
+
+# Imported when first used: a remote command (llmgw.remote) never loads Django.
+selectors = lazy("placement.selectors")
+services = lazy("placement.services")
 
 # How many node reasons explain-placement prints per replica; -o json has every kept one.
 SHOWN_REJECTIONS = 5
@@ -77,6 +83,8 @@ def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def apply(args) -> int:
+    if args.remote is not None:
+        return apply_remote(args)
     if args.file == "-":
         results = services.models_apply(text=sys.stdin.read(), filename="<stdin>")
     else:
@@ -87,8 +95,24 @@ def apply(args) -> int:
     return 0
 
 
+def apply_remote(args) -> int:
+    """The file checked here as local mode checks it (same words, file and line), then each document
+    sent to the API; unlike local mode a later document's refusal leaves the earlier ones applied."""
+    from llmgw.yamldoc import load_documents, read_text
+    from placement.documents import models_parse
+
+    filename = "<stdin>" if args.file == "-" else args.file
+    text = sys.stdin.read() if args.file == "-" else read_text(args.file)
+    models_parse(text=text, filename=filename)
+    for doc in load_documents(text, filename):
+        applied = args.remote.call("POST", "models", body=doc.data)
+        rows = args.remote.call("GET", "replicas", params={"model": applied["name"]})
+        print(f"model {applied['name']} {applied['action']}: {_state_counts(rows)}")
+    return 0
+
+
 def models(args) -> int:
-    rows = selectors.model_rows()
+    rows = read(args, "models", lambda: selectors.model_rows())
     if args.output == "json":
         print_json(rows)
         return 0
@@ -102,8 +126,8 @@ def models(args) -> int:
                 m["replicas"]["pending"],
                 m["class"],
                 m["min_ready"],
-                selectors.efficiency_text(m["efficiency"]),
-                selectors.profile_text(m["profile"]),
+                efficiency_text(m["efficiency"]),
+                profile_text(m["profile"]),
             ]
             for m in rows
         ],
@@ -117,13 +141,13 @@ def models(args) -> int:
 def shards_text(shards: list[dict[str, Any]]) -> str:
     """``gpu01[0-7] gpu02[0-7]``; a CPU shard is the node name alone."""
     return (
-        " ".join(f"{s['node']}[{selectors.gpus_text(s['gpus'])}]" if s["gpus"] else s["node"] for s in shards)
+        " ".join(f"{s['node']}[{gpus_text(s['gpus'])}]" if s["gpus"] else s["node"] for s in shards)
         or "-"
     )
 
 
 def replicas(args) -> int:
-    rows = selectors.replica_rows(model=args.model)
+    rows = read(args, "replicas", lambda: selectors.replica_rows(model=args.model), model=args.model)
     if args.output == "json":
         print_json(rows)
         return 0
@@ -135,13 +159,13 @@ def replicas(args) -> int:
 
 
 def explain(args) -> int:
-    data = selectors.model_explain(args.model)
+    data = read(args, f"models/{quote(args.model, safe='')}/explain", lambda: selectors.model_explain(args.model))
     if args.output == "json":
         print_json(data)
         return 0
     print(
         f"{data['model']}: {data['desired']} wanted, {data['placed']} placed, {data['pending']} pending "
-        f"({selectors.profile_text(data['profile'])})"
+        f"({profile_text(data['profile'])})"
     )
     for r in data["replicas"]:
         head = f"#{r['ordinal']} {r['state']}"
@@ -168,7 +192,7 @@ def explain(args) -> int:
 
 
 def headroom(args) -> int:
-    data = selectors.model_headroom(args.model)
+    data = read(args, f"models/{quote(args.model, safe='')}/headroom", lambda: selectors.model_headroom(args.model))
     if args.output == "json":
         print_json(data)
         return 0
@@ -181,6 +205,7 @@ def headroom(args) -> int:
 
 
 def delete_model(args) -> int:
+    local_only(args, "delete model")
     removed = services.model_delete(name=args.name)
     print(f"model {args.name} deleted ({removed} replica{'' if removed == 1 else 's'} removed)")
     return 0

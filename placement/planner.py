@@ -34,6 +34,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from facility.conditions import HOT, WARM
 from facility.domains import LABEL_PREFIX, Domain
@@ -663,3 +664,56 @@ def _plan_multi(
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
         notes=notes,
     )
+
+
+# -- words for people (ctl and the console print them; pure, so a remote ctl needs no Django) --
+
+
+def _plural_of(count: int | float, word: str) -> str:
+    return f"{count:g} {word}" if count == 1 else f"{count:g} {word}s"
+
+
+def efficiency_text(rows: list[dict[str, Any]]) -> str:
+    """``H200 3.10 tok/J 2,400 tok/s · H100 2.20 tok/J 1,900 tok/s`` (best first), or ``-`` when not measured."""
+    if not rows:
+        return "-"
+    return " · ".join(
+        f"{r['gpu_model']} {r['tokens_per_joule']:.2f} tok/J {r['tokens_per_second']:,.0f} tok/s" for r in rows
+    )
+
+
+def profile_text(profile: dict[str, Any]) -> str:
+    """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200)``."""
+    if profile["gpus"]:
+        head = f"{_plural_of(profile['gpus'], 'GPU')} × {_plural_of(profile['nodes'], 'node')}"
+    else:
+        head = f"CPU × {_plural_of(profile['nodes'], 'node')}"
+    parts = [head]
+    if profile["cpu_cores"]:
+        parts.append(_plural_of(profile["cpu_cores"], "core"))
+    if profile["memory_gib"]:
+        parts.append(f"{profile['memory_gib']:g} GiB")
+    if profile["power_watts"] is not None:
+        parts.append(f"{profile['power_watts'] / 1000:.1f} kW")
+    text = ", ".join(parts)
+    if profile["keep_within"]:
+        text += f"; keep_within {profile['keep_within']}"
+    if profile["node_selector"]:
+        text += f"; {profile['node_selector']}"
+    return text
+
+
+def gpus_text(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` → ``0-3,6``."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)

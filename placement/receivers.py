@@ -30,9 +30,10 @@ def record_report(*, node, states, now, **_: Any) -> None:
     shard_states_report(node=node, states=states, now=now)
 
 
-def forget_assignments(**_: Any) -> None:
-    """Placement wrote shards or replicas: the heartbeat's cached map of assignments is read again."""
-    readings.invalidate_assignments()
+def forget_assignments(*, nodes: list[str] | None = None, **_: Any) -> None:
+    """Placement wrote shards or replicas: the heartbeat's map of assignments is read again (only the
+    named nodes' entries when the sender named them)."""
+    readings.invalidate_assignments(nodes=nodes)
 
 
 def respond_to_conditions(*, now, **_: Any) -> None:

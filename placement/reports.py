@@ -53,7 +53,9 @@ def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> No
             touched.add(shard.replica_id)
     if not touched:
         return
-    placement_changed_on_commit()
+    # What a node must run never follows its shards' states, but the replicas it reported on are its:
+    # the heartbeat's map reads this node's entry again, not every node's.
+    placement_changed_on_commit(nodes=[node.name])
     shard_states: dict[int, list[str]] = defaultdict(list)
     for replica_id, state in Shard.objects.filter(replica_id__in=touched).values_list("replica_id", "state"):
         shard_states[replica_id].append(state)

@@ -15,6 +15,7 @@ from django.utils import timezone
 from llmgw.errors import NotFound
 from placement import index, snapshot
 from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
+from placement.planner import gpus_text, profile_text  # noqa: F401  (the model pages and ctl read them here)
 
 HEADROOM_LIMIT = 1000
 # Replica states that hold shards.
@@ -42,56 +43,6 @@ def profile_dict(model: Model) -> dict[str, Any]:
         "health_path": model.health_path,
         "min_ready_seconds": model.min_ready_seconds,
     }
-
-
-def _plural(count: int | float, word: str) -> str:
-    return f"{count:g} {word}" if count == 1 else f"{count:g} {word}s"
-
-
-def efficiency_text(rows: list[dict[str, Any]]) -> str:
-    """``H200 3.10 tok/J 2,400 tok/s · H100 2.20 tok/J 1,900 tok/s`` (best first), or ``-`` when not measured."""
-    if not rows:
-        return "-"
-    return " · ".join(
-        f"{r['gpu_model']} {r['tokens_per_joule']:.2f} tok/J {r['tokens_per_second']:,.0f} tok/s" for r in rows
-    )
-
-
-def profile_text(profile: dict[str, Any]) -> str:
-    """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200)``."""
-    if profile["gpus"]:
-        head = f"{_plural(profile['gpus'], 'GPU')} × {_plural(profile['nodes'], 'node')}"
-    else:
-        head = f"CPU × {_plural(profile['nodes'], 'node')}"
-    parts = [head]
-    if profile["cpu_cores"]:
-        parts.append(_plural(profile["cpu_cores"], "core"))
-    if profile["memory_gib"]:
-        parts.append(f"{profile['memory_gib']:g} GiB")
-    if profile["power_watts"] is not None:
-        parts.append(f"{profile['power_watts'] / 1000:.1f} kW")
-    text = ", ".join(parts)
-    if profile["keep_within"]:
-        text += f"; keep_within {profile['keep_within']}"
-    if profile["node_selector"]:
-        text += f"; {profile['node_selector']}"
-    return text
-
-
-def gpus_text(indices: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` → ``0-3,6``."""
-    parts: list[str] = []
-    run: list[int] = []
-    for i in sorted(indices):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [i]
-    if run:
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(parts)
 
 
 def _shards_by_replica(replicas: list[Replica]) -> dict[int, list[dict[str, Any]]]:
@@ -361,10 +312,12 @@ def gpu_replica_ids(*, node_id: int) -> dict[int, int]:
     return dict(GpuBooking.objects.filter(node_id=node_id).values_list("index", "shard__replica_id"))
 
 
-def all_assignments() -> dict[str, list[dict]]:
-    """Every node's assignments in one read: node name → what node_assignments would answer."""
+def all_assignments(nodes: Iterable[str] | None = None) -> dict[str, list[dict]]:
+    """Every node's assignments in one read (only `nodes`' when given): node name → what
+    node_assignments would answer; a node with none is absent."""
+    shards = Shard.objects.all() if nodes is None else Shard.objects.filter(node__name__in=list(nodes))
     out: dict[str, list[dict]] = {}
-    for node, item in _assignment_rows(Shard.objects.all()):
+    for node, item in _assignment_rows(shards):
         out.setdefault(node, []).append(item)
     return out
 

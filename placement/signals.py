@@ -4,15 +4,22 @@ Sent explicitly by the services (bulk_create and raw SQL send no post_save), con
 placement.apps.PlacementConfig.ready.
 """
 
+from collections.abc import Iterable
+
 from django.dispatch import Signal
 
 # Shards or replicas were written (placed, freed, stopping, reported, a model changed): what the nodes
-# must run may differ. Sent on commit. No arguments beyond ``sender``.
+# must run may differ. Sent on commit, with ``nodes``: the names of the nodes whose assignments changed
+# where the sender knows them cheaply, else None (any node may have).
 placement_changed = Signal()
 
 
-def placement_changed_on_commit() -> None:
-    """Send :data:`placement_changed` once the current transaction commits (at once outside one)."""
+def placement_changed_on_commit(nodes: Iterable[str] | None = None) -> None:
+    """Send :data:`placement_changed` once the current transaction commits (at once outside one).
+
+    `nodes`: the nodes whose assignments changed, when known: the heartbeat's map reads only those again.
+    """
     from django.db import transaction
 
-    transaction.on_commit(lambda: placement_changed.send(sender=placement_changed))
+    named = None if nodes is None else sorted(set(nodes))
+    transaction.on_commit(lambda: placement_changed.send(sender=placement_changed, nodes=named))

@@ -1,0 +1,154 @@
+"""`llmgw ctl` as a client of the REST API, kubectl-style: from a laptop, without Django.
+
+Remote mode is on when LLMGW_URL or `llmgw ctl --server URL` names a control plane; the token comes from
+LLMGW_TOKEN, else from the token file `llmgw ctl login` wrote (``$XDG_CONFIG_HOME/llmgw/token``, mode 0600).
+Each command reads through `read`/`write`: the local selectors and services where the database is, the
+API's JSON here, and one renderer prints both. This module and the command modules' top levels import
+no Django, so a remote listing starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from llmgw.errors import Conflict, InvalidInput, LlmgwError, NotFound
+
+TIMEOUT_SECONDS = 60
+
+
+def config_dir() -> Path:
+    """Where ctl keeps its token: $XDG_CONFIG_HOME/llmgw, else ~/.config/llmgw."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "llmgw"
+
+
+def token_path() -> Path:
+    return config_dir() / "token"
+
+
+def token_save(token: str) -> Path:
+    """Write the token file readable by its owner only (created 0600, never briefly wider)."""
+    path = token_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token.strip() + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def token_load() -> str | None:
+    if os.environ.get("LLMGW_TOKEN"):
+        return os.environ["LLMGW_TOKEN"].strip()
+    try:
+        return token_path().read_text().strip() or None
+    except OSError:
+        return None
+
+
+class Remote:
+    """The control plane's API at `url` (…/api/v1/ is added), with an API token."""
+
+    def __init__(self, url: str, token: str | None):
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def call(self, method: str, path: str, *, params: dict | None = None, body: Any = None) -> Any:
+        """The decoded JSON answer (None when empty); the API's {"detail","field"} raised as the local error."""
+        url = f"{self.url}/api/v1/{path.lstrip('/')}"
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise self.error(exc.code, exc.read()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise LlmgwError(f"cannot reach {self.url}: {reason}") from None
+        return json.loads(raw) if raw else None
+
+    def error(self, code: int, raw: bytes) -> LlmgwError:
+        """The error local mode would raise: the API's words, its field, its kind."""
+        try:
+            body = json.loads(raw)
+            detail, field = str(body["detail"]), body.get("field")
+        except (ValueError, KeyError, TypeError):
+            detail, field = f"the server answered {code}", None
+        if code == 401:
+            where = "LLMGW_TOKEN" if os.environ.get("LLMGW_TOKEN") else str(token_path())
+            return LlmgwError(f"{self.url} refused the token ({code}: {detail}); check {where} "
+                              "(llmgw ctl token create USER --role operator, then llmgw ctl login)")
+        if code == 403:  # the token is good, its user's role is not enough (viewer, not operator)
+            return LlmgwError(f"{self.url} refused: {detail}")
+        kind = {404: NotFound, 409: Conflict}.get(code, InvalidInput if code == 400 else LlmgwError)
+        return kind(detail, field=field)
+
+
+def remote_from(server: str | None) -> Remote | None:
+    """The API to talk to (--server, else LLMGW_URL), or None: work on the database here."""
+    url = server or os.environ.get("LLMGW_URL")
+    if not url:
+        return None
+    return Remote(url, token_load())
+
+
+def read(args, path: str, local: Callable[[], Any], **params: Any) -> Any:
+    """What `local()` returns where the database is, or the API's GET `path` in remote mode."""
+    remote: Remote | None = getattr(args, "remote", None)
+    if remote is None:
+        return local()
+    return remote.call("GET", path, params=params)
+
+
+def write(args, method: str, path: str, body: Any, local: Callable[[], Any]) -> Any:
+    """`local()` (the services) where the database is, or the API's `method` on `path` in remote mode."""
+    remote: Remote | None = getattr(args, "remote", None)
+    if remote is None:
+        return local()
+    return remote.call(method, path, body=body)
+
+
+def local_only(args, command: str) -> None:
+    """Refuse, in remote mode, a command the API has no endpoint for yet."""
+    if getattr(args, "remote", None) is not None:
+        raise LlmgwError(
+            f"`llmgw ctl {command}` has no API yet: run it where the control plane's database is "
+            "(without --server and LLMGW_URL)"
+        )
+
+
+class LazyModule(ModuleType):
+    """A module imported when first used: command modules name Django's modules at the top, and a
+    remote command, which never uses them, never imports them."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self._lazy_name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._lazy_name), attr)
+
+
+def lazy(name: str) -> Any:
+    return LazyModule(name)
