@@ -6,7 +6,6 @@ through the guarded commit (:mod:`placement.commit`), so a race costs a replan, 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replica_place
+from placement.commit import replicas_place
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -102,29 +101,31 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
 
 
 def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
-    """Place the model's pending replicas, oldest first, each through the guarded commit."""
+    """Place the model's pending replicas, oldest first, in batches through the guarded commit."""
     pending = snapshot.pending_replicas(model)
     if not pending:
         return
-    request = snapshot.replica_request(model)
-    for number, replica in enumerate(pending):
-        if run.max_placements is not None and run.tried >= run.max_placements:
+    if run.max_placements is not None:
+        room = max(0, run.max_placements - run.tried)
+        if room < len(pending):
             run.unfinished = True
-            return
-        run.tried += 1
-        outcome = replica_place(replica=replica, request=request, index=run.index, now=run.now)
+        pending = pending[:room]
+    outcomes, stopped = replicas_place(
+        replicas=pending, request=snapshot.replica_request(model), index=run.index, now=run.now
+    )
+    run.tried += len(outcomes)
+    for _, outcome in outcomes:
         if outcome.plan is not None:
             run.placed += 1
-            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
         elif not outcome.gone:
             run.pending += 1
-            if not outcome.reason.startswith("Unschedulable"):
-                # Nothing fits this replica; the model's later ones ask the same and get the same answer,
-                # written in a few statements rather than one per replica (there may be thousands).
-                later = pending[number + 1 :]
-                _pending_mark(later, outcome.reason, replica.explain)
-                run.pending += len(later)
-                return
+    if stopped is not None:
+        # Nothing fits that one; the model's later ones ask the same and get the same answer, written
+        # in a few statements rather than one per replica (there may be thousands).
+        tried = {replica.pk for replica, _ in outcomes}
+        later = [replica for replica in pending if replica.pk not in tried]
+        _pending_mark(later, stopped.reason, stopped.explain)
+        run.pending += len(later)
 
 
 def _pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
