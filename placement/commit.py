@@ -86,6 +86,18 @@ def _locked_state(
             touched,
         )
         budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
+    if budgets and lock:
+        # Every member of the budgeted domains too, by name (the one node order): a heartbeat raising a
+        # member's measured draw waits for this commit, or has committed before the sums below are
+        # read; else a drift landing between the read and the commit could carry the domain past its
+        # limit with fresh data at the commit. The chosen nodes are among them.
+        members = sorted(budgets)
+        cursor.execute(
+            f"SELECT 1 FROM {Node._meta.db_table} WHERE name IN ({placeholders(names)}) OR id IN "
+            f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE domain IN ({placeholders(members)})) "
+            f"ORDER BY name{lock}",
+            [*names, *members],
+        )
     # One statement for the rest: it starts after the budget locks are held, so the members' draws it
     # sums include every placement committed into those domains before us. The nodes are locked in it,
     # by name, before the sums are read.
