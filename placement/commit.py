@@ -477,6 +477,17 @@ def replica_place(
     return replica_pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
 
 
+def replicas_pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
+    """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
+    changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
+    for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
+        Replica.objects.filter(pk__in=changed[start : start + 500], state=ReplicaState.PENDING).update(
+            reason=reason, explain=explain
+        )
+    for replica in replicas:
+        replica.reason, replica.explain = reason, explain
+
+
 def replica_pending(replica: Replica, reason: str, explain: dict[str, Any]) -> Placement:
     """Record why a replica waits (only when that changed); the pending outcome."""
     if replica.reason != reason or replica.explain != explain:

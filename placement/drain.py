@@ -25,7 +25,7 @@ from django.utils import timezone
 from agents.models import Node, NodeDomain
 from facility.models import Hold
 from placement import snapshot
-from placement.commit import replica_place
+from placement.commit import replicas_pending_mark, replicas_place
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
@@ -75,38 +75,51 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
             stopping.append(replacement)
     replacements = [r for r in replacements if r.replaces_id in on_draining]
 
-    in_flight = None
+    in_flight = 0
     for replacement in replacements:
         if _ready_long_enough(replacement, model, run.now):
             stopping.append(replacement.replaces)  # the old one stops; the new one takes over
         else:
-            in_flight = replacement
+            in_flight += 1
     for replica in stopping:
         freed |= _nodes_of(replica)
     run.removed += replicas_free(replica_ids=[replica.pk for replica in stopping])
     run.refresh(freed)
-    if in_flight is not None:
-        return  # one at a time per model: the replacement is placed (or pending) and not yet ready
+    room = settings.LLMGW_DRAIN_SURGE - in_flight
+    if room <= 0:
+        return  # as many replacements in flight as the surge allows (one by default), not yet ready
 
-    originals = (
+    originals = list(
         Replica.objects.filter(pk__in=on_draining, replaces__isnull=True)
         .exclude(state__in=[ReplicaState.PENDING, ReplicaState.STOPPING])
         .exclude(replaced_by__isnull=False)
-        .order_by("ordinal")
+        .order_by("ordinal")[:room]
     )
-    original = originals.first()
-    if original is None:
+    if not originals:
         return
-    replacement = Replica.objects.create(
-        model=model, ordinal=_next_ordinal(model), state=ReplicaState.PENDING, replaces=original
+    start = _next_ordinal(model)
+    created = Replica.objects.bulk_create(
+        [
+            Replica(model=model, ordinal=start + i, state=ReplicaState.PENDING, replaces=original)
+            for i, original in enumerate(originals)
+        ]
     )
-    run.created += 1
-    request = snapshot.replica_request(model)
-    outcome = replica_place(replica=replacement, request=request, index=run.index, now=run.now)
-    if outcome.plan is not None:
-        run.placed += 1
-    elif not outcome.gone:
-        run.pending += 1
+    if created[0].pk is None:  # a backend that gives no ids back from bulk_create: read them
+        created = list(Replica.objects.filter(model=model, ordinal__gte=start).order_by("ordinal"))
+    run.created += len(created)
+    outcomes, stopped = replicas_place(
+        replicas=created, request=snapshot.replica_request(model), index=run.index, now=run.now
+    )
+    for _, outcome in outcomes:
+        if outcome.plan is not None:
+            run.placed += 1
+        elif not outcome.gone:
+            run.pending += 1
+    if stopped is not None:
+        tried = {replica.pk for replica, _ in outcomes}
+        later = [replica for replica in created if replica.pk not in tried]
+        replicas_pending_mark(later, stopped.reason, stopped.explain)
+        run.pending += len(later)
 
 
 def _nodes_of(replica: Replica) -> set[str]:

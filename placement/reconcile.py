@@ -15,7 +15,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replicas_place
+from placement.commit import replicas_pending_mark, replicas_place
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -124,17 +124,8 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
         # in a few statements rather than one per replica (there may be thousands).
         tried = {replica.pk for replica, _ in outcomes}
         later = [replica for replica in pending if replica.pk not in tried]
-        _pending_mark(later, stopped.reason, stopped.explain)
+        replicas_pending_mark(later, stopped.reason, stopped.explain)
         run.pending += len(later)
-
-
-def _pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
-    """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
-    changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
-    for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
-        Replica.objects.filter(pk__in=changed[start : start + 500], state=ReplicaState.PENDING).update(
-            reason=reason, explain=explain
-        )
 
 
 def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
