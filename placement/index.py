@@ -143,6 +143,8 @@ class PlacementIndex:
 
     def __init__(self, nodes: Iterable[NodeView], facility: FacilityView) -> None:
         self._facility = facility
+        # The last plan's existing replicas and their spread counts (see _spread_counts).
+        self._spread: tuple[tuple[frozenset[str], ...], dict[Domain, int]] | None = None
         self._cells: dict[Domain, _Cell] = {}
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
@@ -179,6 +181,8 @@ class PlacementIndex:
         old = self._nodes.get(node.name)
         if old is not None:
             self._drop(old)
+        if old is None or old.node.domains != node.domains:
+            self._spread = None  # a node came, or moved: the kept spread counts may be wrong
         self._add(node)
 
     def remove_node(self, name: str) -> None:
@@ -186,6 +190,7 @@ class PlacementIndex:
         old = self._nodes.get(name)
         if old is not None:
             self._drop(old)
+            self._spread = None
 
     def set_facility(self, facility: FacilityView) -> None:
         """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
@@ -240,10 +245,25 @@ class PlacementIndex:
 
     # --- planning -------------------------------------------------------------------------------
 
+    def _spread_counts(self, existing: tuple[frozenset[str], ...]) -> dict[Domain, int]:
+        """spread_counts(existing), kept between plans: the replicas of one model are planned in turn,
+        each request's existing replicas the last one's plus what was placed since, so only those are
+        counted; anything else (another model, a replica forgotten) counts afresh."""
+        kept = self._spread
+        nodes = _NodesOf(self._nodes)
+        if kept is not None and len(existing) >= len(kept[0]) and existing[: len(kept[0])] == kept[0]:
+            counts = dict(kept[1])
+            for domain, count in spread_counts(existing[len(kept[0]) :], nodes).items():
+                counts[domain] = counts.get(domain, 0) + count
+        else:
+            counts = spread_counts(existing, nodes)
+        self._spread = (existing, counts)
+        return counts
+
     def _tiers(self, request: ReplicaRequest) -> tuple[dict[Domain, int], list[list[tuple[_Group, int]]]]:
         """Groups (with their spread) by their part of the order, best first: replicas in their racks and
         PDUs, then condition."""
-        counts = spread_counts(request.existing, _NodesOf(self._nodes))
+        counts = self._spread_counts(request.existing)
         tiers: dict[tuple[int, int], list[tuple[_Group, int]]] = {}
         for group in self._groups.values():
             spread = spread_of(group.spread, counts)
