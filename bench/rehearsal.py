@@ -5,13 +5,17 @@ DATABASE_URL), loads ``--nodes`` ready nodes × 8 GPUs in racks of 25 with budge
 (bench/placements.py's cluster), installs the auditor's commit log (bench/auditor.sql), then runs
 ``--processes`` processes for ``--seconds`` each, drawing events at random:
 
-- heartbeats with drifting power: 200 nodes' measured peak set in one statement (nodes locked by name),
+- heartbeats with drifting power: 500 nodes' measured peak set in one statement (nodes locked by name),
   each node one event;
 - scale (place and free): a model's replicas set anew, then its reconcile (each replica created,
   placed or freed one event);
 - hold and release of a rack, with or without drain, and a reconcile of everything;
 - label moves: a node to its rack's other PDU (labels_set);
 - budget changes: a rack's or PDU's cap moved within ±10 % of where it started (budget_set).
+
+With ``--scale-out`` (and REDIS_URL), 2 ``llmgw serve``, 2 ``llmgw worker`` and ``llmgw beat`` run
+alongside: scales go through the API of either web process (their reconciles queued to the workers)
+and the processes above reconcile as well, as placers racing the workers.
 
 Then the auditor's checks (bench/auditor.py): prints events, events/s, the errors the processes met,
 and every violation. Exit status 1 when a violation is found. ``--plant`` writes a double booking
@@ -41,7 +45,7 @@ MODELS = (  # name, gpus, nodes, keep_within, most replicas
     ("r-pair", 8, 2, "rack", 30),
     ("r-cpu", 0, 1, "", 200),
 )
-HEARTBEATS_PER_STATEMENT = 200
+HEARTBEATS_PER_STATEMENT = 500
 
 
 def setup(nodes: int) -> None:
@@ -71,9 +75,13 @@ def heartbeats(cursor, node_ids: list[int], rng: random.Random) -> int:
     return len(chosen)
 
 
-def worker(args: tuple[int, float]) -> tuple[int, dict[str, int], dict[str, int]]:
-    """One process's events until its time is up: (events, counts by kind, errors by kind)."""
-    seed, seconds = args
+def worker(args: tuple) -> tuple[int, dict[str, int], dict[str, int]]:
+    """One process's events until its time is up: (events, counts by kind, errors by kind).
+
+    With web processes (``webs``: their base URLs, and an operator token), a scale goes through the
+    API of one of them (its reconcile queued to the workers), and this process reconciles too: a
+    placer racing the workers."""
+    seed, seconds, webs, token = args
     from django.db import connection, connections
 
     from agents.models import Node
@@ -84,6 +92,9 @@ def worker(args: tuple[int, float]) -> tuple[int, dict[str, int], dict[str, int]
     from placement.reconcile import reconcile_all
 
     connections.close_all()
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     rng = random.Random(seed)
     node_ids = list(Node.objects.values_list("id", flat=True))
     nodes = list(Node.objects.values_list("name", "labels"))
@@ -103,8 +114,24 @@ def worker(args: tuple[int, float]) -> tuple[int, dict[str, int], dict[str, int]
                     done = heartbeats(cursor, node_ids, rng)
             elif draw < 0.85:
                 kind = "scale"
-                name, *_, most = MODELS[rng.randrange(len(MODELS))]
-                Model.objects.filter(name=name).update(replicas=rng.randint(0, most))
+                name, gpus, count, keep_within, most = MODELS[rng.randrange(len(MODELS))]
+                wanted = rng.randint(0, most)
+                if webs:
+                    import httpx
+
+                    profile = {"gpus": gpus, "nodes": count, "cpu_cores": 4, "memory_gib": 32}
+                    if keep_within:
+                        profile["keep_within"] = keep_within
+                    answer = httpx.post(
+                        f"{rng.choice(webs)}/api/v1/models",
+                        json={"kind": "Model", "name": name, "replicas": wanted, "profile": profile},
+                        headers={"Authorization": f"Token {token}"},
+                        timeout=30,
+                    )
+                    answer.raise_for_status()
+                    kinds["web"] = kinds.get("web", 0) + 1
+                else:
+                    Model.objects.filter(name=name).update(replicas=wanted)
                 run = reconcile_all(model_names=[name])
                 done = 1 + run.created + run.placed + run.removed
             elif draw < 0.88:
@@ -137,6 +164,76 @@ def worker(args: tuple[int, float]) -> tuple[int, dict[str, int], dict[str, int]
     return events, kinds, errors
 
 
+class Fleet:
+    """2 web processes, 2 Celery workers and beat on one database and Redis, as subprocesses."""
+
+    def __init__(self, url: str, redis: str) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="llmgw-rehearsal-"))
+        self.env = {
+            **os.environ, "DATABASE_URL": url, "REDIS_URL": redis, "LLMGW_RECONCILE_INTERVAL": "1",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "WARNING", "LLMGW_DATA_DIR": str(self.dir),
+        }
+        self.env.pop("LLMGW_CONFIG", None)
+        self.procs: list = []
+
+    def _start(self, name: str, *argv: str) -> None:
+        import subprocess
+
+        llmgw = str(Path(sys.executable).with_name("llmgw"))
+        log = open(self.dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen([llmgw, *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def start(self) -> list[str]:
+        """Start them all; the web processes' base URLs once both answer."""
+        import socket
+
+        import httpx
+        import redis as redis_client
+
+        redis_client.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        webs = []
+        for i in range(2):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            self._start(f"web{i}", "serve", f"127.0.0.1:{port}")
+            webs.append(f"http://127.0.0.1:{port}")
+        for i in range(2):
+            self._start(f"worker{i}", "worker", "--concurrency", "1", "--pool", "solo", "-n", f"rehearsal{i}@%h",
+                        "--without-gossip", "--without-mingle", "--without-heartbeat")
+        self._start("beat", "beat", "--schedule", str(self.dir / "beat-schedule"))
+        deadline = time.monotonic() + 60
+        for web in webs:
+            while True:
+                try:
+                    if httpx.get(f"{web}/login/", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{web} did not start; logs in {self.dir}")
+                time.sleep(0.2)
+        return webs
+
+    def stop(self) -> None:
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except Exception:  # noqa: BLE001 - a process that will not stop is killed
+                os.killpg(proc.pid, signal.SIGKILL)
+        tasks = sum((self.dir / f"worker{i}.log").read_text().count("succeeded") for i in range(2))
+        print(f"fleet: 2 web processes, 2 workers ({tasks} tasks succeeded), beat; logs in {self.dir}")
+
+
 def plant_double_booking(url: str) -> None:
     """A second shard on a booked card (as a broken commit would leave): for the auditor to find."""
     import psycopg
@@ -162,6 +259,10 @@ def main() -> None:
     parser.add_argument("--database", default="llmgw_bench_rehearsal")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plant", action="store_true", help="plant a double booking before the audit")
+    parser.add_argument(
+        "--scale-out", action="store_true",
+        help="also run 2 `llmgw serve`, 2 `llmgw worker` and `llmgw beat` on REDIS_URL; scales go through the API",
+    )
     args = parser.parse_args()
 
     from bench import auditor
@@ -170,7 +271,11 @@ def main() -> None:
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
     url = bench_database(base, args.database)
     os.environ["DATABASE_URL"] = url
-    os.environ.pop("REDIS_URL", None)  # reconciles run in these processes, none is queued
+    redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if args.scale_out:
+        os.environ["REDIS_URL"] = redis  # changes queue reconciles for the workers, as in production
+    else:
+        os.environ.pop("REDIS_URL", None)  # reconciles run in these processes, none is queued
     os.environ["LLMGW_DB_POOL"] = "false"  # forked processes: no pooled connection crosses a fork
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
     import django
@@ -183,12 +288,27 @@ def main() -> None:
     auditor.install(url, fresh_seconds=settings.LLMGW_MEASURED_FRESH_SECONDS)
     from django.db import connections
 
+    webs: list[str] = []
+    token = ""
+    fleet = None
+    if args.scale_out:
+        from llmgw.users_cli import token_create
+
+        token = token_create(username="rehearsal", role="operator")
+        fleet = Fleet(url, redis)
+        webs = fleet.start()
     connections.close_all()
     import multiprocessing
 
     started = time.perf_counter()
-    with multiprocessing.get_context("fork").Pool(args.processes) as pool:
-        results = pool.map(worker, [(args.seed * 1000 + i, args.seconds) for i in range(args.processes)])
+    try:
+        with multiprocessing.get_context("fork").Pool(args.processes) as pool:
+            results = pool.map(
+                worker, [(args.seed * 1000 + i, args.seconds, webs, token) for i in range(args.processes)]
+            )
+    finally:
+        if fleet is not None:
+            fleet.stop()
     wall = time.perf_counter() - started
     events = sum(r[0] for r in results)
     kinds: dict[str, int] = {}

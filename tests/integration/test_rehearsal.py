@@ -53,3 +53,22 @@ def test_the_auditor_reports_a_planted_double_booking():
     assert "gpu booked twice" in done.stdout
     # The planted shard's cards have no booking rows of their own (the unique (node, card) refused them).
     assert "card without booking" in done.stdout
+
+
+def test_two_web_processes_two_workers_beat_and_four_placers_leave_the_auditor_nothing_to_report():
+    from tests.integration.conftest import redis_url
+
+    url = database_url()
+    name = f"{url.rsplit('/', 1)[1]}_scale_out"[:63]
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": redis_url()}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rehearsal.py"), "--scale-out", "--nodes", "200", "--processes", "4",
+         "--seconds", "30", "--database", name],
+        env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "violations: 0" in done.stdout
+    # The web processes took scales, and the workers ran reconciles they queued.
+    assert " web " in done.stdout.replace(",", " "), done.stdout
+    tasks = int(done.stdout.split("workers (", 1)[1].split(" tasks", 1)[0])
+    assert tasks > 0
