@@ -567,6 +567,35 @@ def replicas_place(
     return [(r, outcomes[r.pk]) for r in replicas if r.pk in outcomes], stopped
 
 
+@dataclass
+class Placed:
+    """What replicas_place_all did: replicas tried, placed, and left pending (with their reasons)."""
+
+    tried: int = 0
+    placed: int = 0
+    pending: int = 0
+
+
+def replicas_place_all(
+    *, replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+) -> Placed:
+    """replicas_place, then the replicas after one nothing fits marked with its reason (they ask the
+    same and get the same answer), in a few statements rather than one per replica (thousands)."""
+    outcomes, stopped = replicas_place(replicas=replicas, request=request, index=index, now=now)
+    counts = Placed(tried=len(outcomes))
+    for _, outcome in outcomes:
+        if outcome.plan is not None:
+            counts.placed += 1
+        elif not outcome.gone:
+            counts.pending += 1
+    if stopped is not None:
+        tried = {replica.pk for replica, _ in outcomes}
+        later = [replica for replica in replicas if replica.pk not in tried]
+        replicas_pending_mark(later, stopped.reason, stopped.explain)
+        counts.pending += len(later)
+    return counts
+
+
 def _place_one_by_one(
     replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime
 ) -> tuple[list[tuple[Replica, Placement]], Replica | None]:

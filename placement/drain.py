@@ -24,8 +24,6 @@ from django.utils import timezone
 
 from agents.models import Node, NodeDomain
 from facility.models import Hold
-from placement import snapshot
-from placement.commit import replicas_pending_mark, replicas_place
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
@@ -58,7 +56,9 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
-    """One step of the model's drain: finish a replacement that is ready, or start the next one.
+    """One step of the model's drain: finish the replacements that are ready, make the next ones.
+
+    The replacements it makes are pending replicas: the reconcile places them next, with the rest.
 
     ``run`` is the :class:`placement.reconcile.ReconcileRun` this step belongs to.
     """
@@ -107,19 +107,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     if created[0].pk is None:  # a backend that gives no ids back from bulk_create: read them
         created = list(Replica.objects.filter(model=model, ordinal__gte=start).order_by("ordinal"))
     run.created += len(created)
-    outcomes, stopped = replicas_place(
-        replicas=created, request=snapshot.replica_request(model), index=run.index, now=run.now
-    )
-    for _, outcome in outcomes:
-        if outcome.plan is not None:
-            run.placed += 1
-        elif not outcome.gone:
-            run.pending += 1
-    if stopped is not None:
-        tried = {replica.pk for replica, _ in outcomes}
-        later = [replica for replica in created if replica.pk not in tried]
-        replicas_pending_mark(later, stopped.reason, stopped.explain)
-        run.pending += len(later)
+    # Placed by the reconcile's next step with the model's other pending replicas, after the model's
+    # lock is given back: a surge of hundreds then holds no budget or node locks for the whole step.
 
 
 def _nodes_of(replica: Replica) -> set[str]:

@@ -15,7 +15,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replicas_pending_mark, replicas_place
+from placement.commit import replicas_place_all
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -110,22 +110,12 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
         if room < len(pending):
             run.unfinished = True
         pending = pending[:room]
-    outcomes, stopped = replicas_place(
+    placed = replicas_place_all(
         replicas=pending, request=snapshot.replica_request(model), index=run.index, now=run.now
     )
-    run.tried += len(outcomes)
-    for _, outcome in outcomes:
-        if outcome.plan is not None:
-            run.placed += 1
-        elif not outcome.gone:
-            run.pending += 1
-    if stopped is not None:
-        # Nothing fits that one; the model's later ones ask the same and get the same answer, written
-        # in a few statements rather than one per replica (there may be thousands).
-        tried = {replica.pk for replica, _ in outcomes}
-        later = [replica for replica in pending if replica.pk not in tried]
-        replicas_pending_mark(later, stopped.reason, stopped.explain)
-        run.pending += len(later)
+    run.tried += placed.tried
+    run.placed += placed.placed
+    run.pending += placed.pending
 
 
 def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
