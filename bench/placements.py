@@ -15,6 +15,7 @@ Prints figures, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -132,8 +133,6 @@ def percentile(samples: list[float], share: float) -> float:
 
 def place_all(models: list) -> tuple[list[float], float, int, int]:
     """Round-robin over the models, one replica at a time, through replica_place; until none fits."""
-    import dataclasses
-
     from placement import snapshot
     from placement.commit import replica_place
     from placement.index import PlacementIndex
@@ -164,6 +163,43 @@ def place_all(models: list) -> tuple[list[float], float, int, int]:
                 requests[name], existing=(*requests[name].existing, outcome.plan.nodes)
             )
     return timings, built, conflicts, sum(len(q) for q in queues.values())
+
+
+def place_batched(models: list, batch: int) -> tuple[int, float, int]:
+    """Round-robin over the models, ``batch`` replicas a turn through replicas_place (one transaction
+    each, as a reconcile does on PostgreSQL); until none fits. (placements, wall seconds, left pending)."""
+    from placement import snapshot
+    from placement.commit import replicas_place
+    from placement.index import PlacementIndex
+
+    started = time.perf_counter()
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    queues = {m.name: snapshot.pending_replicas(m) for m in models}
+    requests = {m.name: snapshot.replica_request(m) for m in models}
+    placed = 0
+    open_models = [m.name for m in models]
+    while open_models:
+        for name in list(open_models):
+            turn, queues[name] = queues[name][:batch], queues[name][batch:]
+            outcomes, stopped = replicas_place(replicas=turn, request=requests[name], index=index, batch=batch)
+            nodes = [outcome.plan.nodes for _, outcome in outcomes if outcome.plan is not None]
+            placed += len(nodes)
+            requests[name] = dataclasses.replace(requests[name], existing=(*requests[name].existing, *nodes))
+            if stopped is not None or not queues[name]:
+                open_models.remove(name)
+    return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
+
+
+def fresh_cluster(nodes: int, per_model: int) -> list:
+    """The bench database emptied and loaded again (the same name: Django's settings stay right)."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    connections.close_all()
+    bench_database(os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres")
+    call_command("migrate", verbosity=0)
+    load_cluster(nodes)
+    return load_models(per_model)
 
 
 def _placer(share: list) -> tuple[list[float], int]:
@@ -211,6 +247,7 @@ def main() -> None:
         "--profile", action="store_true", help="print the top of a cProfile of the placements"
     )
     parser.add_argument("--skip-planner", action="store_true", help="do not run bench/planner.py afterwards")
+    parser.add_argument("--batch", type=int, default=64, help="replicas per transaction in the batched run")
     parser.add_argument(
         "--processes", type=int, default=1,
         help="placers at once, each with its own index and its share of the models (default 1: one at a time)",
@@ -258,6 +295,25 @@ def main() -> None:
     )
     if args.profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    one_rate = len(timings) / sum(timings)
+
+    # The same cluster and models again, placed in batches; then the lean probe on the same server.
+    models = fresh_cluster(args.nodes, args.per_model)
+    placed, wall, left = place_batched(models, args.batch)
+    batched_rate = placed / wall
+    print(
+        f"{args.nodes} nodes: {placed} committed placements in batches of up to {args.batch} in {wall:.2f} s "
+        f"(index build included), {batched_rate:,.0f} placements/s; {GpuBooking.objects.count()} GPUs booked, "
+        f"{left} replicas left pending"
+    )
+    from bench.probe import probe
+
+    count, probe_wall = probe(base, seconds=5.0)
+    probe_rate = count / probe_wall
+    print(
+        f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}) {batched_rate:,.0f}/s | "
+        f"lean single-commit probe {probe_rate:,.0f}/s | batched / probe = {batched_rate / probe_rate:.2f}×"
+    )
     if not args.skip_planner:
         from bench import planner
 

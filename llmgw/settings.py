@@ -270,6 +270,9 @@ LLMGW_METRICS_TOKEN = os.environ.get("LLMGW_METRICS_TOKEN", "")
 LLMGW_MISSED_HEARTBEATS = 3
 # Replicas on a node silent this long are replaced elsewhere (replacement first); 0 never.
 LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "300"))
+# Replacements a drain keeps in flight per model (1: one at a time). More moves a lost room faster, at
+# the price of as many extra replicas running at once while they come up.
+LLMGW_DRAIN_SURGE = max(1, int(os.environ.get("LLMGW_DRAIN_SURGE", "1")))
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
 # A node's measured draw is the highest reading of this window (server.yaml facility.measured_window).

@@ -19,10 +19,11 @@ IMMEDIATE transaction mode serialises writers instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -85,6 +86,18 @@ def _locked_state(
             touched,
         )
         budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
+    if budgets and lock:
+        # Every member of the budgeted domains too, by name (the one node order): a heartbeat raising a
+        # member's measured draw waits for this commit, or has committed before the sums below are
+        # read; else a drift landing between the read and the commit could carry the domain past its
+        # limit with fresh data at the commit. The chosen nodes are among them.
+        members = sorted(budgets)
+        cursor.execute(
+            f"SELECT 1 FROM {Node._meta.db_table} WHERE name IN ({placeholders(names)}) OR id IN "
+            f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE domain IN ({placeholders(members)})) "
+            f"ORDER BY name{lock}",
+            [*names, *members],
+        )
     # One statement for the rest: it starts after the budget locks are held, so the members' draws it
     # sums include every placement committed into those domains before us. The nodes are locked in it,
     # by name, before the sums are read.
@@ -146,6 +159,74 @@ def _locked_state(
     return nodes, budgets, holds, use, {name: (placed, drawn) for name, (placed, drawn) in draws.items()}
 
 
+class _Locked:
+    """What _locked_state read under the locks, and what the plans checked so far take from it.
+
+    The plans of one batch are checked in turn: each one's shards count against the domains and nodes
+    with what the plans before it took (``taken`` per domain, ``extra`` placed watts per node).
+    """
+
+    def __init__(self, nodes, budget_rows, held, use, draws) -> None:
+        self.nodes, self.held, self.use, self.draws = nodes, held, use, draws
+        self.budgets = {
+            d: BudgetFigures(snapshot.domain_of(d), cap, other) for d, (cap, other) in budget_rows.items()
+        }
+        self.taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.extra: dict[str, float] = defaultdict(float)
+
+    def check(self, shards, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime) -> None:
+        """Re-check one plan against the locked rows; raises LostRace. Once it passes, it is counted."""
+        for shard in shards:
+            name = shard.node
+            row = self.nodes.get(name)
+            if row is None:
+                raise LostRace(name, f"{name}: the node is gone")
+            if row[2]:
+                raise LostRace(name, f"{name}: cordoned meanwhile")
+            if not _is_ready(row[3], row[4], now):
+                raise LostRace(name, f"{name}: not ready any more")
+            labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
+            if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains_of[name]):
+                raise LostRace(name, f"{name}: its location changed meanwhile")
+            for domain in domains_of[name]:
+                if domain in self.held:
+                    label = domain.replace(":", " ", 1)
+                    raise LostRace(name, f"{name}: {label} is held: {self.held[domain]}")
+        if not self.budgets:
+            return
+        # This plan's own shards count with one another (a replica over two nodes of one rack), and
+        # with what the plans checked before it in this transaction took.
+        taken = {d: list(v) for d, v in self.taken.items()}
+        mine_taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        extra = dict(self.extra)
+        for shard in shards:
+            mine = snapshot.level_sorted(d for d in domains_of[shard.node] if d in self.budgets)
+            placed, drawn = self.draws.get(shard.node, (0.0, 0.0))
+            # The SQL gives max(placed, measured): a measurement counts where it passes the placed.
+            measured = drawn if drawn > placed else None
+            before = placed + extra.get(shard.node, 0.0)
+            added = node_use_added_watts(before, measured, shard.draw_watts, facility.settings)
+            reason = power_rejection_in(
+                [
+                    (self.budgets[d], self.use[d] + taken.get(d, (0.0, 0.0))[0], *mine_taken[d])
+                    for d in mine
+                ],
+                shard.draw_watts,
+                added,
+                facility.settings.margin,
+            )
+            if reason is not None:
+                raise LostRace(shard.node, f"{shard.node}: {reason}", refresh=snapshot.members_of(mine))
+            for d in mine:
+                mine_taken[d][0] += added
+                mine_taken[d][1] += shard.draw_watts or 0
+            extra[shard.node] = extra.get(shard.node, 0.0) + (shard.draw_watts or 0)
+        for d, (added, draw) in mine_taken.items():
+            self.taken[d][0] += added
+            self.taken[d][1] += draw
+        self.extra.update(extra)
+
+
 def _is_ready(last_heartbeat_at: datetime | str | None, interval: float, now: datetime) -> bool:
     """Node.is_ready on the locked row's columns (raw SQL: SQLite answers with naive text)."""
     if isinstance(last_heartbeat_at, str):
@@ -165,42 +246,9 @@ def _commit(
     domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
     touched = sorted({d for ds in domains_of.values() for d in ds})
     with connection.cursor() as cursor:
-        nodes, budget_rows, held, use, draws = _locked_state(cursor, names, touched, facility, now)
-        for name in names:
-            row = nodes.get(name)
-            if row is None:
-                raise LostRace(name, f"{name}: the node is gone")
-            if row[2]:
-                raise LostRace(name, f"{name}: cordoned meanwhile")
-            if not _is_ready(row[3], row[4], now):
-                raise LostRace(name, f"{name}: not ready any more")
-            labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
-            if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains_of[name]):
-                raise LostRace(name, f"{name}: its location changed meanwhile")
-            for domain in domains_of[name]:
-                if domain in held:
-                    label = domain.replace(":", " ", 1)
-                    raise LostRace(name, f"{name}: {label} is held: {held[domain]}")
-        if budget_rows:
-            budgets = {
-                d: BudgetFigures(snapshot.domain_of(d), cap, other) for d, (cap, other) in budget_rows.items()
-            }
-            taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-            for shard in shards:
-                mine = snapshot.level_sorted(d for d in domains_of[shard.node] if d in budgets)
-                placed, drawn = draws.get(shard.node, (0.0, 0.0))
-                # The SQL gives max(placed, measured): a measurement counts where it passes the placed.
-                measured = drawn if drawn > placed else None
-                added = node_use_added_watts(placed, measured, shard.draw_watts, facility.settings)
-                reason = power_rejection_in(
-                    [(budgets[d], use[d], *taken[d]) for d in mine], shard.draw_watts, added, facility.settings.margin
-                )
-                if reason is not None:
-                    raise LostRace(shard.node, f"{shard.node}: {reason}", refresh=snapshot.members_of(mine))
-                for d in mine:
-                    taken[d][0] += added
-                    taken[d][1] += shard.draw_watts or 0
-        ids = {name: nodes[name][1] for name in names}
+        locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
+        locked.check(shards, domains_of, facility, now)
+        ids = {name: locked.nodes[name][1] for name in names}
         if connection.vendor == "postgresql":
             return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)
         return _write_portable(replica_id, shards, ids, explain, now)
@@ -209,53 +257,80 @@ def _commit(
 def _write_postgresql(
     cursor, replica_id: int, shards, ids: dict[str, int], explain, now: datetime, touched: list[str]
 ) -> bool:
-    """Shards, GPU bookings, node counters and the replica in one statement; the guards in its WHERE clauses.
+    """One replica's writes: the batch statement with one plan in it."""
+    gone, lost = _write_postgresql_batch(cursor, [(replica_id, shards, explain)], ids, now, touched)
+    if lost:
+        raise lost[0]
+    if gone:
+        raise ReplicaGone()
+    return True
 
-    Holds are checked again here: hold_create locks the domain's nodes before it writes, so a hold that
-    raced the read before the node locks has committed by the time this statement starts, and is seen.
+
+def _write_postgresql_batch(
+    cursor, plans: list[tuple[int, list, dict]], ids: dict[str, int], now: datetime, touched: list[str]
+) -> tuple[set[int], list[LostRace]]:
+    """Shards, GPU bookings, node counters and the replicas of several plans in one statement.
+
+    ``plans`` are (replica id, shards, explain). The guards are in the statement's WHERE clauses.
+    Returns (the replicas no longer pending, which wrote nothing; the lost races): any lost race
+    means the caller must roll the statement back, as it wrote the rest. Holds are checked again
+    here: hold_create locks the domain's nodes before it writes, so a hold that raced the read before
+    the node locks has committed by the time this statement starts, and is seen.
     """
     hold_guard = (
         f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain IN ({placeholders(touched)}))"
         if touched
         else "TRUE"
     )
-    values = ", ".join(["(%s::bigint, %s::int[], %s::int, %s::float8, %s::float8)"] * len(shards))
+    rows = [(replica_id, s) for replica_id, shards, _ in plans for s in shards]
+    values = ", ".join(["(%s::bigint, %s::bigint, %s::int[], %s::int, %s::float8, %s::float8)"] * len(rows))
     params: list[Any] = []
-    for s in shards:
-        params += [ids[s.node], list(s.gpu_indices), s.cpu_cores, s.memory_gib, s.draw_watts]
+    for replica_id, s in rows:
+        params += [replica_id, ids[s.node], list(s.gpu_indices), s.cpu_cores, s.memory_gib, s.draw_watts]
+    explains = ", ".join(["(%s::bigint, %s::jsonb)"] * len(plans))
+    explain_params: list[Any] = []
+    for replica_id, _, explain in plans:
+        explain_params += [replica_id, json.dumps(explain)]
     cursor.execute(
         f"""
-        WITH v(node_id, gpus, cores, mem, draw) AS (VALUES {values}),
+        WITH v(replica_id, node_id, gpus, cores, mem, draw) AS (VALUES {values}),
+        e(replica_id, explain) AS (VALUES {explains}),
         r AS (
             -- First, and the rest hangs on it: a replica another placer took meanwhile (this UPDATE
             -- waits for its commit, then finds it no longer pending) writes nothing at all.
-            UPDATE {Replica._meta.db_table} SET state = %s, reason = '', explain = %s::jsonb, placed_at = %s,
-                ready_since = NULL
-            WHERE id = %s AND state = %s AND {hold_guard} RETURNING id
+            UPDATE {Replica._meta.db_table} AS rep SET state = %s, reason = '', explain = e.explain,
+                placed_at = %s, ready_since = NULL
+            FROM e WHERE rep.id = e.replica_id AND rep.state = %s AND {hold_guard} RETURNING rep.id
         ),
         s AS (
             INSERT INTO {Shard._meta.db_table}
                 (replica_id, node_id, gpu_indices, cpu_cores, memory_gib, draw_watts, state, restarts, message,
                  created_at)
-            SELECT r.id, v.node_id, to_jsonb(v.gpus), v.cores, v.mem, v.draw, %s, 0, '', %s FROM v, r
-            RETURNING id, node_id
+            SELECT r.id, v.node_id, to_jsonb(v.gpus), v.cores, v.mem, v.draw, %s, 0, '', %s
+            FROM v JOIN r ON r.id = v.replica_id
+            RETURNING id, node_id, replica_id
         ),
         g AS (
             -- A card booked already (by a commit before this one, or one waited for) is a conflict on
             -- the unique (node, index): not inserted, so not counted.
             INSERT INTO {GpuBooking._meta.db_table} AS gb (shard_id, node_id, index)
-            SELECT s.id, s.node_id, gpu.index FROM s JOIN v ON v.node_id = s.node_id
+            SELECT s.id, s.node_id, gpu.index FROM s JOIN v ON v.node_id = s.node_id AND v.replica_id = s.replica_id
             JOIN {GPU._meta.db_table} AS gpu ON gpu.node_id = s.node_id AND gpu.index = ANY(v.gpus) AND gpu.present
             ON CONFLICT (node_id, index) DO NOTHING
-            RETURNING gb.node_id
+            RETURNING gb.shard_id
+        ),
+        a AS (
+            -- One row per node (an upsert may touch a row once): the shards of the plans written.
+            SELECT v.node_id, SUM(v.cores) AS cores, SUM(v.mem) AS mem, SUM(COALESCE(v.draw, 0)) AS draw
+            FROM v JOIN r ON r.id = v.replica_id GROUP BY v.node_id
         ),
         n AS (
             -- The node's first shard makes its booking row; later ones add to it. Either way the
-            -- guard is the node's capacity against what is booked with this shard.
+            -- guard is the node's capacity against what is booked with these shards.
             INSERT INTO {NodeBooking._meta.db_table} AS nb (node_id, cpu_cores, memory_gib, placed_watts)
-            SELECT v.node_id, v.cores, v.mem, COALESCE(v.draw, 0)
-            FROM v JOIN {Node._meta.db_table} AS node ON node.id = v.node_id, r
-            WHERE node.cpu_cores >= v.cores AND node.memory_gib >= v.mem - 1e-9
+            SELECT a.node_id, a.cores, a.mem, a.draw
+            FROM a JOIN {Node._meta.db_table} AS node ON node.id = a.node_id
+            WHERE node.cpu_cores >= a.cores AND node.memory_gib >= a.mem - 1e-9
             ON CONFLICT (node_id) DO UPDATE SET
                 cpu_cores = nb.cpu_cores + EXCLUDED.cpu_cores,
                 memory_gib = nb.memory_gib + EXCLUDED.memory_gib,
@@ -265,14 +340,14 @@ def _write_postgresql(
                    FROM {Node._meta.db_table} AS node WHERE node.id = nb.node_id)
             RETURNING nb.node_id
         )
-        SELECT ARRAY(SELECT node_id FROM g), ARRAY(SELECT node_id FROM n), (SELECT COUNT(*) FROM r), {hold_guard}
+        SELECT ARRAY(SELECT shard_id FROM g), ARRAY(SELECT ARRAY[id, node_id, replica_id] FROM s),
+            ARRAY(SELECT node_id FROM n), ARRAY(SELECT id FROM r), {hold_guard}
         """,
         [
             *params,
+            *explain_params,
             ReplicaState.PLACED.value,
-            json.dumps(explain),
             now,
-            replica_id,
             ReplicaState.PENDING.value,
             *touched,
             ReplicaState.PLACED.value,
@@ -280,20 +355,25 @@ def _write_postgresql(
             *touched,
         ],
     )
-    booked, counted, replicas, unheld = cursor.fetchone()
+    booked, written, counted, placed, unheld = cursor.fetchone()
     if not unheld:
-        node = shards[0].node
-        raise LostRace(node, f"{node}: a domain it is in was held meanwhile")
-    if not replicas:
-        raise ReplicaGone()
-    per_node = Counter(booked)
-    for s in shards:
-        node_id = ids[s.node]
-        if per_node[node_id] != len(s.gpu_indices):
-            raise LostRace(s.node, f"{s.node}: GPUs {_indices(s.gpu_indices)} were booked meanwhile")
-        if node_id not in counted:
-            raise LostRace(s.node, f"{s.node}: its cores or memory were booked meanwhile")
-    return True
+        node = plans[0][1][0].node
+        return set(), [LostRace(node, f"{node}: a domain it is in was held meanwhile")]
+    gone = {replica_id for replica_id, _, _ in plans} - set(placed)
+    per_shard = Counter(booked)
+    shard_of = {(replica_id, node_id): shard_id for shard_id, node_id, replica_id in written}
+    lost: list[LostRace] = []
+    counted = set(counted)
+    for replica_id, shards, _ in plans:
+        if replica_id in gone:
+            continue
+        for s in shards:
+            node_id = ids[s.node]
+            if per_shard[shard_of[(replica_id, node_id)]] != len(s.gpu_indices):
+                lost.append(LostRace(s.node, f"{s.node}: GPUs {_indices(s.gpu_indices)} were booked meanwhile"))
+            elif node_id not in counted:
+                lost.append(LostRace(s.node, f"{s.node}: its cores or memory were booked meanwhile"))
+    return gone, lost
 
 
 def _write_portable(replica_id: int, shards, ids: dict[str, int], explain, now: datetime) -> bool:
@@ -397,6 +477,17 @@ def replica_place(
     return replica_pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
 
 
+def replicas_pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
+    """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
+    changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
+    for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
+        Replica.objects.filter(pk__in=changed[start : start + 500], state=ReplicaState.PENDING).update(
+            reason=reason, explain=explain
+        )
+    for replica in replicas:
+        replica.reason, replica.explain = reason, explain
+
+
 def replica_pending(replica: Replica, reason: str, explain: dict[str, Any]) -> Placement:
     """Record why a replica waits (only when that changed); the pending outcome."""
     if replica.reason != reason or replica.explain != explain:
@@ -405,3 +496,200 @@ def replica_pending(replica: Replica, reason: str, explain: dict[str, Any]) -> P
         )
         replica.reason, replica.explain = reason, explain
     return Placement(reason=reason)
+
+
+# Plans committed together in one transaction by replicas_place (PostgreSQL): the commit, not the
+# plan, is what one placement at a time waits on.
+BATCH = 64
+
+
+@dataclass
+class _Pending:
+    """A replica of a batch: its tries so far, what it lost, the nodes excluded since."""
+
+    replica: Replica
+    attempt: int = 1
+    conflicts: list[str] = field(default_factory=list)
+    exclude: set[str] = field(default_factory=set)
+    plan: Plan | None = None
+    explain: dict[str, Any] | None = None
+
+
+def replicas_place(
+    *,
+    replicas: list[Replica],
+    request: ReplicaRequest,
+    index: PlacementIndex,
+    now: datetime | None = None,
+    batch: int = BATCH,
+) -> tuple[list[tuple[Replica, Placement]], Replica | None]:
+    """Plan and commit one model's pending replicas in order, up to ``batch`` in each transaction.
+
+    Returns each replica tried with its outcome, in order, and the replica it stopped at, if it did:
+    the one nothing fits (the replicas after it were not tried: they ask the same and get the same).
+    Each plan is made on the index with the plans before it applied; the batch is checked against
+    the locked rows in one transaction with the guards of the single commit (budgets, then nodes,
+    re-checked, then the guarded writes). A plan that loses is left out and planned again (at most
+    MAX_ATTEMPTS times, as one at a time); the others commit. On SQLite, one at a time.
+    """
+    now = now or timezone.now()
+    if connection.vendor != "postgresql" or batch <= 1:
+        return _place_one_by_one(replicas, request, index, now)
+    outcomes: dict[int, Placement] = {}
+    queue = [_Pending(r) for r in replicas]
+    existing = list(request.existing)
+    stopped: Replica | None = None
+    while queue and stopped is None:
+        planned: list[_Pending] = []
+        while queue and len(planned) < batch:
+            item = queue[0]
+            result = index.plan(dataclasses.replace(request, existing=tuple(existing)), exclude=frozenset(item.exclude))
+            if isinstance(result, NoFit):
+                if planned:
+                    break  # what the batch takes may not all commit: plan this one again after it
+                queue.pop(0)
+                explain = pending_explain(result)
+                if item.conflicts:
+                    explain |= {"conflicts": item.conflicts}
+                outcomes[item.replica.pk] = replica_pending(item.replica, result.summary, explain)
+                stopped = item.replica
+                break
+            queue.pop(0)
+            item.plan = result
+            item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
+            index.apply(result)
+            existing.append(result.nodes)
+            planned.append(item)
+        if not planned:
+            continue
+        again = _commit_batch(planned, index, now, outcomes, existing)
+        queue[:0] = again
+    return [(r, outcomes[r.pk]) for r in replicas if r.pk in outcomes], stopped
+
+
+@dataclass
+class Placed:
+    """What replicas_place_all did: replicas tried, placed, and left pending (with their reasons)."""
+
+    tried: int = 0
+    placed: int = 0
+    pending: int = 0
+
+
+def replicas_place_all(
+    *, replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+) -> Placed:
+    """replicas_place, then the replicas after one nothing fits marked with its reason (they ask the
+    same and get the same answer), in a few statements rather than one per replica (thousands)."""
+    outcomes, stopped = replicas_place(replicas=replicas, request=request, index=index, now=now)
+    counts = Placed(tried=len(outcomes))
+    for _, outcome in outcomes:
+        if outcome.plan is not None:
+            counts.placed += 1
+        elif not outcome.gone:
+            counts.pending += 1
+    if stopped is not None:
+        tried = {replica.pk for replica, _ in outcomes}
+        later = [replica for replica in replicas if replica.pk not in tried]
+        replicas_pending_mark(later, stopped.reason, stopped.explain)
+        counts.pending += len(later)
+    return counts
+
+
+def _place_one_by_one(
+    replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime
+) -> tuple[list[tuple[Replica, Placement]], Replica | None]:
+    """replicas_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
+    outcomes = []
+    for replica in replicas:
+        outcome = replica_place(replica=replica, request=request, index=index, now=now)
+        outcomes.append((replica, outcome))
+        if outcome.plan is not None:
+            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
+        elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
+            return outcomes, replica
+    return outcomes, None
+
+
+class _BatchLost(Exception):
+    """The batch statement found lost races: roll it all back; these are the plans that lost."""
+
+    def __init__(self, lost: dict[int, LostRace]):
+        super().__init__(f"{len(lost)} lost")
+        self.lost = lost
+
+
+def _commit_batch(
+    planned: list[_Pending],
+    index: PlacementIndex,
+    now: datetime,
+    outcomes: dict[int, Placement],
+    existing: list[frozenset[str]],
+) -> list[_Pending]:
+    """Commit the planned replicas together; record the outcomes; the ones to plan again, in order."""
+    facility = index.facility
+    names = sorted({s.node for item in planned for s in item.plan.shards})
+    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    touched = sorted({d for ds in domains_of.values() for d in ds})
+    lost: dict[int, LostRace] = {}
+    gone: set[int] = set()
+    rolled_back = False
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
+            writes = []
+            for item in planned:
+                shards = sorted(item.plan.shards, key=lambda s: s.node)
+                try:
+                    locked.check(shards, domains_of, facility, now)
+                except LostRace as race:
+                    lost[item.replica.pk] = race
+                    continue
+                writes.append((item.replica.pk, shards, item.explain))
+            if writes:
+                ids = {name: row[1] for name, row in locked.nodes.items()}
+                gone, raced = _write_postgresql_batch(cursor, writes, ids, now, touched)
+                if raced:
+                    by_node = {race.node: race for race in raced}
+                    for item in planned:
+                        race = next((by_node[n] for n in sorted(item.plan.nodes) if n in by_node), None)
+                        if race is not None:
+                            lost[item.replica.pk] = race
+                    raise _BatchLost(lost)
+    except _BatchLost:
+        rolled_back = True
+        gone = set()
+    again: list[_Pending] = []
+    refresh: set[str] = set()
+    for item in planned:
+        pk = item.replica.pk
+        race = lost.get(pk)
+        if rolled_back or race is not None or pk in gone:
+            # Its plan is not in the database: the index forgets it, and so does the model's spread.
+            refresh |= item.plan.nodes
+            existing.remove(item.plan.nodes)
+        if pk in gone:
+            outcomes[pk] = Placement(gone=True)
+        elif race is not None:
+            refresh |= race.refresh
+            item.conflicts.append(race.reason)
+            item.exclude.add(race.node)
+            if item.attempt >= MAX_ATTEMPTS:
+                reason = f"Unschedulable after {MAX_ATTEMPTS} conflicting attempts: {'; '.join(item.conflicts)}"
+                explain = {"summary": reason, "conflicts": item.conflicts, "rejections": []}
+                outcomes[pk] = replica_pending(item.replica, reason, explain)
+            else:
+                item.attempt += 1
+                again.append(item)
+        elif rolled_back:
+            again.append(item)  # it lost nothing: planned again as it was, with the others' news
+        else:
+            item.replica.state = ReplicaState.PLACED
+            item.replica.reason, item.replica.explain = "", item.explain
+            outcomes[pk] = Placement(plan=item.plan)
+    if any(outcomes.get(item.replica.pk, Placement()).plan is not None for item in planned):
+        placement_changed_on_commit()
+    if refresh:
+        for view in snapshot.node_views(names=refresh, now=now):
+            index.update_node(view)
+    return again

@@ -24,8 +24,6 @@ from django.utils import timezone
 
 from agents.models import Node, NodeDomain
 from facility.models import Hold
-from placement import snapshot
-from placement.commit import replica_place
 from placement.minimums import stops_allowed
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
@@ -59,7 +57,9 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
-    """One step of the model's drain: finish a replacement that is ready, or start the next one.
+    """One step of the model's drain: finish the replacements that are ready, make the next ones.
+
+    The replacements it makes are pending replicas: the reconcile places them next, with the rest.
 
     ``run`` is the :class:`placement.reconcile.ReconcileRun` this step belongs to.
     """
@@ -78,45 +78,47 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
             stopping.append(replacement)
     replacements = [r for r in replacements if r.replaces_id in on_draining]
 
-    in_flight = None
+    in_flight = 0
     done = []
     for replacement in replacements:
         if _ready_long_enough(replacement, model, run.now):
             done.append(replacement.replaces)  # the old one stops; the new one takes over
         else:
-            in_flight = replacement
+            in_flight += 1
     # The replacement is up, but another replica may have failed meanwhile: an old one stops only while
-    # the model keeps min_ready ready replicas; else it waits (and serves) until the count is back.
+    # the model keeps min_ready ready replicas; else it waits (and serves) until the count is back, its
+    # replacement counted as still in flight.
     allowed = stops_allowed(model=model, replicas=done)
     stopping.extend(allowed)
-    if len(allowed) < len(done):
-        in_flight = next(r for r in replacements if r.replaces_id not in {a.pk for a in allowed})
+    in_flight += len(done) - len(allowed)
     for replica in stopping:
         freed |= _nodes_of(replica)
     run.removed += replicas_free(replica_ids=[replica.pk for replica in stopping])
     run.refresh(freed)
-    if in_flight is not None:
-        return  # one at a time per model: the replacement is placed (or pending) and not yet ready
+    room = settings.LLMGW_DRAIN_SURGE - in_flight
+    if room <= 0:
+        return  # as many replacements in flight as the surge allows (one by default), not yet ready
 
-    originals = (
+    originals = list(
         Replica.objects.filter(pk__in=on_draining, replaces__isnull=True)
         .exclude(state__in=[ReplicaState.PENDING, ReplicaState.STOPPING])
         .exclude(replaced_by__isnull=False)
-        .order_by("ordinal")
+        .order_by("ordinal")[:room]
     )
-    original = originals.first()
-    if original is None:
+    if not originals:
         return
-    replacement = Replica.objects.create(
-        model=model, ordinal=_next_ordinal(model), state=ReplicaState.PENDING, replaces=original
+    start = _next_ordinal(model)
+    created = Replica.objects.bulk_create(
+        [
+            Replica(model=model, ordinal=start + i, state=ReplicaState.PENDING, replaces=original)
+            for i, original in enumerate(originals)
+        ]
     )
-    run.created += 1
-    request = snapshot.replica_request(model)
-    outcome = replica_place(replica=replacement, request=request, index=run.index, now=run.now)
-    if outcome.plan is not None:
-        run.placed += 1
-    elif not outcome.gone:
-        run.pending += 1
+    if created[0].pk is None:  # a backend that gives no ids back from bulk_create: read them
+        created = list(Replica.objects.filter(model=model, ordinal__gte=start).order_by("ordinal"))
+    run.created += len(created)
+    # Placed by the reconcile's next step with the model's other pending replicas, after the model's
+    # lock is given back: a surge of hundreds then holds no budget or node locks for the whole step.
 
 
 def _nodes_of(replica: Replica) -> set[str]:

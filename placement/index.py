@@ -120,6 +120,19 @@ def _remove(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
         del buckets[bucket]
 
 
+class _NodesOf:
+    """The indexed nodes by name, as spread_counts reads them (no copy of the whole map per plan)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: dict[str, _Entry]) -> None:
+        self._entries = entries
+
+    def get(self, name: str) -> NodeView | None:
+        entry = self._entries.get(name)
+        return None if entry is None else entry.node
+
+
 class PlacementIndex:
     """Node state and domain use for a run of placements; plan with :meth:`plan`, commit with :meth:`apply`.
 
@@ -130,6 +143,8 @@ class PlacementIndex:
 
     def __init__(self, nodes: Iterable[NodeView], facility: FacilityView) -> None:
         self._facility = facility
+        # The last plan's existing replicas and their spread counts (see _spread_counts).
+        self._spread: tuple[tuple[frozenset[str], ...], dict[Domain, int]] | None = None
         self._cells: dict[Domain, _Cell] = {}
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
@@ -166,6 +181,8 @@ class PlacementIndex:
         old = self._nodes.get(node.name)
         if old is not None:
             self._drop(old)
+        if old is None or old.node.domains != node.domains:
+            self._spread = None  # a node came, or moved: the kept spread counts may be wrong
         self._add(node)
 
     def remove_node(self, name: str) -> None:
@@ -173,6 +190,7 @@ class PlacementIndex:
         old = self._nodes.get(name)
         if old is not None:
             self._drop(old)
+            self._spread = None
 
     def set_facility(self, facility: FacilityView) -> None:
         """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
@@ -227,13 +245,29 @@ class PlacementIndex:
 
     # --- planning -------------------------------------------------------------------------------
 
-    def _tiers(self, request: ReplicaRequest) -> tuple[dict[Domain, int], list[list[_Group]]]:
-        """Groups by their part of the order, best first: replicas in their racks and PDUs, then condition."""
-        by_name = {name: entry.node for name, entry in self._nodes.items()}
-        counts = spread_counts(request.existing, by_name)
-        tiers: dict[tuple[int, int], list[_Group]] = {}
+    def _spread_counts(self, existing: tuple[frozenset[str], ...]) -> dict[Domain, int]:
+        """spread_counts(existing), kept between plans: the replicas of one model are planned in turn,
+        each request's existing replicas the last one's plus what was placed since, so only those are
+        counted; anything else (another model, a replica forgotten) counts afresh."""
+        kept = self._spread
+        nodes = _NodesOf(self._nodes)
+        if kept is not None and len(existing) >= len(kept[0]) and existing[: len(kept[0])] == kept[0]:
+            counts = dict(kept[1])
+            for domain, count in spread_counts(existing[len(kept[0]) :], nodes).items():
+                counts[domain] = counts.get(domain, 0) + count
+        else:
+            counts = spread_counts(existing, nodes)
+        self._spread = (existing, counts)
+        return counts
+
+    def _tiers(self, request: ReplicaRequest) -> tuple[dict[Domain, int], list[list[tuple[_Group, int]]]]:
+        """Groups (with their spread) by their part of the order, best first: replicas in their racks and
+        PDUs, then condition."""
+        counts = self._spread_counts(request.existing)
+        tiers: dict[tuple[int, int], list[tuple[_Group, int]]] = {}
         for group in self._groups.values():
-            tiers.setdefault((spread_of(group.spread, counts), group.rank), []).append(group)
+            spread = spread_of(group.spread, counts)
+            tiers.setdefault((spread, group.rank), []).append((group, spread))
         return counts, [tiers[key] for key in sorted(tiers)]
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
@@ -247,19 +281,34 @@ class PlacementIndex:
         gpus = profile.gpus
         rejections: dict[str, str] = {}
         counts, tiers = self._tiers(request)
+        # Nodes alike in what these depend on get the same answer: asked once per plan, not per node
+        # (the planner's pieces are pure; thousands of nodes share a handful of figures).
+        draws: dict[float | None, float | None] = {}
+        addeds: dict[tuple, float | None] = {}
         for tier in tiers:
             candidates = []
-            for group in tier:
+            for group, spread in tier:
                 buckets = group.by_free if gpus > 0 else group.by_replicas
-                spread = spread_of(group.spread, counts)
+                steps: dict[float | None, int] = {}
                 for bucket, names in buckets.items():
                     if gpus > 0 and bucket < gpus:
                         continue
                     for name in names:
                         node = self._nodes[name].node
-                        draw = draw_of(node, profile, settings)
-                        added = added_of(node, draw, settings)
-                        step = headroom_step(group.domains, added, facility, use)
+                        limit = node.gpu_power_limit_watts
+                        if limit in draws:
+                            draw = draws[limit]
+                        else:
+                            draw = draws[limit] = draw_of(node, profile, settings)
+                        alike = (node.placed_watts, node.measured_watts, draw)
+                        if alike in addeds:
+                            added = addeds[alike]
+                        else:
+                            added = addeds[alike] = added_of(node, draw, settings)
+                        if added in steps:
+                            step = steps[added]
+                        else:
+                            step = steps[added] = headroom_step(group.domains, added, facility, use)
                         key = order_key(node, profile, request.model, spread, group.rank, step)
                         candidates.append((key, name, draw, added, step))
             candidates.sort()

@@ -6,7 +6,6 @@ through the guarded commit (:mod:`placement.commit`), so a race costs a replan, 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replica_place
+from placement.commit import replicas_place_all
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -102,38 +101,21 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
 
 
 def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
-    """Place the model's pending replicas, oldest first, each through the guarded commit."""
+    """Place the model's pending replicas, oldest first, in batches through the guarded commit."""
     pending = snapshot.pending_replicas(model)
     if not pending:
         return
-    request = snapshot.replica_request(model)
-    for number, replica in enumerate(pending):
-        if run.max_placements is not None and run.tried >= run.max_placements:
+    if run.max_placements is not None:
+        room = max(0, run.max_placements - run.tried)
+        if room < len(pending):
             run.unfinished = True
-            return
-        run.tried += 1
-        outcome = replica_place(replica=replica, request=request, index=run.index, now=run.now)
-        if outcome.plan is not None:
-            run.placed += 1
-            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
-        elif not outcome.gone:
-            run.pending += 1
-            if not outcome.reason.startswith("Unschedulable"):
-                # Nothing fits this replica; the model's later ones ask the same and get the same answer,
-                # written in a few statements rather than one per replica (there may be thousands).
-                later = pending[number + 1 :]
-                _pending_mark(later, outcome.reason, replica.explain)
-                run.pending += len(later)
-                return
-
-
-def _pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
-    """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
-    changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
-    for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
-        Replica.objects.filter(pk__in=changed[start : start + 500], state=ReplicaState.PENDING).update(
-            reason=reason, explain=explain
-        )
+        pending = pending[:room]
+    placed = replicas_place_all(
+        replicas=pending, request=snapshot.replica_request(model), index=run.index, now=run.now
+    )
+    run.tried += placed.tried
+    run.placed += placed.placed
+    run.pending += placed.pending
 
 
 def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
