@@ -2,32 +2,65 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import Counter
+from django.conf import settings
 
 from placement.planner import NoFit, Plan, reasons_grouped
+
+log = logging.getLogger(__name__)
 
 # What a replica keeps of the rejections at the moment it was placed (or found no node).
 KEPT_REJECTIONS = 20
 
-# Observe mode: what enforcement would have done to the placements made (in this process; on workers,
-# each worker's own /metrics is not served, so the embedded default is where it counts).
-WOULD_TOTAL = Counter(
-    "llmgw_placement_would",
-    "Placements that thermal enforcement would have refused or scored down (observe mode).",
-    ["decision"],
-)
+# Observe mode: what enforcement would have done to the placements made. Placements happen in web
+# processes and on workers; with Redis the counts are kept there (one hash), so the /metrics any web
+# process serves counts them all. The embedded default keeps them in its one process.
+WOULD_KEY = "llmgw:placement_would_total"
 _DECISIONS = {"would have refused": "refused", "would have scored down": "scored_down"}
+_local_counts: dict[str, int] = {}
+_redis = None
+
+
+def _redis_client():
+    global _redis
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+    return _redis
 
 
 def count_would(notes: tuple[str, ...]) -> None:
-    """Count each observe-mode note of a placement under its decision."""
+    """Count each observe-mode note of a placement under its decision (never fails the placement)."""
     for note in notes:
         decision = _DECISIONS.get(note.split(":", 1)[0])
-        if decision:
-            WOULD_TOTAL.labels(decision=decision).inc()
+        if not decision:
+            continue
+        if settings.REDIS_URL:
+            try:
+                _redis_client().hincrby(WOULD_KEY, decision, 1)
+            except Exception:  # a metric is never worth a placement
+                log.warning("observe-mode count not kept in Redis", exc_info=True)
+        else:
+            _local_counts[decision] = _local_counts.get(decision, 0) + 1
+
+
+def would_counts() -> dict[str, int]:
+    """Every decision's count so far (all processes with Redis), for /metrics."""
+    counts = dict.fromkeys(_DECISIONS.values(), 0)
+    if settings.REDIS_URL:
+        try:
+            stored = _redis_client().hgetall(WOULD_KEY)
+        except Exception:
+            log.warning("observe-mode counts not read from Redis", exc_info=True)
+            return counts
+        counts.update({k.decode(): int(v) for k, v in stored.items() if k.decode() in counts})
+    else:
+        counts.update(_local_counts)
+    return counts
 
 
 def passed_over_summary(rejections: Mapping[str, str]) -> str:
