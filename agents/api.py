@@ -29,7 +29,7 @@ from agents.serializers import (
 from facility import nodes as facility_nodes
 from facility import services as facility_services
 from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
-from llmgw.api import ApiView, documented
+from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
 from placement import selectors as placement_selectors
@@ -46,7 +46,9 @@ class NodeListView(ApiView):
                 "domain", str, pattern=DOMAIN_OR_EMPTY_PATTERN, description="Only nodes in this domain, e.g. rack:r12-07"
             ),
             OpenApiParameter("state", str, enum=[*STATES, ""], description="Only nodes in this state (empty: any)"),
-            OpenApiParameter("q", str, description="Only nodes whose name contains this"),
+            OpenApiParameter(
+                "q", str, pattern=STORABLE_TEXT_PATTERN, description="Only nodes whose name contains this"
+            ),
         ],
         operation_id="nodes_list",
     )

@@ -25,7 +25,7 @@ from facility.serializers import (
     WhatIfResultSerializer,
     WhatIfSerializer,
 )
-from llmgw.api import ApiView, documented
+from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput
 from placement import selectors as placement_selectors
 from placement import whatif
@@ -179,7 +179,9 @@ class FeedLossView(ApiView):
         summary="N−1: what passes its surviving feed's capacity if a feed is lost",
         ok={200: FeedLossSerializer},
         errors=(404,),
-        parameters=[OpenApiParameter("feed", str, description="Only the loss of this feed")],
+        parameters=[OpenApiParameter(
+            "feed", str, pattern=STORABLE_TEXT_PATTERN, description="Only the loss of this feed"
+        )],
     )
     def get(self, request):
         return Response(feed_selectors.feed_loss_report(feed=request.query_params.get("feed") or None))

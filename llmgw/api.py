@@ -110,6 +110,10 @@ def _first_message(messages) -> str:
 
 
 
+# For the schema of free-text query parameters: what text_fault lets through (no NUL).
+STORABLE_TEXT_PATTERN = r"^[^\x00]*$"
+
+
 def text_fault(value: str) -> str | None:
     """Why PostgreSQL (or a person) cannot take this text: a NUL or a lone surrogate; None when fine."""
     if "\x00" in value:

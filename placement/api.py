@@ -6,7 +6,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from llmgw.api import ApiView, documented
+from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from placement import selectors, services
 from placement.serializers import (
     ExplainSerializer,
@@ -73,7 +73,9 @@ class ReplicaListView(ApiView):
         summary="Replicas with state, shards and the reason a pending one waits",
         ok={200: ReplicaSerializer(many=True)},
         errors=(404,),
-        parameters=[OpenApiParameter("model", str, description="Only this model's replicas")],
+        parameters=[OpenApiParameter(
+            "model", str, pattern=STORABLE_TEXT_PATTERN, description="Only this model's replicas"
+        )],
         operation_id="replicas_list",
     )
     def get(self, request):
