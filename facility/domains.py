@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmgw.errors import InvalidInput
 
@@ -38,6 +38,18 @@ class Domain:
 
     level: str
     name: str
+    # Domains key most of placement's maps: the hash is worked out once, not at every lookup.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.level, self.name)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # Made anew on unpickling: a string's hash differs from one process to another.
+        return (Domain, (self.level, self.name))
 
     def __str__(self) -> str:
         return f"{self.level}:{self.name}"

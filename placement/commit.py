@@ -64,6 +64,15 @@ def placeholders(values: list) -> str:
     return ", ".join(["%s"] * len(values))
 
 
+def is_in(column: str, values: list) -> tuple[str, list]:
+    """``column IN (…)`` as SQL and its parameters. On PostgreSQL ``column = ANY(%s)`` with one array:
+    the statement's text then does not change with the number of values, so it is parsed once and
+    prepared (``prepare_threshold``) however many nodes or domains a placement touches."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [list(values)]
+    return f"{column} IN ({placeholders(values)})", list(values)
+
+
 def _locked_state(
     cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime
 ) -> tuple[
@@ -80,10 +89,11 @@ def _locked_state(
     # the check, and saves a round trip on every placement.
     budgets: dict[str, tuple[float, float]] = {}
     if touched:
+        where, params = is_in("domain", touched)
         cursor.execute(
             f"SELECT domain, cap_watts, other_watts FROM {Budget._meta.db_table} "
-            f"WHERE domain IN ({placeholders(touched)}) ORDER BY domain{lock}",
-            touched,
+            f"WHERE {where} ORDER BY domain{lock}",
+            params,
         )
         budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
     if budgets and lock:
@@ -91,31 +101,34 @@ def _locked_state(
         # member's measured draw waits for this commit, or has committed before the sums below are
         # read; else a drift landing between the read and the commit could carry the domain past its
         # limit with fresh data at the commit. The chosen nodes are among them.
-        members = sorted(budgets)
+        named, named_params = is_in("name", names)
+        member, member_params = is_in("domain", sorted(budgets))
         cursor.execute(
-            f"SELECT 1 FROM {Node._meta.db_table} WHERE name IN ({placeholders(names)}) OR id IN "
-            f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE domain IN ({placeholders(members)})) "
+            f"SELECT 1 FROM {Node._meta.db_table} WHERE {named} OR id IN "
+            f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE {member}) "
             f"ORDER BY name{lock}",
-            [*names, *members],
+            [*named_params, *member_params],
         )
     # One statement for the rest: it starts after the budget locks are held, so the members' draws it
     # sums include every placement committed into those domains before us. The nodes are locked in it,
     # by name, before the sums are read.
     node_table = Node._meta.db_table
+    named, named_params = is_in("name", names)
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"labels FROM {node_table} WHERE name IN ({placeholders(names)}) ORDER BY name{lock}) "
+        f"labels FROM {node_table} WHERE {named} ORDER BY name{lock}) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"CAST(labels AS text), CAST(NULL AS double precision) FROM locked"
     )
-    params: list[Any] = list(names)
+    params: list[Any] = list(named_params)
     domains = sorted(budgets)
     if touched:
+        held, held_params = is_in("domain", touched)
         sql += (
             f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
-            f"FROM {Hold._meta.db_table} WHERE domain IN ({placeholders(touched)})"
+            f"FROM {Hold._meta.db_table} WHERE {held}"
         )
-        params += touched
+        params += held_params
     if domains:
         # node_watts (added below, per member) + the larger of placed and fresh measured draw: the rule
         # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
@@ -125,21 +138,21 @@ def _locked_state(
             f"SUM({node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')}) "
             f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
             f"LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE nd.domain IN ({placeholders(domains)}) GROUP BY nd.domain"
+            f"WHERE {is_in('nd.domain', domains)[0]} GROUP BY nd.domain"
         )
-        params += [connection.ops.adapt_datetimefield_value(fresh_after), *domains]
+        params += [connection.ops.adapt_datetimefield_value(fresh_after), *is_in("", domains)[1]]
         # Each placed node's placed draw and its term less node_watts, by the same SQL rule: the check
         # is on the use after the shard, max(placed + shard, measured), as facility.power says it.
         sql += (
             f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE n.name IN ({placeholders(names)})"
+            f"WHERE {is_in('n.name', names)[0]}"
             f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, "
             f"{node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')} "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE n.name IN ({placeholders(names)})"
+            f"WHERE {is_in('n.name', names)[0]}"
         )
-        params += [*names, connection.ops.adapt_datetimefield_value(fresh_after), *names]
+        params += [*named_params, connection.ops.adapt_datetimefield_value(fresh_after), *named_params]
     cursor.execute(sql, params)
     nodes: dict[str, tuple] = {}
     holds: dict[str, str] = {}
@@ -277,24 +290,34 @@ def _write_postgresql_batch(
     here: hold_create locks the domain's nodes before it writes, so a hold that raced the read before
     the node locks has committed by the time this statement starts, and is seen.
     """
-    hold_guard = (
-        f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain IN ({placeholders(touched)}))"
-        if touched
-        else "TRUE"
-    )
+    # Every list travels as one array parameter, so the statement's text is the same whatever the batch
+    # (parsed once and prepared), in binary (%b: no escaping of the explain texts); a shard's cards as
+    # the text of an int[] ('{0,1}'), arrays being square.
+    hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%s))" if touched else "TRUE"
     rows = [(replica_id, s) for replica_id, shards, _ in plans for s in shards]
-    values = ", ".join(["(%s::bigint, %s::bigint, %s::int[], %s::int, %s::float8, %s::float8)"] * len(rows))
-    params: list[Any] = []
-    for replica_id, s in rows:
-        params += [replica_id, ids[s.node], list(s.gpu_indices), s.cpu_cores, s.memory_gib, s.draw_watts]
-    explains = ", ".join(["(%s::bigint, %s::jsonb)"] * len(plans))
-    explain_params: list[Any] = []
-    for replica_id, _, explain in plans:
-        explain_params += [replica_id, json.dumps(explain)]
+    params: list[Any] = [
+        [replica_id for replica_id, _ in rows],
+        [ids[s.node] for _, s in rows],
+        ["{" + ",".join(str(i) for i in s.gpu_indices) + "}" for _, s in rows],
+        [s.cpu_cores for _, s in rows],
+        [s.memory_gib for _, s in rows],
+        [s.draw_watts for _, s in rows],
+    ]
+    explain_params: list[Any] = [
+        [replica_id for replica_id, _, _ in plans],
+        [json.dumps(explain) for _, _, explain in plans],
+    ]
+    guard_params = [list(touched)] if touched else []
     cursor.execute(
         f"""
-        WITH v(replica_id, node_id, gpus, cores, mem, draw) AS (VALUES {values}),
-        e(replica_id, explain) AS (VALUES {explains}),
+        WITH v(replica_id, node_id, gpus, cores, mem, draw) AS (
+            SELECT replica_id, node_id, CAST(gpus AS int[]), cores, mem, draw
+            FROM unnest(%b::bigint[], %b::bigint[], %b::text[], %b::int[], %b::float8[], %b::float8[])
+                AS u(replica_id, node_id, gpus, cores, mem, draw)
+        ),
+        e(replica_id, explain) AS (
+            SELECT replica_id, CAST(explain AS jsonb) FROM unnest(%b::bigint[], %b::text[]) AS u(replica_id, explain)
+        ),
         r AS (
             -- First, and the rest hangs on it: a replica another placer took meanwhile (this UPDATE
             -- waits for its commit, then finds it no longer pending) writes nothing at all.
@@ -349,10 +372,10 @@ def _write_postgresql_batch(
             ReplicaState.PLACED.value,
             now,
             ReplicaState.PENDING.value,
-            *touched,
+            *guard_params,
             ReplicaState.PLACED.value,
             now,
-            *touched,
+            *guard_params,
         ],
     )
     booked, written, counted, placed, unheld = cursor.fetchone()

@@ -5,14 +5,18 @@ A reconcile run places many replicas in a row, so this index keeps what the plai
 
 - nodes grouped by location (their tuple of domains), each group's nodes bucketed by free GPUs and by
   replicas, with the group's condition verdict (refusal, rank, notes) worked out once;
-- each budgeted domain's use, updated by the change of one node's term when a shard is applied.
+- each budgeted domain's use, updated by the change of one node's term when a shard is applied;
+- for each model and profile planned, every candidate node in order (:class:`_Ranking`), kept between
+  plans: a placement moves the chosen node, the steps of its rack's nodes (the rack's use moved) and
+  the spread of the nodes in its rack and PDU, so only those are ranked again.
 
-:meth:`PlacementIndex.plan` takes groups by their part of the order (spreading, condition), sorts only
-the candidates of the best such tier, and stops at the first that passes every filter, so a fit costs
-one tier's sort and a handful of checks. It gives the same plan as ``plan_replica`` (a property
-test holds the two together): the same filters and keys, shared with the planner module, and the same
-kept rejections (candidates ranked ahead of the chosen one). A multi-node replica, and a no-fit (which
-reports every node), go through ``plan_replica`` on the indexed views.
+:meth:`PlacementIndex.plan` walks the kept order and stops at the first candidate that passes every
+filter, so a fit costs the changes since the last plan and a handful of checks, whatever the cluster's
+size. It gives the same plan as ``plan_replica`` (property tests hold the two together, through
+heartbeats, label moves and new facility figures): the same filters and keys, shared with the planner
+module, and the same kept rejections (candidates ranked ahead of the chosen one). A no-fit reports
+every node, as the plain path words it; a multi-node replica goes through ``plan_replica`` on the
+indexed views.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from dataclasses import dataclass
 from facility.domains import Domain
 from facility.power import Budget, node_use_watts
 from placement.planner import (
+    FULL_HEADROOM,
     SPREAD_LEVELS,
     FacilityView,
     NodeView,
     NoFit,
     Plan,
+    Profile,
     ReplicaRequest,
     ShardPlan,
     added_of,
@@ -38,27 +44,36 @@ from placement.planner import (
     blocked_reason,
     condition_verdict,
     draw_of,
-    headroom_step,
+    nofit_summary,
     order_key,
     plan_replica,
     power_rejection_in,
     shard_for,
     spread_counts,
     spread_of,
+    step_left,
     why_text,
 )
+
+# Rankings kept (one per model and profile, the least recently planned dropped first), and the changes
+# kept for them to catch up on (a ranking further behind is made afresh).
+_RANKINGS_KEPT = 64
+_CHANGES_KEPT = 65536
 
 
 class _Cell:
     """A budgeted domain, its running use, and its refusals at that use (kept until the use changes)."""
 
-    __slots__ = ("budget", "margin", "_use", "_refusals")
+    __slots__ = ("budget", "margin", "limit", "_use", "_refusals", "version")
 
     def __init__(self, budget: Budget, margin: float) -> None:
         self.budget = budget
         self.margin = margin
+        self.limit = budget.limit_watts(margin)
         self._use = budget.other_watts
         self._refusals: dict[tuple[float | None, float], str | None] = {}
+        # Counts the changes of use: a group's ranked candidates read their rack's use (headroom step).
+        self.version = 0
 
     @property
     def use(self) -> float:
@@ -68,6 +83,7 @@ class _Cell:
         if watts:
             self._use += watts
             self._refusals.clear()
+            self.version += 1
 
     def refusal(self, draw: float | None, added: float) -> str | None:
         """Why a shard of this draw, adding ``added`` to the use, may not come in; None when it fits."""
@@ -83,19 +99,30 @@ class _Cell:
 class _Group:
     """Nodes with the same domains: one rack's (and PDU's) worth, typically."""
 
-    __slots__ = ("domains", "spread", "cells", "by_free", "by_replicas", "rank", "notes")
+    __slots__ = ("domains", "spread", "cells", "step_cell", "by_free", "by_replicas", "rank", "notes")
 
     def __init__(self, domains: tuple[Domain, ...]) -> None:
         self.domains = domains
         self.spread = tuple(d for d in domains if d.level in SPREAD_LEVELS)
         self.cells: tuple[_Cell, ...] = ()
+        self.step_cell: _Cell | None = None  # the rack's: the headroom step reads its use
         self.by_free: dict[int, list[str]] = {}
         self.by_replicas: dict[int, list[str]] = {}
         self.rank = 0
         self.notes: tuple[str, ...] = ()
 
+    def set_cells(self, cells: dict[Domain, _Cell]) -> None:
+        """The group's budgeted domains' cells, in level order."""
+        self.cells = tuple(cells[d] for d in self.domains if d in cells)
+        self.step_cell = next((c for c in self.cells if c.budget.domain.level == "rack"), None)
+
     def set_conditions(self, facility: FacilityView) -> None:
         _, self.rank, self.notes = condition_verdict(self.domains, facility.conditions)
+
+    def names(self) -> Iterable[str]:
+        """The group's nodes' names."""
+        for names in self.by_replicas.values():
+            yield from names
 
 
 class _Entry:
@@ -121,7 +148,7 @@ def _remove(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
 
 
 class _NodesOf:
-    """The indexed nodes by name, as spread_counts reads them (no copy of the whole map per plan)."""
+    """The indexed nodes by name, as spread_counts reads them (no copy of the whole map)."""
 
     __slots__ = ("_entries",)
 
@@ -131,6 +158,28 @@ class _NodesOf:
     def get(self, name: str) -> NodeView | None:
         entry = self._entries.get(name)
         return None if entry is None else entry.node
+
+
+class _Ranking:
+    """One model and profile's candidates, best first, kept between its plans.
+
+    ``entries`` are ``(order key, draw, added, step)``, sorted; a key ends with the node's name, so no
+    two are equal. ``bases`` keeps what of each candidate's key only the node decides
+    (``(key after the step, draw, added)``) and ``current`` each one's entry. ``existing`` and
+    ``counts`` are the model's replicas as last asked and their spread counts; ``seen`` is how far
+    into the index's change log this ranking has caught up, ``epoch`` the index's epoch it was made in.
+    """
+
+    __slots__ = ("entries", "current", "bases", "existing", "counts", "seen", "epoch")
+
+    def __init__(self, existing: tuple[frozenset[str], ...], counts: dict[Domain, int], seen: int, epoch: int):
+        self.entries: list[tuple] = []
+        self.current: dict[str, tuple] = {}
+        self.bases: dict[str, tuple | None] = {}
+        self.existing = existing
+        self.counts = counts
+        self.seen = seen
+        self.epoch = epoch
 
 
 class PlacementIndex:
@@ -143,11 +192,17 @@ class PlacementIndex:
 
     def __init__(self, nodes: Iterable[NodeView], facility: FacilityView) -> None:
         self._facility = facility
-        # The last plan's existing replicas and their spread counts (see _spread_counts).
-        self._spread: tuple[tuple[frozenset[str], ...], dict[Domain, int]] | None = None
         self._cells: dict[Domain, _Cell] = {}
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
+        self._groups_in: dict[Domain, list[_Group]] = {}  # the groups in each rack and PDU
+        self._rankings: dict[tuple[str, Profile], _Ranking] = {}
+        # What changed, for the rankings to catch up on: (node name, its rack when the rack's use moved).
+        # ``_log_start`` is the position of the log's first item; ``_epoch`` moves when every ranking
+        # must be made afresh (new facility figures, a node come, gone or moved: spread counts change).
+        self._log: list[tuple[str, Domain | None]] = []
+        self._log_start = 0
+        self._epoch = 0
         for node in nodes:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name!r} is listed twice")
@@ -182,7 +237,7 @@ class PlacementIndex:
         if old is not None:
             self._drop(old)
         if old is None or old.node.domains != node.domains:
-            self._spread = None  # a node came, or moved: the kept spread counts may be wrong
+            self._epoch += 1  # a node came, or moved: spread counts and groups change
         self._add(node)
 
     def remove_node(self, name: str) -> None:
@@ -190,15 +245,16 @@ class PlacementIndex:
         old = self._nodes.get(name)
         if old is not None:
             self._drop(old)
-            self._spread = None
+            self._epoch += 1
 
     def set_facility(self, facility: FacilityView) -> None:
         """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
         self._facility = facility
+        self._epoch += 1
         margin = facility.settings.margin
         self._cells = {domain: _Cell(budget, margin) for domain, budget in facility.budgets.items()}
         for group in self._groups.values():
-            group.cells = tuple(self._cells[d] for d in group.domains if d in self._cells)
+            group.set_cells(self._cells)
             group.set_conditions(facility)
         for entry in self._nodes.values():
             entry.held = blocked_reason(entry.node, facility)
@@ -223,116 +279,183 @@ class PlacementIndex:
         group = self._groups.get(node.domains)
         if group is None:
             group = self._groups[node.domains] = _Group(node.domains)
-            group.cells = tuple(self._cells[d] for d in node.domains if d in self._cells)
+            for domain in group.spread:
+                self._groups_in.setdefault(domain, []).append(group)
+            group.set_cells(self._cells)
             group.set_conditions(self._facility)
         self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility))
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
-        if group.cells:
-            term = self._term(node)
-            for cell in group.cells:
-                cell.add(term)
+        self._count(node, group, 1)
 
     def _drop(self, entry: _Entry) -> None:
         node, group = entry.node, entry.group
         del self._nodes[node.name]
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
-        if group.cells:
-            term = self._term(node)
-            for cell in group.cells:
-                cell.add(-term)
+        self._count(node, group, -1)
+
+    def _count(self, node: NodeView, group: _Group, sign: int) -> None:
+        """Add (or take away) the node's term from its group's budgeted domains; log the change."""
+        term = self._term(node) if group.cells else 0.0
+        for cell in group.cells:
+            cell.add(sign * term)
+        rack = group.step_cell.budget.domain if group.step_cell is not None and term else None
+        self._log.append((node.name, rack))
 
     # --- planning -------------------------------------------------------------------------------
 
-    def _spread_counts(self, existing: tuple[frozenset[str], ...]) -> dict[Domain, int]:
-        """spread_counts(existing), kept between plans: the replicas of one model are planned in turn,
-        each request's existing replicas the last one's plus what was placed since, so only those are
-        counted; anything else (another model, a replica forgotten) counts afresh."""
-        kept = self._spread
-        nodes = _NodesOf(self._nodes)
-        if kept is not None and len(existing) >= len(kept[0]) and existing[: len(kept[0])] == kept[0]:
-            counts = dict(kept[1])
-            for domain, count in spread_counts(existing[len(kept[0]) :], nodes).items():
-                counts[domain] = counts.get(domain, 0) + count
-        else:
-            counts = spread_counts(existing, nodes)
-        self._spread = (existing, counts)
-        return counts
+    def _base(self, name: str, request: ReplicaRequest) -> tuple | None:
+        """What of a node's key only the node decides — ``(key after the step, draw, added)`` — or None
+        when it has too few free cards to be a candidate at all."""
+        node = self._nodes[name].node
+        profile = request.profile
+        if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
+            return None
+        settings = self._facility.settings
+        draw = draw_of(node, profile, settings)
+        return order_key(node, profile, request.model, 0, 0, 0)[3:], draw, added_of(node, draw, settings)
 
-    def _tiers(self, request: ReplicaRequest) -> tuple[dict[Domain, int], list[list[tuple[_Group, int]]]]:
-        """Groups (with their spread) by their part of the order, best first: replicas in their racks and
-        PDUs, then condition."""
-        counts = self._spread_counts(request.existing)
-        tiers: dict[tuple[int, int], list[tuple[_Group, int]]] = {}
+    def _entry(self, group: _Group, base: tuple, counts: dict[Domain, int]) -> tuple:
+        """A candidate's ranked entry: its base with the group's spread, rank and the rack's step."""
+        tail, draw, added = base
+        cell = group.step_cell
+        step = FULL_HEADROOM if cell is None or added is None else step_left(cell.limit, cell.use, added)
+        return ((spread_of(group.spread, counts), group.rank, -step, *tail), draw, added, step)
+
+    def _ranking(self, request: ReplicaRequest) -> _Ranking:
+        """The request's kept ranking, caught up with what changed since its last plan, or made afresh."""
+        kind = (request.model, request.profile)
+        ranking = self._rankings.pop(kind, None)
+        existing = request.existing
+        if (
+            ranking is None
+            or ranking.epoch != self._epoch
+            or ranking.seen < self._log_start
+            or len(existing) < len(ranking.existing)
+            or existing[: len(ranking.existing)] != ranking.existing
+        ):
+            ranking = self._rank_afresh(request)
+        else:
+            self._catch_up(ranking, request)
+        if len(self._rankings) >= _RANKINGS_KEPT:
+            del self._rankings[next(iter(self._rankings))]
+        self._rankings[kind] = ranking  # the most recent last: the oldest goes first
+        if len(self._log) > _CHANGES_KEPT:
+            behind = min(r.seen for r in self._rankings.values())
+            keep = max(behind, self._log_start + len(self._log) - _CHANGES_KEPT // 2)
+            del self._log[: keep - self._log_start]
+            self._log_start = keep
+        return ranking
+
+    def _rank_afresh(self, request: ReplicaRequest) -> _Ranking:
+        counts = spread_counts(request.existing, _NodesOf(self._nodes))
+        ranking = _Ranking(request.existing, counts, self._log_start + len(self._log), self._epoch)
+        gpus = request.profile.gpus
         for group in self._groups.values():
-            spread = spread_of(group.spread, counts)
-            tiers.setdefault((spread, group.rank), []).append((group, spread))
-        return counts, [tiers[key] for key in sorted(tiers)]
+            buckets = group.by_free if gpus > 0 else group.by_replicas
+            for bucket, names in buckets.items():
+                if bucket < gpus:
+                    continue
+                for name in names:
+                    base = ranking.bases[name] = self._base(name, request)
+                    ranking.current[name] = self._entry(group, base, counts)
+        ranking.entries = sorted(ranking.current.values())
+        return ranking
+
+    def _catch_up(self, ranking: _Ranking, request: ReplicaRequest) -> None:
+        """Rank again the nodes that changed, those of racks whose use moved, and those of racks and
+        PDUs the model's new replicas went to (their spread)."""
+        changed: set[str] = set()
+        again: set[_Group] = set()
+        for name, rack in self._log[ranking.seen - self._log_start :]:
+            changed.add(name)
+            if rack is not None:
+                again.update(g for g in self._groups_in.get(rack, ()) if g.step_cell is not None)
+        ranking.seen = self._log_start + len(self._log)
+        existing = request.existing
+        if len(existing) > len(ranking.existing):
+            added = spread_counts(existing[len(ranking.existing) :], _NodesOf(self._nodes))
+            for domain, count in added.items():
+                ranking.counts[domain] = ranking.counts.get(domain, 0) + count
+                again.update(self._groups_in.get(domain, ()))
+        ranking.existing = existing
+        entries, current, bases, counts = ranking.entries, ranking.current, ranking.bases, ranking.counts
+        for name in changed:
+            old = current.pop(name, None)
+            if old is not None:
+                del entries[bisect_left(entries, old)]
+            indexed = self._nodes.get(name)
+            base = bases[name] = None if indexed is None else self._base(name, request)
+            if base is not None:
+                entry = current[name] = self._entry(indexed.group, base, counts)
+                insort(entries, entry)
+        for group in again:
+            spread, cell = spread_of(group.spread, counts), group.step_cell
+            for name in group.names():
+                base = bases.get(name)
+                if base is None or name in changed:
+                    continue
+                old = current[name]
+                tail, draw, added = base
+                step = FULL_HEADROOM if cell is None or added is None else step_left(cell.limit, cell.use, added)
+                if old[3] == step and old[0][0] == spread:
+                    continue  # the rank moves only with the facility (a new epoch)
+                entry = current[name] = ((spread, group.rank, -step, *tail), draw, added, step)
+                del entries[bisect_left(entries, old)]
+                insort(entries, entry)
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
         if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
-        facility = self._facility
-        settings = facility.settings
-        use = {domain: cell.use for domain, cell in self._cells.items()}
-        gpus = profile.gpus
+        ranking = self._ranking(request)
         rejections: dict[str, str] = {}
-        counts, tiers = self._tiers(request)
-        # Nodes alike in what these depend on get the same answer: asked once per plan, not per node
-        # (the planner's pieces are pure; thousands of nodes share a handful of figures).
-        draws: dict[float | None, float | None] = {}
-        addeds: dict[tuple, float | None] = {}
-        for tier in tiers:
-            candidates = []
-            for group, spread in tier:
-                buckets = group.by_free if gpus > 0 else group.by_replicas
-                steps: dict[float | None, int] = {}
-                for bucket, names in buckets.items():
-                    if gpus > 0 and bucket < gpus:
-                        continue
-                    for name in names:
-                        node = self._nodes[name].node
-                        limit = node.gpu_power_limit_watts
-                        if limit in draws:
-                            draw = draws[limit]
-                        else:
-                            draw = draws[limit] = draw_of(node, profile, settings)
-                        alike = (node.placed_watts, node.measured_watts, draw)
-                        if alike in addeds:
-                            added = addeds[alike]
-                        else:
-                            added = addeds[alike] = added_of(node, draw, settings)
-                        if added in steps:
-                            step = steps[added]
-                        else:
-                            step = steps[added] = headroom_step(group.domains, added, facility, use)
-                        key = order_key(node, profile, request.model, spread, group.rank, step)
-                        candidates.append((key, name, draw, added, step))
-            candidates.sort()
-            for _, name, draw, added, step in candidates:
-                entry = self._nodes[name]
-                node = entry.node
-                reason = base_rejection(node, profile, entry.held, exclude)
-                if reason is None:
-                    # The first budgeted domain in level order that refuses, as plan_replica says it.
-                    for cell in entry.group.cells:
-                        reason = cell.refusal(draw, added or 0.0)
-                        if reason is not None:
-                            break
-                if reason is not None:
-                    rejections[name] = reason
-                    continue
+        for key, draw, added, step in ranking.entries:
+            name = key[-1]
+            indexed = self._nodes[name]
+            node = indexed.node
+            reason = base_rejection(node, profile, indexed.held, exclude)
+            if reason is None:
+                # The first budgeted domain in level order that refuses, as plan_replica says it.
+                for cell in indexed.group.cells:
+                    reason = cell.refusal(draw, added or 0.0)
+                    if reason is not None:
+                        break
+            if reason is None:
                 return Plan(
                     shards=(shard_for(node, profile, draw),),
-                    why=why_text(node, request, counts, entry.group.rank, step),
+                    why=why_text(node, request, ranking.counts, indexed.group.rank, step),
                     rejections=rejections,
-                    notes=entry.group.notes,
+                    notes=indexed.group.notes,
                 )
-        # Nothing fits: the plain path reports every node, as a no-fit must.
-        return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
+            rejections[name] = reason
+        return self._nofit(request, exclude)
+
+    def _nofit(self, request: ReplicaRequest, exclude: frozenset[str]) -> Plan | NoFit:
+        """Nothing fits: every node's rejection, as ``plan_replica`` words it, read off the index."""
+        profile = request.profile
+        settings = self._facility.settings
+        rejections: dict[str, str] = {}
+        draws: dict[float | None, float | None] = {}
+        for name in sorted(self._nodes):
+            entry = self._nodes[name]
+            node = entry.node
+            reason = base_rejection(node, profile, entry.held, exclude)
+            if reason is None:
+                limit = node.gpu_power_limit_watts
+                if limit not in draws:
+                    draws[limit] = draw_of(node, profile, settings)
+                added = added_of(node, draws[limit], settings)
+                for cell in entry.group.cells:
+                    reason = cell.refusal(draws[limit], added or 0.0)
+                    if reason is not None:
+                        break
+            if reason is None:  # cannot happen once the candidates ran out; the plain path decides
+                return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
+            rejections[name] = reason
+        return NoFit(summary=nofit_summary(rejections), rejections=rejections)
 
 
 @dataclass(frozen=True, slots=True)

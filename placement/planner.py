@@ -255,13 +255,17 @@ def headroom_step(
         budget = facility.budgets.get(domain)
         if budget is None:
             continue
-        limit = budget.limit_watts(facility.settings.margin)
-        if limit <= 0:
-            return 0
-        left = limit - use.get(domain, budget.other_watts) - added
-        # The epsilon keeps a running sum (the index's) and a fresh one (the plain path's) in one step.
-        return max(0, min(HEADROOM_STEPS, math.floor(left * HEADROOM_STEPS / limit + 1e-9)))
+        return step_left(budget.limit_watts(facility.settings.margin), use.get(domain, budget.other_watts), added)
     return FULL_HEADROOM
+
+
+def step_left(limit: float, use: float, added: float) -> int:
+    """Tenths of a rack's ``limit`` left free once ``added`` joins its ``use`` (0 to 10)."""
+    if limit <= 0:
+        return 0
+    left = limit - use - added
+    # The epsilon keeps a running sum (the index's) and a fresh one (the plain path's) in one step.
+    return max(0, min(HEADROOM_STEPS, math.floor(left * HEADROOM_STEPS / limit + 1e-9)))
 
 
 def pack_value(node: NodeView, profile: Profile) -> int:
