@@ -13,6 +13,7 @@ more than storing it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from typing import Any
@@ -32,7 +33,8 @@ class AssignmentsLifespan:
     """The ASGI lifespan of a served process: at start-up the map of assignments is read before the
     first request (no first heartbeat waits on it) and a thread keeps it fresh from then on
     (agents.readings.Refresher), and the node tokens the lane knows are checked again there before
-    their cache entries age; at shutdown the thread stops."""
+    their cache entries age; what start-up made is frozen out of the garbage collector's reach
+    (gc.freeze); at shutdown the thread stops."""
 
     async def __call__(self, scope, receive, send):
         while True:
@@ -41,6 +43,11 @@ class AssignmentsLifespan:
                 # Node tokens checked again in the same thread, before their cache entries age.
                 every = [(TOKEN_CACHE_SECONDS / 2, node_tokens_recheck)]
                 await asyncio.to_thread(readings.refresher_start, every)
+                # What start-up made (modules, settings, the map) lives as long as the process: kept out
+                # of the collector's full passes, which would otherwise walk it all, on the event loop,
+                # in the middle of some heartbeat.
+                gc.collect()
+                gc.freeze()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await asyncio.to_thread(readings.refresher_stop)

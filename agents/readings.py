@@ -160,11 +160,17 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
         table = Node._meta.db_table
         # The peak buckets are updated in the same UPDATE, from the row's own: one statement still.
         buckets_sql, peak_sql = measured_peak_sql("n.measured_peaks", "v.at", "v.watts", measured_window_seconds())
-        rows = [
-            (name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in sorted(batch.items())
+        names = sorted(batch)
+        # Columns as arrays (unnest): the statement's text is the same for any number of rows, so the
+        # driver does not parse a new one of thousands of placeholders for every batch (which held the
+        # GIL the heartbeats' event loop needs) and the server can keep it prepared.
+        columns = [
+            names,
+            [batch[name][0] for name in names],
+            [json.dumps(batch[name][1]) for name in names],
+            [batch[name][2] for name in names],
+            [batch[name][3] for name in names],
         ]
-        values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
-        params = [p for row in rows for p in row]
         with transaction.atomic(), connection.cursor() as cursor:
             # The rows locked first, in name order (the CTE), still one statement: two processes'
             # batches share nodes (a node's heartbeats reach either), and an UPDATE … FROM alone locks
@@ -174,9 +180,10 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
                 f"WITH locked AS (SELECT id FROM {table} WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
-                f"FROM (VALUES {values}) AS v(name, at, sensors, watts, digest), locked "
+                f"FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::double precision[], %s::text[]) "
+                f"AS v(name, at, sensors, watts, digest), locked "
                 f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
-                [[r[0] for r in rows], *params],
+                [names, *columns],
             )
             return {row[0] for row in cursor.fetchall()}
     written = set()
