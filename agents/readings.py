@@ -46,6 +46,42 @@ def forget(node_name: str | None = None) -> None:
             _known.pop(node_name, None)
 
 
+def learn_ready_nodes() -> int:
+    """Remember the nodes ready in the database that this process has not seen, with their stored
+    report's fingerprint, as if it had stored that report itself; how many.
+
+    A process that starts (or is added) beside a running fleet would otherwise send every node's next
+    heartbeat through Django's full path at once, a wave far slower than the fleet's pace, in which
+    nodes pass their ready window and go through it again. The batch write still writes a row only
+    while its stored report is the one remembered, so a report stored elsewhere meanwhile is not hidden.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.models import Node, ready_window_seconds
+    from agents.node.protocol import INTERVAL_MAX
+
+    wall = timezone.now()
+    rows = (
+        Node.objects.filter(last_heartbeat_at__gte=wall - timedelta(seconds=ready_window_seconds(INTERVAL_MAX)))
+        .exclude(report_digest="")
+        .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds")
+    )
+    now = time.monotonic()
+    with _lock:
+        seen = set(_known)
+    learned = {}
+    for name, digest, at, interval in rows:
+        age = max((wall - at).total_seconds(), 0.0)
+        if name not in seen and age <= ready_window_seconds(interval):
+            learned[name] = (digest, now - age)
+    with _lock:
+        for name, entry in learned.items():
+            _known.setdefault(name, entry)
+    return len(learned)
+
+
 def buffer_readings(
     node_name: str,
     digest: str,
@@ -414,11 +450,15 @@ _refresher: Refresher | None = None
 
 
 def refresher_start(every: Iterable[tuple[float, Callable[[], None]]] = ()) -> None:
-    """Read the map now (the server's start: no first heartbeat waits on it), then keep it fresh in a
-    thread, which also runs `every` (see Refresher). Called by the ASGI lifespan's startup (agents.asgi)."""
+    """Read the map now and run `every`'s functions once (the server's start: no first heartbeat waits on
+    them), then keep it fresh in a thread, which also runs `every` at its pace (see Refresher). Called by
+    the ASGI lifespan's startup (agents.asgi)."""
     global _refresher
+    every = list(every)
     try:
         _read(None)
+        for _, task in every:
+            task()
     except Exception:  # the database not up yet: the refresher reads it as soon as it can
         log.warning("map of assignments not read at start", exc_info=True)
     finally:
