@@ -208,6 +208,10 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
             [batch[name][3] for name in names],
         ]
         with transaction.atomic(), connection.cursor() as cursor:
+            # Readings may be lost (under a second of them, see above): the commit does not wait for
+            # the WAL to reach the disk, which on a busy disk held the rows' locks (and the full-path
+            # heartbeats waiting on them) for hundreds of milliseconds.
+            cursor.execute("SET LOCAL synchronous_commit = off")
             # The rows locked first, in name order (the CTE), still one statement: two processes'
             # batches share nodes (a node's heartbeats reach either), and an UPDATE … FROM alone locks
             # in its join's order, which deadlocked them (found only after deadlock_timeout, a second

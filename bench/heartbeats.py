@@ -120,10 +120,12 @@ class Connection:
 
 
 class Pool:
-    """Idle keep-alive connections per server: a send takes one or opens one, so none waits for another."""
+    """Keep-alive connections per server: a send takes an idle one or opens one, so none waits for another,
+    up to `limit` per server (then it waits for one to come back: the wait counts in its latency)."""
 
-    def __init__(self, servers: list[str]):
+    def __init__(self, servers: list[str], limit: int = 400):
         self.idle: dict[str, list[Connection]] = {s: [] for s in servers}
+        self.slots = {s: asyncio.Semaphore(limit) for s in servers}
 
     async def fill(self, per_server: int) -> None:
         for server, idle in self.idle.items():
@@ -131,22 +133,23 @@ class Pool:
 
     async def post(self, server: str, body: bytes, token: str) -> tuple[int, bytes]:
         """Post on an idle connection (once more on a new one if the server had closed it)."""
-        idle = self.idle[server]
-        for attempt in (1, 2):
-            conn = idle.pop() if idle and attempt == 1 else await Connection.open(server)
-            try:
-                answer = await conn.post(HEARTBEAT_PATH, body, token)
-            except ConnectionResetError:
-                conn.close()
-                if attempt == 2:
+        async with self.slots[server]:
+            idle = self.idle[server]
+            for attempt in (1, 2):
+                conn = idle.pop() if idle and attempt == 1 else await Connection.open(server)
+                try:
+                    answer = await conn.post(HEARTBEAT_PATH, body, token)
+                except ConnectionResetError:
+                    conn.close()
+                    if attempt == 2:
+                        raise
+                    continue
+                except BaseException:
+                    conn.close()
                     raise
-                continue
-            except BaseException:
-                conn.close()
-                raise
-            idle.append(conn)
-            return answer
-        raise AssertionError("unreachable")
+                idle.append(conn)
+                return answer
+            raise AssertionError("unreachable")
 
     def close(self) -> None:
         for idle in self.idle.values():
@@ -160,6 +163,7 @@ class Results:
         self.late: list[float] = []  # how long after its due time the client sent each heartbeat
         self.errors: list[str] = []
         self.warmup_errors = 0
+        self.warmup_error = ""
         self.first_at = self.last_at = 0.0
 
     def record(self, status: int, payload: bytes, latency: float) -> None:
@@ -198,6 +202,7 @@ async def paced(plan: dict, results: Results) -> None:
             results.last_at = max(results.last_at, loop.time())
         elif status != 200:
             results.warmup_errors += 1
+            results.warmup_error = results.warmup_error or f"{status}: {payload[:300]!r}"
 
     results.first_at = measure_from
     j = 0
@@ -392,7 +397,7 @@ def main() -> None:
             out = run_client({**plan, "rate": args.rate, "seconds": args.seconds, "connections": args.connections,
                               "join_rate": args.join_rate, "measure_from": measure_from})
             print(f"warm-up: {args.nodes} nodes joined at {args.join_rate:g}/s, measured from {measure_from:.0f} s; "
-                  f"{out['warmup_errors']} failed before")
+                  f"{out['warmup_errors']} failed before {out['warmup_error'][:200]}")
         else:
             warm_up(plan, args.workers)
             print(f"warm-up: {args.nodes} nodes joined and seen by each process in {time.monotonic() - started:.1f} s")
@@ -401,7 +406,10 @@ def main() -> None:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(timeout=10)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     report(args, out)
 
 
