@@ -13,6 +13,7 @@ more than storing it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from typing import Any
@@ -20,27 +21,44 @@ from typing import Any
 from django.utils import timezone
 
 from agents import readings
-from agents.authentication import TOKEN_CACHE_SECONDS, cached_node_for, node_tokens_recheck
+from agents.authentication import TOKEN_CACHE_SECONDS, cached_node_for, node_tokens_learn, node_tokens_recheck
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from llmgw.bodies import HEARTBEAT_PATH, bounded_body, send_json, whole
 from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
 
 log = logging.getLogger(__name__)
 
+# How often a served process learns the running nodes it has not seen (their tokens and stored reports).
+LEARN_SECONDS = 5.0
+
+
+def learn_running_nodes() -> None:
+    """The node tokens and the ready nodes' stored reports this process has not seen: their next
+    heartbeat here takes the fast lane rather than Django's full path (agents.readings.learn_ready_nodes)."""
+    node_tokens_learn()
+    readings.learn_ready_nodes()
+
 
 class AssignmentsLifespan:
     """The ASGI lifespan of a served process: at start-up the map of assignments is read before the
     first request (no first heartbeat waits on it) and a thread keeps it fresh from then on
     (agents.readings.Refresher), and the node tokens the lane knows are checked again there before
-    their cache entries age; at shutdown the thread stops."""
+    their cache entries age; what start-up made is frozen out of the garbage collector's reach
+    (gc.freeze); at shutdown the thread stops."""
 
     async def __call__(self, scope, receive, send):
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                # Node tokens checked again in the same thread, before their cache entries age.
-                every = [(TOKEN_CACHE_SECONDS / 2, node_tokens_recheck)]
+                # Node tokens checked again in the same thread, before their cache entries age; the
+                # running nodes learned at start and as they join.
+                every = [(TOKEN_CACHE_SECONDS / 2, node_tokens_recheck), (LEARN_SECONDS, learn_running_nodes)]
                 await asyncio.to_thread(readings.refresher_start, every)
+                # What start-up made (modules, settings, the map) lives as long as the process: kept out
+                # of the collector's full passes, which would otherwise walk it all, on the event loop,
+                # in the middle of some heartbeat.
+                gc.collect()
+                gc.freeze()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await asyncio.to_thread(readings.refresher_stop)

@@ -53,6 +53,19 @@ def node_tokens_recheck() -> None:
             _token_cache.pop(key_hash, None)
 
 
+def node_tokens_learn() -> int:
+    """Cache every node token this process does not know yet (TOKEN_CACHE_SECONDS, then checked again
+    like the others); how many. With agents.readings.learn_ready_nodes it lets a process's first
+    heartbeat from a running node take the fast lane."""
+    until = time.monotonic() + TOKEN_CACHE_SECONDS
+    learned = 0
+    for key_hash, node_name in NodeToken.objects.values_list("key_hash", "node_name"):
+        if key_hash not in _token_cache:
+            _token_cache[key_hash] = (node_name, until)
+            learned += 1
+    return learned
+
+
 def cached_node_for(authorization: str) -> str | None:
     """The node a `Token …` header names, if this process knows the token (no database read)."""
     keyword, _, key = authorization.partition(" ")

@@ -92,6 +92,13 @@ class NodesConsumer(ReaderConsumer):
             self.send_rows([event["node"]])
         self.send_summary()
 
+    def nodes_readings(self, event: dict) -> None:
+        # New readings of many nodes at once (agents.events): the shown rows among them, in one send.
+        changed = sorted(self.shown.intersection(event.get("nodes") or ()))
+        if changed:
+            self.send_rows(changed)
+        self.send_summary()
+
     def nodes_changed(self, event: dict) -> None:
         # A hold or a budget: any shown row may have changed state.
         if self.shown:
@@ -141,6 +148,10 @@ class NodeConsumer(ReaderConsumer):
 
     def node_changed(self, event: dict) -> None:
         if event.get("node") == self.node_name:
+            self.send_panels()
+
+    def nodes_readings(self, event: dict) -> None:
+        if self.node_name in (event.get("nodes") or ()):
             self.send_panels()
 
     def nodes_changed(self, event: dict) -> None:
@@ -209,6 +220,8 @@ class FacilityConsumer(FilteredPageConsumer):
     def node_changed(self, event: dict) -> None:
         if time.monotonic() - self.last_render >= READINGS_RENDER_SECONDS:
             self.render()
+
+    nodes_readings = node_changed
 
     def nodes_changed(self, event: dict) -> None:
         pass  # a hold or a budget: placement.changed follows it

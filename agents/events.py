@@ -83,9 +83,17 @@ _trailing_due = 0.0
 
 def sensors_changed(name: str) -> None:
     """A node's readings changed (and nothing else): the console hears of it within about a second."""
+    sensors_changed_many([name])
+
+
+def sensors_changed_many(names: list[str]) -> None:
+    """Readings of these nodes changed (the heartbeat fast path's batch, written together): gathered
+    with the others of the second under one lock, and sent as one message."""
     global _trailing_due
+    if not names:
+        return
     with _pending_lock:
-        _pending_sensors.add(name)
+        _pending_sensors.update(names)
         now = time.monotonic()
         wait = SENSOR_FLUSH_SECONDS - (now - _last_flush)
         if wait > 0:
@@ -96,8 +104,8 @@ def sensors_changed(name: str) -> None:
                 _trailing_due, armed = now + wait, True
             if armed:
                 return
-        names = _take_pending()
-    _send_sensors(names)
+        pending = _take_pending()
+    _send_sensors(pending)
 
 
 def _take_pending() -> list[str]:
@@ -132,12 +140,21 @@ def _arm_flush(delay: float) -> bool:
     return True
 
 
+# Node names in one `nodes.readings` message at most: a message stays small for the channel layer.
+READINGS_MESSAGE_NODES = 500
+
+
 def _send_sensors(names: list[str]) -> None:
-    messages = []
-    for node in names:
-        message = {"type": "node.changed", "node": node}
-        messages += [(NODES_GROUP, message), (node_group(node), message)]
-    _send_many(messages)
+    """One `nodes.readings` message to the nodes group for the gathered names (a few, for many nodes):
+    every page that shows nodes is in that group and picks its own. A message per node, and another to
+    each node's own group, cost the event loop two channel-layer round trips per node a second, which
+    it owes to the heartbeats it answers."""
+    _send_many(
+        [
+            (NODES_GROUP, {"type": "nodes.readings", "nodes": names[i : i + READINGS_MESSAGE_NODES]})
+            for i in range(0, len(names), READINGS_MESSAGE_NODES)
+        ]
+    )
 
 
 def _send_many(messages: list[tuple[str, dict]]) -> None:
@@ -189,9 +206,3 @@ def remember_server_loop() -> None:
 def server_loop() -> asyncio.AbstractEventLoop | None:
     loop = _server_loop
     return loop if loop is not None and loop.is_running() else None
-
-
-def sensors_changed_many(names: list[str]) -> None:
-    """Readings of several nodes were written together (the heartbeat fast path's batch)."""
-    for name in names:
-        sensors_changed(name)

@@ -46,6 +46,42 @@ def forget(node_name: str | None = None) -> None:
             _known.pop(node_name, None)
 
 
+def learn_ready_nodes() -> int:
+    """Remember the nodes ready in the database that this process has not seen, with their stored
+    report's fingerprint, as if it had stored that report itself; how many.
+
+    A process that starts (or is added) beside a running fleet would otherwise send every node's next
+    heartbeat through Django's full path at once, a wave far slower than the fleet's pace, in which
+    nodes pass their ready window and go through it again. The batch write still writes a row only
+    while its stored report is the one remembered, so a report stored elsewhere meanwhile is not hidden.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.models import Node, ready_window_seconds
+    from agents.node.protocol import INTERVAL_MAX
+
+    wall = timezone.now()
+    rows = (
+        Node.objects.filter(last_heartbeat_at__gte=wall - timedelta(seconds=ready_window_seconds(INTERVAL_MAX)))
+        .exclude(report_digest="")
+        .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds")
+    )
+    now = time.monotonic()
+    with _lock:
+        seen = set(_known)
+    learned = {}
+    for name, digest, at, interval in rows:
+        age = max((wall - at).total_seconds(), 0.0)
+        if name not in seen and age <= ready_window_seconds(interval):
+            learned[name] = (digest, now - age)
+    with _lock:
+        for name, entry in learned.items():
+            _known.setdefault(name, entry)
+    return len(learned)
+
+
 def buffer_readings(
     node_name: str,
     digest: str,
@@ -160,12 +196,22 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
         table = Node._meta.db_table
         # The peak buckets are updated in the same UPDATE, from the row's own: one statement still.
         buckets_sql, peak_sql = measured_peak_sql("n.measured_peaks", "v.at", "v.watts", measured_window_seconds())
-        rows = [
-            (name, at, json.dumps(sensors), watts, digest) for name, (at, sensors, watts, digest) in sorted(batch.items())
+        names = sorted(batch)
+        # Columns as arrays (unnest): the statement's text is the same for any number of rows, so the
+        # driver does not parse a new one of thousands of placeholders for every batch (which held the
+        # GIL the heartbeats' event loop needs) and the server can keep it prepared.
+        columns = [
+            names,
+            [batch[name][0] for name in names],
+            [json.dumps(batch[name][1]) for name in names],
+            [batch[name][2] for name in names],
+            [batch[name][3] for name in names],
         ]
-        values = ", ".join(["(%s, %s::timestamptz, %s::jsonb, %s::double precision, %s)"] * len(rows))
-        params = [p for row in rows for p in row]
         with transaction.atomic(), connection.cursor() as cursor:
+            # Readings may be lost (under a second of them, see above): the commit does not wait for
+            # the WAL to reach the disk, which on a busy disk held the rows' locks (and the full-path
+            # heartbeats waiting on them) for hundreds of milliseconds.
+            cursor.execute("SET LOCAL synchronous_commit = off")
             # The rows locked first, in name order (the CTE), still one statement: two processes'
             # batches share nodes (a node's heartbeats reach either), and an UPDATE … FROM alone locks
             # in its join's order, which deadlocked them (found only after deadlock_timeout, a second
@@ -174,9 +220,10 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
                 f"WITH locked AS (SELECT id FROM {table} WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
-                f"FROM (VALUES {values}) AS v(name, at, sensors, watts, digest), locked "
+                f"FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::double precision[], %s::text[]) "
+                f"AS v(name, at, sensors, watts, digest), locked "
                 f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
-                [[r[0] for r in rows], *params],
+                [names, *columns],
             )
             return {row[0] for row in cursor.fetchall()}
     written = set()
@@ -407,11 +454,15 @@ _refresher: Refresher | None = None
 
 
 def refresher_start(every: Iterable[tuple[float, Callable[[], None]]] = ()) -> None:
-    """Read the map now (the server's start: no first heartbeat waits on it), then keep it fresh in a
-    thread, which also runs `every` (see Refresher). Called by the ASGI lifespan's startup (agents.asgi)."""
+    """Read the map now and run `every`'s functions once (the server's start: no first heartbeat waits on
+    them), then keep it fresh in a thread, which also runs `every` at its pace (see Refresher). Called by
+    the ASGI lifespan's startup (agents.asgi)."""
     global _refresher
+    every = list(every)
     try:
         _read(None)
+        for _, task in every:
+            task()
     except Exception:  # the database not up yet: the refresher reads it as soon as it can
         log.warning("map of assignments not read at start", exc_info=True)
     finally:

@@ -409,3 +409,29 @@ def test_random_heartbeats_never_give_a_5xx_nor_cost_another_node_its_readings()
         assert Node.objects.get(name="good01").sensors["cpu_temperature_celsius"] == 20.0 + i / 1000
 
     check()
+
+
+@pytest.mark.parametrize("watts", [(None, None), (None, 300.0)], ids=["none-measured", "one-measured"])
+def test_a_readings_batch_with_nodes_that_measure_no_power_is_written(monkeypatch, watts):
+    from agents.services import report_digest
+    from agents.simulator.cluster import heartbeat_for
+
+    names = ("gpu01", "gpu02")
+    digests = {}
+    for name in names:
+        hb = heartbeat_for(node_spec(name, rack="r1"))
+        heartbeat_record(node_name=name, heartbeat=hb)
+        digests[name] = report_digest(hb)
+    monkeypatch.setattr(readings, "FLUSH_SECONDS", 3600)  # both rows wait in one batch
+    now = Node.objects.get(name="gpu01").last_heartbeat_at
+    for name, watt in zip(names, watts, strict=True):
+        sensors = {"cpu_temperature_celsius": 50.5}
+        assert readings.buffer_readings(name, digests[name], at=now, sensors=sensors, watts=watt, interval=10)
+    timer = readings._timer
+    try:
+        assert readings.flush() == 2
+    finally:
+        timer.cancel()
+    stored = dict(Node.objects.filter(name__in=names).values_list("name", "measured_watts"))
+    assert stored == dict(zip(names, watts, strict=True))
+    assert all(n.sensors == {"cpu_temperature_celsius": 50.5} for n in Node.objects.filter(name__in=names))

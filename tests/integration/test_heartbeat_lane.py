@@ -86,3 +86,34 @@ def test_another_nodes_name_with_a_known_token_is_refused():
     status, body = post(other, token)
     assert status == 403
     assert not Node.objects.filter(name="gpu02").exists()
+
+
+def test_a_process_that_learned_the_running_nodes_answers_their_first_heartbeat_in_the_lane(monkeypatch):
+    from datetime import timedelta
+
+    from agents import readings
+    from agents.asgi import learn_running_nodes
+    from agents.authentication import forget_node_tokens
+
+    answered_here = spy_on_lane(monkeypatch)
+    tokens = {name: node_token_create(node_name=name) for name in ("gpu01", "gpu02")}
+    nodes = {name: SimNode(node_spec(name, rack="r1")) for name in tokens}
+    for name, node in nodes.items():
+        assert post(node.heartbeat(1.0), tokens[name])[0] == 200  # joined through Django
+    # gpu02 went quiet past its ready window; then a new process starts, knowing nothing of either.
+    Node.objects.filter(name="gpu02").update(last_heartbeat_at=Node.objects.get(name="gpu02").last_heartbeat_at
+                                             - timedelta(seconds=60))
+    readings.forget()
+    forget_node_tokens()
+    learn_running_nodes()
+    readings.assignments("gpu01")  # the map fresh, as the served process's refresher keeps it
+
+    second = nodes["gpu01"].heartbeat(2.0)
+    second["sensors"]["cpu_temperature_celsius"] = 64.5
+    assert post(second, tokens["gpu01"]) == (200, {"node": "gpu01", "interval_seconds": 10, "replicas": []})
+    assert post(nodes["gpu02"].heartbeat(2.0), tokens["gpu02"])[0] == 200
+    assert answered_here == [False, False, True, False]  # gpu02 comes back through Django
+    deadline = time.monotonic() + 5  # written by the batch writer's thread, a moment later
+    while Node.objects.get(name="gpu01").sensors.get("cpu_temperature_celsius") != 64.5:
+        assert time.monotonic() < deadline, "the fast lane's readings were not written"
+        time.sleep(0.05)
