@@ -9,6 +9,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterable
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
@@ -83,9 +84,14 @@ _trailing_due = 0.0
 
 def sensors_changed(name: str) -> None:
     """A node's readings changed (and nothing else): the console hears of it within about a second."""
+    _sensors_changed((name,))
+
+
+def _sensors_changed(names: Iterable[str]) -> None:
+    """The rule of sensors_changed for several nodes at once: gathered together, sent at most once."""
     global _trailing_due
     with _pending_lock:
-        _pending_sensors.add(name)
+        _pending_sensors.update(names)
         now = time.monotonic()
         wait = SENSOR_FLUSH_SECONDS - (now - _last_flush)
         if wait > 0:
@@ -192,6 +198,8 @@ def server_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def sensors_changed_many(names: list[str]) -> None:
-    """Readings of several nodes were written together (the heartbeat fast path's batch)."""
-    for name in names:
-        sensors_changed(name)
+    """Readings of several nodes were written together (the heartbeat fast path's batch): one send for
+    the batch, not one per node (the batch writer's thread has no loop to arm a flush on, so each node
+    alone would be sent at once, hundreds of sends per batch)."""
+    if names:
+        _sensors_changed(names)
