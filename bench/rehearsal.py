@@ -3,25 +3,30 @@
 Makes its own database (``--database``, default ``llmgw_bench_rehearsal``, on the server of
 DATABASE_URL), loads ``--nodes`` ready nodes × 8 GPUs in racks of 25 with budgets on every rack and PDU
 (bench/placements.py's cluster), installs the auditor's commit log (bench/auditor.sql), then runs
-``--processes`` processes for ``--seconds`` each, drawing events at random:
+``--processes`` processes until ``--events`` events all together or ``--seconds`` each (a progress line
+every 10 s), drawing events at random (KINDS' weights; each process makes every kind once first):
 
-- heartbeats with drifting power: 500 nodes' measured peak set in one statement (nodes locked by name),
-  each node one event;
-- scale (place and free): a model's replicas set anew, then its reconcile (each replica created,
-  placed or freed one event);
-- hold and release of a rack, with or without drain, and a reconcile of everything;
+- heartbeats with drifting power, as a busy web process receives them: 500 nodes' readings buffered
+  and written in one statement by the readings batch (agents.readings), each node one event;
+- scale (place and free): one or two models' replicas set anew, then their reconcile as a request
+  makes it (at most 100 placements, the rest queued); each model's change and each replica created,
+  placed (in batches of up to 64 per transaction) or freed one event;
+- hold and release of a rack, with or without drain;
 - label moves: a node to its rack's other PDU (labels_set);
-- budget changes: a rack's or PDU's cap moved within ±10 % of where it started (budget_set).
+- budget changes: a rack's or PDU's cap moved within ±10 % of where it started (budget_set);
+- the reconcile those changes ask for, queued as on workers: run by the process when asked (at most
+  every 2 s), one process at a time (the workers' advisory lock); each replica it places or frees one
+  event.
 
 With ``--scale-out`` (and REDIS_URL), 2 ``llmgw serve``, 2 ``llmgw worker`` and ``llmgw beat`` run
-alongside: scales go through the API of either web process (their reconciles queued to the workers)
-and the processes above reconcile as well, as placers racing the workers.
+alongside: scales go through the API of either web process, changes queue their reconciles to the
+workers, and the processes above reconcile as well, as placers racing the workers.
 
-Then the auditor's checks (bench/auditor.py): prints events, events/s, the errors the processes met,
-and every violation. Exit status 1 when a violation is found. ``--plant`` writes a double booking
-after the run, to show the auditor catching one.
+Then the auditor's checks (bench/auditor.py): prints events, events/s, each kind's count and process
+seconds, the errors the processes met, and every violation. Exit status 1 when a violation is found.
+``--plant`` writes a double booking after the run, to show the auditor catching one.
 
-Run: ``.venv/bin/python bench/rehearsal.py --seconds 120 --processes 4`` (≥ 1,000,000 events).
+Run: ``.venv/bin/python bench/rehearsal.py --events 1000000 --processes 4``.
 """
 
 from __future__ import annotations
@@ -98,25 +103,30 @@ class Rehearser:
         for name, digest in self.digests.items():
             # What each node's first (full) heartbeat left: its next same heartbeat takes the fast path.
             readings.remember(name, digest)
+        self.first = self.rng.sample(KIND_NAMES, len(KIND_NAMES))
         self.asked = False  # a change asked for a reconcile (queued, as on workers)
         self.reconciled_at = time.monotonic()
 
     def heartbeat(self) -> tuple[str, int]:
         """A batch of nodes' heartbeats, power drifting around what is placed on each (idle draw on empty
         nodes), through the server's readings batch: buffered one by one, written in one statement."""
+        from django.db import connection
         from django.utils import timezone
 
         from agents import readings
         from agents.services import measured_watts
-        from placement.models import NodeBooking
 
         chosen = self.rng.sample(self.names, min(HEARTBEATS_PER_BATCH, len(self.names)))
-        placed = dict(
-            NodeBooking.objects.filter(node_id__in=[self.ids[n] for n in chosen]).values_list("node__name", "placed_watts")
-        )
+        with connection.cursor() as cursor:
+            # What the simulated nodes draw follows what is placed on them (one array parameter).
+            cursor.execute(
+                "SELECT node_id, placed_watts FROM placement_nodebooking WHERE node_id = ANY(%s)",
+                [[self.ids[n] for n in chosen]],
+            )
+            placed = dict(cursor.fetchall())
         now = timezone.now()
         for name in chosen:
-            watts = placed.get(name, 0.0) * (0.6 + self.rng.random() * 0.45) + self.rng.random() * 150
+            watts = placed.get(self.ids[name], 0.0) * (0.6 + self.rng.random() * 0.45) + self.rng.random() * 150
             sensors = {"gpus": [{"index": i, "power_watts": round(watts / 8, 1)} for i in range(8)]}
             readings.buffer_readings(
                 name, self.digests[name], at=now, sensors=sensors, watts=measured_watts(sensors), interval=3600
@@ -127,7 +137,7 @@ class Rehearser:
         """Several models' replicas set anew at once, then their reconcile: each model's change and each
         replica created, placed or freed one event. Through a web process's API when there are some."""
         from placement.models import Model
-        from placement.reconcile import reconcile_all
+        from placement.reconcile import REQUEST_PLACEMENTS, reconcile_all
 
         chosen = self.rng.sample(MODELS, self.rng.randint(1, MOST_MODELS_PER_SCALE))
         for name, gpus, count, keep_within, most in chosen:
@@ -136,7 +146,10 @@ class Rehearser:
                 self._scale_by_api(name, gpus, count, keep_within, wanted)
             else:
                 Model.objects.filter(name=name).update(replicas=wanted)
-        run = reconcile_all(model_names=[m[0] for m in chosen])
+        # Their reconcile as a request makes it: at most REQUEST_PLACEMENTS placed here, the rest queued.
+        run = reconcile_all(model_names=[m[0] for m in chosen], max_placements=REQUEST_PLACEMENTS)
+        if run.unfinished:
+            self.asked = True
         return "scale", len(chosen) + run.created + run.placed + run.removed
 
     def _scale_by_api(self, name: str, gpus: int, count: int, keep_within: str, wanted: int) -> None:
@@ -212,6 +225,8 @@ class Rehearser:
         """The next event: the queued reconcile when due, else one at random by KINDS' weights."""
         if self.reconcile_due():
             return self.reconcile
+        if self.first:  # each kind once first, so that even a short run has them all
+            return getattr(self, self.first.pop())
         return getattr(self, self.rng.choices(KIND_NAMES, KIND_WEIGHTS)[0])
 
 
