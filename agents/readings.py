@@ -136,6 +136,8 @@ def flush() -> int:
     with _lock:
         batch = dict(_buffer)
         _buffer.clear()
+        if _timer is not None:
+            _timer.cancel()  # called before it fired: it would find nothing left to write
         _timer = None
     if not batch:
         return 0
