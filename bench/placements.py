@@ -247,7 +247,7 @@ def main() -> None:
         "--profile", action="store_true", help="print the top of a cProfile of the placements"
     )
     parser.add_argument("--skip-planner", action="store_true", help="do not run bench/planner.py afterwards")
-    parser.add_argument("--batch", type=int, default=64, help="replicas per transaction in the batched run")
+    parser.add_argument("--batch", type=int, default=128, help="replicas per transaction in the batched run")
     parser.add_argument(
         "--processes", type=int, default=1,
         help="placers at once, each with its own index and its share of the models (default 1: one at a time)",

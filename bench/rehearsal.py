@@ -10,7 +10,7 @@ every 10 s), drawing events at random (KINDS' weights; each process makes every 
   and written in one statement by the readings batch (agents.readings), each node one event;
 - scale (place and free): one or two models' replicas set anew, then their reconcile as a request
   makes it (at most 100 placements, the rest queued); each model's change and each replica created,
-  placed (in batches of up to 64 per transaction) or freed one event;
+  placed (in batches of up to 128 per transaction) or freed one event;
 - hold and release of a rack, with or without drain;
 - label moves: a node to its rack's other PDU (labels_set);
 - budget changes: a rack's or PDU's cap moved within ±10 % of where it started (budget_set);
