@@ -30,8 +30,9 @@ def register_metrics_collectors() -> None:
     from facility.metrics import register_collector as facility_collector
     from placement.metrics import register_collector as placement_collector
 
-    agents_collector()
+    # In INSTALLED_APPS' order, as their ready() registered them: /metrics lists them as before.
     facility_collector()
+    agents_collector()
     placement_collector()
 
 
