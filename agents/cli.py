@@ -8,7 +8,7 @@ from urllib.parse import quote
 from facility.domains import DomainError, parse_domain, parse_label_args
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, local_only, read, write
+from llmgw.remote import lazy, listing, local_only, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 services = lazy("agents.services")
@@ -65,6 +65,7 @@ def register(commands) -> None:
         p.set_defaults(handler=cordon, cordoned=cordoned, drain=drain)
 
 
+@listing
 def nodes(args) -> int:
     domain = None
     if args.domain:

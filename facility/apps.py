@@ -6,10 +6,7 @@ class FacilityConfig(AppConfig):
     verbose_name = "Facility"
 
     def ready(self) -> None:
-        # Domain power and holds on /metrics, read from the database on each scrape.
-        from facility.metrics import register_collector
-
-        register_collector()
+        # (Its collector of domain power and holds for /metrics is registered by llmgw.apps.)
         # A node's rack or PDUs changed: the caps derived from feeds follow (facility.feed_services).
         from agents.signals import nodes_changed
         from facility.feed_services import refresh_after_labels

@@ -7,7 +7,7 @@ import sys
 from urllib.parse import quote
 
 from llmgw.output import kw, print_json, print_table
-from llmgw.remote import lazy, local_only, read, write
+from llmgw.remote import lazy, listing, local_only, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 feed_selectors = lazy("facility.feed_selectors")
@@ -111,6 +111,7 @@ def register(commands) -> None:
     d.set_defaults(handler=budget_delete)
 
 
+@listing
 def overview(args) -> int:
     data = read(args, "facility", lambda: placement_selectors.facility_overview())
     if args.output == "json":
@@ -192,6 +193,7 @@ def condition_clear(args) -> int:
     return 0
 
 
+@listing
 def events(args) -> int:
     def local() -> list[dict]:
         from facility.selectors import condition_events
@@ -209,6 +211,7 @@ def events(args) -> int:
     return 0
 
 
+@listing
 def shed(args) -> int:
     from placement.shedding import shed_plan, shedding_config
 
@@ -231,6 +234,7 @@ def shed(args) -> int:
     return 0
 
 
+@listing
 def capping(args) -> int:
     from placement.capping import capping_config, capping_rows
 
@@ -361,6 +365,7 @@ def register_feeds(sub) -> None:
     wf.set_defaults(handler=what_if)
 
 
+@listing
 def feeds(args) -> int:
     data = read(args, "facility/feeds", lambda: feed_selectors.feeds_overview())
     if args.output == "json":
@@ -382,6 +387,7 @@ def feeds(args) -> int:
     return 0
 
 
+@listing
 def feed_loss(args) -> int:
     data = read(args, "facility/feed-loss", lambda: feed_selectors.feed_loss_report(feed=args.feed), feed=args.feed)
     if args.output == "json":
@@ -396,6 +402,7 @@ def feed_loss(args) -> int:
     return 0
 
 
+@listing
 def what_if(args) -> int:
     def local() -> dict:
         from placement.whatif import what_if as run

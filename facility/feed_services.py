@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -23,7 +23,9 @@ from facility.domains import _NAME_RE
 from facility.models import Budget, Feed, Source
 from facility.signals import facility_changed
 from llmgw.errors import InvalidInput
-from llmgw.yamldoc import Document
+
+if TYPE_CHECKING:  # PyYAML is loaded by whoever parses a file, not by every process that starts Django
+    from llmgw.yamldoc import Document
 
 FEED_KEYS = ("name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks")
 # Bounds a real circuit stays within: a typo (4150 V, 3200 A) is refused, not turned into a cap.

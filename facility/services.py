@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
 from django.db import transaction
 from django.utils import timezone
 
@@ -97,6 +96,8 @@ def _parse_block(doc: Document, key: str, parse) -> Any:
 
 def _scenario_of(doc: Document, sources: SourcesConfig) -> Any:
     """The simulated source's scenario file, read and checked now (relative to the server.yaml)."""
+    import yaml  # here: every process that starts Django imports this module; few read a scenario
+
     if sources.simulated_file is None:
         return None
     path = Path(sources.simulated_file)

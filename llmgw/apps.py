@@ -19,3 +19,29 @@ class LlmgwConfig(AppConfig):
 
         placement_changed.connect(placement_changed_receiver, dispatch_uid="console-live-placement")
         facility_changed.connect(facility_changed_receiver, dispatch_uid="console-live-facility")
+        register_metrics_collectors()
+
+
+def register_metrics_collectors() -> None:
+    """/metrics' collectors (node sensors, domain power and holds, placement's would-place counts), read
+    from the database on each scrape: registered with the interfaces, not in each app's ready(), so a
+    process that serves no /metrics (ctl's listings, LlmgwReadConfig) does not load prometheus_client."""
+    from agents.metrics import register_collector as agents_collector
+    from facility.metrics import register_collector as facility_collector
+    from placement.metrics import register_collector as placement_collector
+
+    # In INSTALLED_APPS' order, as their ready() registered them: /metrics lists them as before.
+    facility_collector()
+    agents_collector()
+    placement_collector()
+
+
+class LlmgwReadConfig(LlmgwConfig):
+    """llmgw for `llmgw ctl`'s listings (settings.CTL_READ_APPS): they send no task, change nothing the
+    live pages show and serve no /metrics, so neither the Celery app, the live pages' receivers (Channels)
+    nor the metrics collectors (prometheus_client) is loaded."""
+
+    default = False
+
+    def ready(self) -> None:
+        pass

@@ -91,15 +91,25 @@ def server_first(argv: list[str]) -> list[str]:
     return front + rest
 
 
+def django_setup(*, read_only: bool) -> None:
+    """Start Django for local mode; a listing (llmgw.remote.listing) with only the apps it reads
+    (settings.CTL_READ_APPS) unless Django has started already (tests, `llmgw shell`)."""
+    import django
+    from django.apps import apps
+    from django.conf import settings
+
+    if read_only and not apps.ready and hasattr(settings, "CTL_READ_APPS"):
+        settings.INSTALLED_APPS = settings.CTL_READ_APPS
+    django.setup()
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(server_first(list(argv)))
     try:
         args.remote = remote_mode.remote_from(args.server)
         if args.remote is None:
-            import django
-
-            django.setup()
+            django_setup(read_only=getattr(args.handler, "read_only", False))
         return args.handler(args) or 0
     except LlmgwError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

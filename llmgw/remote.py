@@ -12,9 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -64,6 +61,10 @@ class Remote:
 
     def call(self, method: str, path: str, *, params: dict | None = None, body: Any = None) -> Any:
         """The decoded JSON answer (None when empty); the API's {"detail","field"} raised as the local error."""
+        import urllib.error  # here: local mode, on the database, never loads the HTTP client
+        import urllib.parse
+        import urllib.request
+
         url = f"{self.url}/api/v1/{path.lstrip('/')}"
         query = {k: v for k, v in (params or {}).items() if v is not None}
         if query:
@@ -117,6 +118,13 @@ def read(args, path: str, local: Callable[[], Any], **params: Any) -> Any:
     if remote is None:
         return local()
     return remote.call("GET", path, params=params)
+
+
+def listing(handler: Callable[[Any], int]) -> Callable[[Any], int]:
+    """Mark a command that only reads (in local mode too: no write, no signal, no task): llmgw.ctl then
+    starts Django with the listings' apps (settings.CTL_READ_APPS), not the whole web stack."""
+    handler.read_only = True  # type: ignore[attr-defined]
+    return handler
 
 
 def write(args, method: str, path: str, body: Any, local: Callable[[], Any]) -> Any:

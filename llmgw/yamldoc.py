@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from llmgw.errors import InvalidInput
+
+if TYPE_CHECKING:  # PyYAML is imported where a file is read, not by every module that names Document
+    import yaml
 
 Path = tuple[str | int, ...]
 
@@ -26,6 +27,8 @@ class DuplicateKey(Exception):
 
 
 def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
+    import yaml
+
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
@@ -101,6 +104,8 @@ def read_text(path) -> str:
 
 def load_documents(text: str, filename: str) -> list[Document]:
     """Every document of a YAML stream, or InvalidInput naming the line where it does not parse."""
+    import yaml
+
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
         datas = list(yaml.safe_load_all(text))

@@ -27,6 +27,4 @@ class PlacementConfig(AppConfig):
         readings.register_capping_provider(capping_blocks)
         conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")
-        from placement.metrics import register_collector
-
-        register_collector()
+        # (Its collector for /metrics is registered by llmgw.apps, with the other interfaces.)

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, local_only, read
+from llmgw.remote import lazy, listing, local_only, read
 from placement.planner import efficiency_text, gpus_text, profile_text
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -111,6 +111,7 @@ def apply_remote(args) -> int:
     return 0
 
 
+@listing
 def models(args) -> int:
     rows = read(args, "models", lambda: selectors.model_rows())
     if args.output == "json":
@@ -146,6 +147,7 @@ def shards_text(shards: list[dict[str, Any]]) -> str:
     )
 
 
+@listing
 def replicas(args) -> int:
     rows = read(args, "replicas", lambda: selectors.replica_rows(model=args.model), model=args.model)
     if args.output == "json":
@@ -158,6 +160,7 @@ def replicas(args) -> int:
     return 0
 
 
+@listing
 def explain(args) -> int:
     data = read(args, f"models/{quote(args.model, safe='')}/explain", lambda: selectors.model_explain(args.model))
     if args.output == "json":
@@ -191,6 +194,7 @@ def explain(args) -> int:
     return 0
 
 
+@listing
 def headroom(args) -> int:
     data = read(args, f"models/{quote(args.model, safe='')}/headroom", lambda: selectors.model_headroom(args.model))
     if args.output == "json":

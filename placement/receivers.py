@@ -10,7 +10,6 @@ from django.db import transaction
 from agents import readings
 from llmgw import inprocess
 from placement.reports import shard_states_report
-from placement.tasks import request_reconcile
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +21,10 @@ def reconcile_on_change(*, heartbeat: bool = False, **_: Any) -> None:
         # reconcile per joining node's request, each holding SQLite's one write lock.
         transaction.on_commit(inprocess.wake)
         return
+    # Here, not at the top: Celery is loaded by the processes that send a task, not by every one that
+    # starts Django (`llmgw ctl`'s listings connect these receivers and never send).
+    from placement.tasks import request_reconcile
+
     request_reconcile()
 
 

@@ -92,6 +92,8 @@ def test_agent_dry_run_prints_its_heartbeat(agent_venv):
 def test_the_agent_loads_nothing_of_the_control_plane(agent_venv):
     code = (
         "import sys, agents.node.daemon, agents.node.sensors, llmgw.cli;"
+        # agent.yaml read as the agent reads it (PyYAML is imported when a file is parsed)
+        "from llmgw.yamldoc import load_documents; load_documents('node: gpu01', 'agent.yaml');"
         "print(sorted({m.split('.')[0] for m in sys.modules}))"
     )
     result = run_in(agent_venv, str(agent_venv / "bin" / "python"), "-c", code)

@@ -1,0 +1,95 @@
+"""`llmgw ctl` on the database: a listing starts Django with the listings' apps only (settings.CTL_READ_APPS)
+and prints what the whole stack prints; a command that writes starts the whole stack, its receivers
+connected. The real command in a fresh process, on this test's database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llmgw.ctl import main as ctl
+from tests.integration.test_ctl_remote import LISTINGS
+from tests.integration.test_schema_fuzz import seeded  # noqa: F401  (the fixture: something of everything)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("seeded")]
+
+# What the web server, the worker and /metrics load, and a listing must not: each is tens to hundreds of
+# milliseconds of a command that should answer in a fraction of a second.
+HEAVY = ("daphne", "twisted", "channels", "celery", "llmgw.celery", "drf_spectacular", "django_prometheus",
+         "prometheus_client", "rest_framework.views", "rest_framework.serializers", "agents.consumers")
+# Listings beside the remote ones (test_ctl_remote.LISTINGS) that read on the database only.
+LOCAL_LISTINGS = [("facility", "capping"), ("facility", "shed", "--dry-run"), ("facility", "what-if", "hold", "rack:r1-01")]
+
+LISTINGS_PROBE = """
+import contextlib, io, json, sys
+from django.apps import apps
+from llmgw.cli import main
+
+outputs = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(['ctl', *argv])
+    outputs.append([code, out.getvalue()])
+print(json.dumps({
+    "outputs": outputs,
+    "loaded": sorted(m for m in sys.modules if m in json.loads(sys.argv[2])),
+    "models": sorted(m._meta.label for m in apps.get_models()),
+    "llmgw": type(apps.get_app_config("llmgw")).__name__,
+}))
+"""
+
+WRITE_PROBE = """
+import json, sys
+from django.apps import apps
+from llmgw.cli import main
+from placement.signals import placement_changed
+
+code = main(['ctl', 'token', 'create', 'probe', '--role', 'viewer'])
+print(json.dumps({"code": code, "celery": "llmgw.celery" in sys.modules,
+                  "live_pages": any(key[0] == "console-live-placement" for key, *_ in placement_changed.receivers),
+                  "llmgw": type(apps.get_app_config("llmgw")).__name__}))
+"""
+
+
+def run_probe(code: str, *args: str) -> dict:
+    """`code` in a fresh Python on this test's database; its last line of output, decoded."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_URL", "LLMGW_TOKEN"}}
+    env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    got = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert got.returncode == 0, got.stderr[-3000:]
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def test_a_listing_loads_only_what_it_reads_and_prints_the_same(capsys):
+    from django.apps import apps
+
+    argvs = [[*argv, *fmt] for argv in [*LISTINGS, *LOCAL_LISTINGS] for fmt in ([], ["-o", "json"])]
+    got = run_probe(LISTINGS_PROBE, json.dumps(argvs), json.dumps(HEAVY))
+    assert got["llmgw"] == "LlmgwReadConfig"
+    assert got["loaded"] == []
+    # Every model of the whole stack is there (a listing's query may join any of them).
+    assert got["models"] == sorted(m._meta.label for m in apps.get_models())
+    for argv, (code, out) in zip(argvs, got["outputs"], strict=True):
+        assert code == 0, argv
+        assert ctl(argv) == 0, argv
+        expected = capsys.readouterr().out
+        if "json" in argv:
+            assert json.loads(out) == json.loads(expected), argv
+        else:
+            assert out == expected, argv
+
+
+def test_a_command_that_writes_starts_the_whole_stack():
+    from rest_framework.authtoken.models import Token
+
+    got = run_probe(WRITE_PROBE)
+    assert got == {"code": 0, "celery": True, "live_pages": True, "llmgw": "LlmgwConfig"}
+    assert Token.objects.filter(user__username="probe").exists()
