@@ -194,7 +194,7 @@ async def paced(plan: dict, results: Results) -> None:
         counted = due >= measure_from
         if counted:
             results.late.append(loop.time() - due)
-        server = servers[(node + beat + plan["server_offset"]) % len(servers)]
+        server = servers[(node + (0 if plan.get("sticky") else beat) + plan["server_offset"]) % len(servers)]
         try:
             status, payload = await pool.post(server, bodies[node][beat % len(bodies[node])], tokens[node])
         except (OSError, asyncio.IncompleteReadError) as exc:
@@ -354,7 +354,11 @@ def main() -> None:
                         help="closed loop: heartbeats in flight; paced: connections opened per process at start")
     parser.add_argument("--seconds", type=float, default=20, help="measured (after the warm-up)")
     parser.add_argument("--join-rate", type=float, default=50,
-                        help="paced: nodes joining per second before the measured seconds (default 50)")
+                        help="paced: nodes joining per second before the measured seconds (default 50); 0: the "
+                             "nodes join in the closed-loop warm-up first, and the paced run measures steady state")
+    parser.add_argument("--sticky", action="store_true",
+                        help="paced: each node posts to one process, as an agent's kept-alive connection does "
+                             "(default: each beat to the next process, a new connection every time)")
     parser.add_argument("--port", type=int, default=18100)
     parser.add_argument("--database", default="llmgw_bench")
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""),
@@ -397,7 +401,13 @@ def main() -> None:
             "server_offset": 0}
     try:
         started = time.monotonic()
-        if args.rate:
+        if args.rate and not args.join_rate:
+            # Steady state: every node joined and seen by each process at the closed loop's pace, then paced.
+            warm_up(plan, args.workers)
+            print(f"warm-up: {args.nodes} nodes joined and seen by each process in {time.monotonic() - started:.1f} s")
+            out = run_client({**plan, "rate": args.rate, "seconds": args.seconds, "connections": args.connections,
+                              "join_rate": float("inf"), "measure_from": 2 * interval, "sticky": args.sticky})
+        elif args.rate:
             # The nodes join at --join-rate while the ones in keep their pace; a node's first two beats take
             # the full path (joining, then its first in the other process): measured after two intervals more.
             measure_from = args.nodes / args.join_rate + 2 * interval * args.workers / 2 + 1
