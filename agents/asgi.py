@@ -1,11 +1,13 @@
 """The heartbeat's fast lane, in front of Django: a known node saying nothing new is answered from memory.
 
 A heartbeat from a node whose token is known to this process, that validates, and that says nothing but
-new readings (agents.readings: same fingerprint as the last one stored, node still ready) is answered
-here, on the event loop: its readings join the next batch write and its answer comes from the map of
-assignments. Everything else — an unknown token, a refusal to explain, a node that joins, changes or
-comes back, a map that is stale — goes to Django unchanged, through the full path (the DRF view and
-agents.services.heartbeat_record), which also fills the caches this lane reads. Both answer the same.
+new readings (agents.readings: same fingerprint as the last one this process stored or learned) is
+answered here, on the event loop: its readings join the next batch write and its answer comes from the
+map of assignments. A node that had gone quiet past its ready window is answered here too; the batch
+write sees it and tells placement it came back. Everything else — an unknown token, a refusal to explain,
+a node that joins or changes, a map that is stale — goes to Django unchanged, through the full path (the
+DRF view and agents.services.heartbeat_record), which also fills the caches this lane reads. Both answer
+the same.
 Without this lane each heartbeat would cross from the event loop into a thread and back, which costs
 more than storing it.
 """

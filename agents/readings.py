@@ -92,21 +92,25 @@ def buffer_readings(
     interval: float,
     on_event_loop: bool = False,
 ) -> bool:
-    """Keep the readings for the next batch if the node is known, unchanged and ready; False otherwise.
+    """Keep the readings for the next batch if the node is known and its report unchanged; False otherwise.
+
+    A node this process has not heard from within its ready window is kept too: the batch write sees
+    from the stored row that it had gone quiet and tells placement it came back (``nodes_changed``), as
+    the full path would. Sending it through the full path instead made an overload feed itself: a
+    heartbeat that had queued past its node's window took Django's path, several times slower, so
+    more queued past theirs, and the lane never won them back under the same load.
 
     `on_event_loop`: the caller may not touch the database (the fast lane): the batch is always
     written by the timer thread.
     """
     global _timer
     from agents.events import remember_server_loop
-    from agents.models import ready_window_seconds
 
     remember_server_loop()
     now = time.monotonic()
     with _lock:
         known = _known.get(node_name)
-        window = ready_window_seconds(interval)
-        if known is None or known[0] != digest or now - known[1] > window:
+        if known is None or known[0] != digest:
             return False
         _known[node_name] = (digest, now)
         _buffer[node_name] = (at, dict(sensors), watts, digest)
@@ -142,7 +146,7 @@ def flush() -> int:
     if not batch:
         return 0
     try:
-        written = _write(batch)
+        written, came_back = _write(batch)
     except Exception:
         # Not stored: these nodes' next heartbeats take the full path, which writes or says why.
         with _lock:
@@ -159,11 +163,18 @@ def flush() -> int:
     from agents.events import sensors_changed_many
 
     sensors_changed_many(sorted(written))
+    if came_back:
+        from agents import signals
+        from agents.models import Node
+
+        # Not ready until this write (quiet past their window): a node back, as the full path says it.
+        signals.nodes_changed.send(sender=Node, node_names=tuple(sorted(came_back)), heartbeat=True)
     return len(written)
 
 
-def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
+def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> tuple[set[str], set[str]]:
     """Write the batch in one statement; if it fails, row by row, so one bad row costs no other node.
+    Returns the nodes written, and those of them that were not ready before this write.
 
     A row that fails alone is dropped and logged (its node's next heartbeat takes the full path, which
     stores it or says why).
@@ -175,23 +186,30 @@ def _write(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[st
     except Exception:
         if len(batch) == 1:
             log.exception("readings of node %s not written: dropped", next(iter(batch)))
-            return set()
+            return set(), set()
         log.warning("readings batch of %d nodes failed: writing them one by one", len(batch), exc_info=True)
     written: set[str] = set()
+    came_back: set[str] = set()
     for name, row in batch.items():
         try:
-            written |= _write_rows({name: row})
+            one, back = _write_rows({name: row})
         except (OperationalError, InterfaceError):
             raise
         except Exception:
             log.exception("readings of node %s not written: dropped", name)
-    return written
+            continue
+        written |= one
+        came_back |= back
+    return written, came_back
 
 
-def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> set[str]:
+def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> tuple[set[str], set[str]]:
     """One UPDATE for the rows (a transaction of its own, or a savepoint inside the caller's); a row is
-    written only while its stored report is the one remembered."""
-    from agents.models import Node, measured_peak_of, measured_window_seconds
+    written only while its stored report is the one remembered. Returns the names written, and those
+    whose stored heartbeat was past its ready window (by ``heartbeat_is_fresh``'s rule) before it."""
+    from django.conf import settings
+
+    from agents.models import Node, heartbeat_is_fresh, measured_peak_of, measured_window_seconds
     from facility.power import measured_peak_sql
 
     if connection.vendor == "postgresql":
@@ -218,21 +236,35 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
             # batches share nodes (a node's heartbeats reach either), and an UPDATE … FROM alone locks
             # in its join's order, which deadlocked them (found only after deadlock_timeout, a second
             # in the tail).
+            # The locked rows' heartbeat before this write says who had gone quiet: ready_window_seconds'
+            # rule (interval × LLMGW_MISSED_HEARTBEATS) in SQL, against the new heartbeat's time.
             cursor.execute(
-                f"WITH locked AS (SELECT id FROM {table} WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
+                f"WITH locked AS (SELECT id, last_heartbeat_at, heartbeat_interval_seconds FROM {table} "
+                f"WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
                 f"FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::double precision[], %s::text[]) "
                 f"AS v(name, at, sensors, watts, digest), locked "
-                f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest RETURNING n.name",
-                [names, *columns],
+                f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest "
+                f"RETURNING n.name, locked.last_heartbeat_at IS NULL OR EXTRACT(EPOCH FROM v.at - "
+                f"locked.last_heartbeat_at) > locked.heartbeat_interval_seconds * %s",
+                [names, *columns, settings.LLMGW_MISSED_HEARTBEATS],
             )
-            return {row[0] for row in cursor.fetchall()}
+            rows = cursor.fetchall()
+            return {row[0] for row in rows}, {row[0] for row in rows if row[1]}
     written = set()
+    came_back = set()
     with transaction.atomic():
         for name, (at, sensors, watts, digest) in batch.items():
-            stored = Node.objects.select_for_update().filter(name=name).values_list("measured_peaks", flat=True).first()
-            buckets, peak = measured_peak_of(stored, watts, at)
+            stored = (
+                Node.objects.select_for_update()
+                .filter(name=name)
+                .values_list("measured_peaks", "last_heartbeat_at", "heartbeat_interval_seconds")
+                .first()
+            )
+            if stored is None:
+                continue
+            buckets, peak = measured_peak_of(stored[0], watts, at)
             if Node.objects.filter(name=name, report_digest=digest).update(
                 last_heartbeat_at=at,
                 sensors_at=at,
@@ -242,7 +274,9 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> s
                 measured_peak_watts=peak,
             ):
                 written.add(name)
-    return written
+                if not heartbeat_is_fresh(stored[1], stored[2], at):
+                    came_back.add(name)
+    return written, came_back
 
 
 # -- assignments -----------------------------------------------------------------------------------------

@@ -117,3 +117,52 @@ def test_a_process_that_learned_the_running_nodes_answers_their_first_heartbeat_
     while Node.objects.get(name="gpu01").sensors.get("cpu_temperature_celsius") != 64.5:
         assert time.monotonic() < deadline, "the fast lane's readings were not written"
         time.sleep(0.05)
+
+
+def test_a_known_node_back_from_quiet_is_answered_in_the_lane_and_placement_hears_it_came_back(monkeypatch):
+    """A heartbeat that waited past its node's ready window (a queue under load, a pause) is answered in
+    the lane like any other; the batch write finds the stored heartbeat too old and says the node came
+    back, as Django's full path would. (Sending such nodes through Django fed an overload: each one
+    slower, so more waited past their windows.)"""
+    from datetime import timedelta
+
+    from agents import readings, signals
+
+    answered_here = spy_on_lane(monkeypatch)
+    heard: list[tuple[tuple[str, ...], bool]] = []
+
+    def receiver(*, node_names, heartbeat=False, **_):
+        heard.append((tuple(node_names), heartbeat))
+
+    signals.nodes_changed.connect(receiver, dispatch_uid="test-came-back")
+    try:
+        tokens = {name: node_token_create(node_name=name) for name in ("gpu01", "gpu02")}
+        nodes = {name: SimNode(node_spec(name, rack="r1")) for name in tokens}
+        for name, node in nodes.items():
+            assert post(node.heartbeat(1.0), tokens[name])[0] == 200  # joined through Django
+        readings.assignments("gpu01")  # the map fresh, as the served process's refresher keeps it
+        # gpu02's last heartbeat stored a minute ago (its window is 30 s); gpu01's is fresh.
+        Node.objects.filter(name="gpu02").update(
+            last_heartbeat_at=Node.objects.get(name="gpu02").last_heartbeat_at - timedelta(seconds=60)
+        )
+        heard.clear()
+
+        for name in ("gpu01", "gpu02"):
+            assert post(nodes[name].heartbeat(2.0), tokens[name]) == (
+                200, {"node": name, "interval_seconds": 10, "replicas": []}
+            )
+        assert answered_here == [False, False, True, True]
+        deadline = time.monotonic() + 5  # the batch writer's thread, a moment later
+        while not heard:
+            assert time.monotonic() < deadline, "the batch did not say gpu02 came back"
+            time.sleep(0.05)
+        assert heard == [(("gpu02",), True)]  # gpu01 never left: nothing to say of it
+        assert Node.objects.get(name="gpu02").is_ready(timezone_now())
+    finally:
+        signals.nodes_changed.disconnect(dispatch_uid="test-came-back")
+
+
+def timezone_now():
+    from django.utils import timezone
+
+    return timezone.now()
