@@ -23,7 +23,9 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.5  # 0: write in the request (tests)
+# 0: write in the request (tests). Short: the batch is built in a thread under the GIL the event loop needs,
+# so its size is a pause in every heartbeat's answer (0.5 s batches: p99 110 ms at 1,000/s; 0.1 s: 26 ms).
+FLUSH_SECONDS = 0.1
 ASSIGNMENTS_SECONDS = 1.0
 
 _lock = threading.Lock()
