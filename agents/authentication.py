@@ -30,10 +30,13 @@ class NodeIdentity:
 # otherwise look its token up every time. A replaced token keeps working at most this long.
 TOKEN_CACHE_SECONDS = 60
 _token_cache: dict[str, tuple[str, float]] = {}
+_tokens_learned_to = 0  # the highest token id node_tokens_learn has read
 
 
 def forget_node_tokens() -> None:
+    global _tokens_learned_to
     _token_cache.clear()
+    _tokens_learned_to = 0
 
 
 def node_tokens_recheck() -> None:
@@ -57,9 +60,15 @@ def node_tokens_learn() -> int:
     """Cache every node token this process does not know yet (TOKEN_CACHE_SECONDS, then checked again
     like the others); how many. With agents.readings.learn_ready_nodes it lets a process's first
     heartbeat from a running node take the fast lane."""
+    global _tokens_learned_to
     until = time.monotonic() + TOKEN_CACHE_SECONDS
     learned = 0
-    for key_hash, node_name in NodeToken.objects.values_list("key_hash", "node_name"):
+    # The tokens made since the last learning only (by id): the whole table every few seconds held the
+    # GIL the event loop needs. A token made again for its node keeps its row: its first heartbeat here
+    # is authenticated by Django, which caches it.
+    rows = NodeToken.objects.filter(id__gt=_tokens_learned_to).values_list("id", "key_hash", "node_name")
+    for token_id, key_hash, node_name in rows:
+        _tokens_learned_to = max(_tokens_learned_to, token_id)
         if key_hash not in _token_cache:
             _token_cache[key_hash] = (node_name, until)
             learned += 1

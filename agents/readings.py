@@ -65,14 +65,28 @@ def learn_ready_nodes() -> int:
     from agents.node.protocol import INTERVAL_MAX
 
     wall = timezone.now()
-    rows = (
-        Node.objects.filter(last_heartbeat_at__gte=wall - timedelta(seconds=ready_window_seconds(INTERVAL_MAX)))
-        .exclude(report_digest="")
-        .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds")
-    )
-    now = time.monotonic()
     with _lock:
         seen = set(_known)
+    since = wall - timedelta(seconds=ready_window_seconds(INTERVAL_MAX))
+    if connection.vendor == "postgresql":
+        # Only the nodes this process has not seen: after the first learning, a handful, not the fleet
+        # (reading 10,000 rows every few seconds, in a thread, held the GIL the event loop needs: p99
+        # 73 ms at 1,000 heartbeats/s from 10,000 nodes against 30 ms without).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds FROM "
+                f"{Node._meta.db_table} WHERE last_heartbeat_at >= %s AND report_digest <> '' "
+                f"AND NOT (name = ANY(%s))",
+                [since, sorted(seen)],
+            )
+            rows = cursor.fetchall()
+    else:
+        rows = (
+            Node.objects.filter(last_heartbeat_at__gte=since)
+            .exclude(report_digest="")
+            .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds")
+        )
+    now = time.monotonic()
     learned = {}
     for name, digest, at, interval in rows:
         age = max((wall - at).total_seconds(), 0.0)
