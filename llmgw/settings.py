@@ -94,12 +94,14 @@ INSTALLED_APPS = [
 ]
 
 # What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
-# load every app with models (the admin's without its autodiscovery of admin.py) and none of the web
-# server's (ASGI server, static files, API schema, filters, htmx, metrics, Channels), nor the Celery app
-# and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A listing then starts in a fraction of the
+# load every app with models a listing reads, and none of the web server's (ASGI server, the admin and
+# its log, the console's sessions, static files, API schema, filters, htmx, metrics, Channels), nor the
+# Celery app and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A listing then starts in a fraction of the
 # time; commands that write start with INSTALLED_APPS, their signals' receivers all connected.
 CTL_WEB_ONLY_APPS = {
     "daphne",
+    "django.contrib.admin",
+    "django.contrib.sessions",
     "django.contrib.messages",
     "servestatic.runserver_nostatic",
     "django.contrib.staticfiles",
@@ -111,9 +113,7 @@ CTL_WEB_ONLY_APPS = {
     "channels",
 }
 CTL_READ_APPS = [
-    {"django.contrib.admin": "django.contrib.admin.apps.SimpleAdminConfig", "llmgw": "llmgw.apps.LlmgwReadConfig"}.get(
-        app, app
-    )
+    {"llmgw": "llmgw.apps.LlmgwReadConfig"}.get(app, app)
     for app in INSTALLED_APPS
     if app not in CTL_WEB_ONLY_APPS
 ]
