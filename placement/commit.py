@@ -186,42 +186,57 @@ class _Locked:
         }
         self.taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.extra: dict[str, float] = defaultdict(float)
+        self.refusals: dict[str, str | None] = {}
+        self.budgeted: dict[str, list[str]] = {}  # each node's budgeted domains, in level order
+
+    def _node_refusal(self, name: str, domains: list[str], now: datetime) -> str | None:
+        """Why the locked row of a chosen node refuses any shard (gone, cordoned, not ready, moved, held)."""
+        row = self.nodes.get(name)
+        if row is None:
+            return f"{name}: the node is gone"
+        if row[2]:
+            return f"{name}: cordoned meanwhile"
+        if not _is_ready(row[3], row[4], now):
+            return f"{name}: not ready any more"
+        labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
+        if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains):
+            return f"{name}: its location changed meanwhile"
+        for domain in domains:
+            if domain in self.held:
+                return f"{name}: {domain.replace(':', ' ', 1)} is held: {self.held[domain]}"
+        return None
 
     def check(self, shards, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime) -> None:
         """Re-check one plan against the locked rows; raises LostRace. Once it passes, it is counted."""
         for shard in shards:
             name = shard.node
-            row = self.nodes.get(name)
-            if row is None:
-                raise LostRace(name, f"{name}: the node is gone")
-            if row[2]:
-                raise LostRace(name, f"{name}: cordoned meanwhile")
-            if not _is_ready(row[3], row[4], now):
-                raise LostRace(name, f"{name}: not ready any more")
-            labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
-            if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains_of[name]):
-                raise LostRace(name, f"{name}: its location changed meanwhile")
-            for domain in domains_of[name]:
-                if domain in self.held:
-                    label = domain.replace(":", " ", 1)
-                    raise LostRace(name, f"{name}: {label} is held: {self.held[domain]}")
+            # The node's own verdict, once per node for all the plans of a batch (the rows do not move).
+            if name not in self.refusals:
+                self.refusals[name] = self._node_refusal(name, domains_of[name], now)
+            if self.refusals[name] is not None:
+                raise LostRace(name, self.refusals[name])
         if not self.budgets:
             return
         # This plan's own shards count with one another (a replica over two nodes of one rack), and
         # with what the plans checked before it in this transaction took.
-        taken = {d: list(v) for d, v in self.taken.items()}
+        # Counted into self.taken and self.extra only once every shard passed.
+        taken = self.taken
         mine_taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        extra = dict(self.extra)
+        mine_extra: dict[str, float] = defaultdict(float)
         for shard in shards:
-            mine = snapshot.level_sorted(d for d in domains_of[shard.node] if d in self.budgets)
+            mine = self.budgeted.get(shard.node)
+            if mine is None:
+                mine = self.budgeted[shard.node] = snapshot.level_sorted(
+                    d for d in domains_of[shard.node] if d in self.budgets
+                )
             placed, drawn = self.draws.get(shard.node, (0.0, 0.0))
             # The SQL gives max(placed, measured): a measurement counts where it passes the placed.
             measured = drawn if drawn > placed else None
-            before = placed + extra.get(shard.node, 0.0)
+            before = placed + self.extra.get(shard.node, 0.0) + mine_extra[shard.node]
             added = node_use_added_watts(before, measured, shard.draw_watts, facility.settings)
             reason = power_rejection_in(
                 [
-                    (self.budgets[d], self.use[d] + taken.get(d, (0.0, 0.0))[0], *mine_taken[d])
+                    (self.budgets[d], self.use[d] + (taken[d][0] if d in taken else 0.0), *mine_taken[d])
                     for d in mine
                 ],
                 shard.draw_watts,
@@ -233,11 +248,12 @@ class _Locked:
             for d in mine:
                 mine_taken[d][0] += added
                 mine_taken[d][1] += shard.draw_watts or 0
-            extra[shard.node] = extra.get(shard.node, 0.0) + (shard.draw_watts or 0)
+            mine_extra[shard.node] += shard.draw_watts or 0
         for d, (added, draw) in mine_taken.items():
             self.taken[d][0] += added
             self.taken[d][1] += draw
-        self.extra.update(extra)
+        for name, watts in mine_extra.items():
+            self.extra[name] += watts
 
 
 def _is_ready(last_heartbeat_at: datetime | str | None, interval: float, now: datetime) -> bool:
