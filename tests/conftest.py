@@ -5,6 +5,19 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_configure(config) -> None:
+    """This process waits longest before it looks for a deadlock (10 s, PostgreSQL's default is 1 s).
+
+    A test that shares its database with a server subprocess (the browser tests, live servers) empties
+    the tables at teardown while the server's in-process work may still be writing; should the two lock
+    in opposite orders, the server's side, which looks first, is the one aborted (its next round writes
+    again), never this process's teardown."""
+    from django.conf import settings
+
+    if settings.configured and settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        settings.DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c deadlock_timeout=10s"
+
+
 @pytest.fixture
 def make_user(db):
     from llmgw.users_cli import token_create
