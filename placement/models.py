@@ -56,13 +56,15 @@ class ReplicaState(models.TextChoices):
 class Replica(models.Model):
     """One copy of a model, on one node or several (its shards), or pending with the reason."""
 
-    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replica_set")
+    # No index of its own: the unique (model, ordinal) leads with it. (Likewise below: an index every
+    # write keeps up and no read needs.)
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replica_set", db_index=False)
     ordinal = models.PositiveIntegerField()
     state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.PENDING)
     reason = models.TextField(blank=True, help_text="Why it is pending, in the pending summary's words.")
     explain = models.JSONField(default=dict, blank=True, help_text="Why it went where it is, and the rejections.")
     replaces = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by",
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by", db_index=False,
         help_text="The replica this one takes over from (a drain).",
     )
     # Set by shedding: the replica is to move off a hot or over-limit domain (the drain's steps move it,
@@ -88,7 +90,7 @@ class Replica(models.Model):
 class Shard(models.Model):
     """A replica's share of one node: the GPUs (booked through GpuBooking), cores, memory and draw."""
 
-    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards", db_index=False)
     node = models.ForeignKey("agents.Node", on_delete=models.PROTECT, related_name="shards")
     gpu_indices = models.JSONField(default=list)
     cpu_cores = models.PositiveIntegerField(default=0)
@@ -112,7 +114,7 @@ class GpuBooking(models.Model):
     """One GPU of a node booked by a shard: a card is booked at most once, by the unique constraint."""
 
     shard = models.ForeignKey(Shard, on_delete=models.CASCADE, related_name="gpu_bookings")
-    node = models.ForeignKey("agents.Node", on_delete=models.CASCADE, related_name="+")
+    node = models.ForeignKey("agents.Node", on_delete=models.CASCADE, related_name="+", db_index=False)
     index = models.PositiveIntegerField()
 
     class Meta:
@@ -175,7 +177,7 @@ class ModelEfficiency(models.Model):
     the planner prefers, among candidates otherwise equal, the GPU model with more tokens per joule.
     """
 
-    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="efficiencies")
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="efficiencies", db_index=False)
     gpu_model = models.CharField(max_length=50)
     replicas = models.PositiveIntegerField(default=0, help_text="Replicas measured.")
     tokens_per_second = models.FloatField(help_text="Mean generated tokens per second per replica.")
