@@ -45,6 +45,9 @@ from placement.signals import placement_changed_on_commit
 
 MAX_ATTEMPTS = 3
 
+# A replica to place: its model instance, or what a reconcile loads of a pending one.
+Pending = Replica | snapshot.PendingReplica
+
 
 class ReplicaGone(Exception):
     """The replica was placed or removed by someone else while this plan was made: nothing to write."""
@@ -481,7 +484,7 @@ class Placement:
 
 
 def replica_place(
-    *, replica: Replica, request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+    *, replica: Pending, request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
 ) -> Placement:
     """Plan and commit one pending replica through the guarded commit; record why when it cannot go."""
     now = now or timezone.now()
@@ -516,7 +519,7 @@ def replica_place(
     return replica_pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
 
 
-def replicas_pending_mark(replicas: list[Replica], reason: str, explain: dict | None) -> None:
+def replicas_pending_mark(replicas: list[Pending], reason: str, explain: dict | None) -> None:
     """Record why these pending replicas wait, where that changed (what replica_pending does, in bulk)."""
     changed = [r.pk for r in replicas if r.reason != reason or r.explain != explain]
     for start in range(0, len(changed), 500):  # SQLite takes a bounded number of parameters
@@ -527,7 +530,7 @@ def replicas_pending_mark(replicas: list[Replica], reason: str, explain: dict | 
         replica.reason, replica.explain = reason, explain
 
 
-def replica_pending(replica: Replica, reason: str, explain: dict[str, Any]) -> Placement:
+def replica_pending(replica: Pending, reason: str, explain: dict[str, Any]) -> Placement:
     """Record why a replica waits (only when that changed); the pending outcome."""
     if replica.reason != reason or replica.explain != explain:
         Replica.objects.filter(pk=replica.pk, state=ReplicaState.PENDING).update(
@@ -548,7 +551,7 @@ BATCH = 128
 class _Pending:
     """A replica of a batch: its tries so far, what it lost, the nodes excluded since."""
 
-    replica: Replica
+    replica: Pending
     attempt: int = 1
     conflicts: list[str] = field(default_factory=list)
     exclude: set[str] = field(default_factory=set)
@@ -558,12 +561,12 @@ class _Pending:
 
 def replicas_place(
     *,
-    replicas: list[Replica],
+    replicas: list[Pending],
     request: ReplicaRequest,
     index: PlacementIndex,
     now: datetime | None = None,
     batch: int = BATCH,
-) -> tuple[list[tuple[Replica, Placement]], Replica | None]:
+) -> tuple[list[tuple[Pending, Placement]], Pending | None]:
     """Plan and commit one model's pending replicas in order, up to ``batch`` in each transaction.
 
     Returns each replica tried with its outcome, in order, and the replica it stopped at, if it did:
@@ -579,7 +582,7 @@ def replicas_place(
     outcomes: dict[int, Placement] = {}
     queue = [_Pending(r) for r in replicas]
     existing = list(request.existing)
-    stopped: Replica | None = None
+    stopped: Pending | None = None
     while queue and stopped is None:
         planned: list[_Pending] = []
         while queue and len(planned) < batch:
@@ -618,7 +621,7 @@ class Placed:
 
 
 def replicas_place_all(
-    *, replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+    *, replicas: list[Pending], request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
 ) -> Placed:
     """replicas_place, then the replicas after one nothing fits marked with its reason (they ask the
     same and get the same answer), in a few statements rather than one per replica (thousands)."""
@@ -638,8 +641,8 @@ def replicas_place_all(
 
 
 def _place_one_by_one(
-    replicas: list[Replica], request: ReplicaRequest, index: PlacementIndex, now: datetime
-) -> tuple[list[tuple[Replica, Placement]], Replica | None]:
+    replicas: list[Pending], request: ReplicaRequest, index: PlacementIndex, now: datetime
+) -> tuple[list[tuple[Pending, Placement]], Pending | None]:
     """replicas_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
     outcomes = []
     for replica in replicas:

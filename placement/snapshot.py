@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count
@@ -217,9 +218,22 @@ def replica_request(model: Model) -> ReplicaRequest:
     return ReplicaRequest(model=model.name, profile=profile_of(model), existing=existing_replicas(model))
 
 
-def pending_replicas(model: Model) -> list[Replica]:
+@dataclass(slots=True)
+class PendingReplica:
+    """What placing a pending replica reads and keeps of its row (placement.commit takes it where it
+    takes a Replica): a reconcile after a room's loss loads thousands, and a model instance each cost
+    more than the rest of loading them."""
+
+    pk: int
+    reason: str
+    explain: dict
+    state: str = "pending"
+
+
+def pending_replicas(model: Model) -> list[PendingReplica]:
     """The model's replicas still waiting for a node, oldest first."""
-    return list(Replica.objects.filter(model=model, state="pending").order_by("ordinal"))
+    rows = Replica.objects.filter(model=model, state="pending").order_by("ordinal")
+    return [PendingReplica(pk, reason, explain) for pk, reason, explain in rows.values_list("id", "reason", "explain")]
 
 
 def domain_of(text: str) -> Domain:
