@@ -17,7 +17,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 
 from agents import events
-from agents.events import NODES_GROUP, PLACEMENT_GROUP, node_group
+from agents.events import NODES_GROUP, PLACEMENT_GROUP
 from agents.models import Node
 from agents.node.protocol import is_node_name
 from llmgw.jsonguard import json_depth_exceeds
@@ -144,7 +144,7 @@ class NodeConsumer(ReaderConsumer):
         super().connect()
 
     def groups_to_join(self) -> list[str]:
-        return [node_group(self.node_name), NODES_GROUP]
+        return [NODES_GROUP]
 
     def node_changed(self, event: dict) -> None:
         if event.get("node") == self.node_name:

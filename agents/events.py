@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import re
 import threading
 import time
 
@@ -18,18 +16,6 @@ log = logging.getLogger(__name__)
 NODES_GROUP = "nodes"
 # The Facility and Models pages: told when placement or the facility changed (replicas, drains, budgets).
 PLACEMENT_GROUP = "placement"
-
-
-# What Channels takes for a group name: ASCII letters, digits, '-', '_', '.', under 100 characters.
-_GROUP_SAFE = re.compile(r"[A-Za-z0-9._-]{1,90}")
-
-
-def node_group(name: str) -> str:
-    """The group of a node's page: `node.<name>`, or for a name Channels would refuse (long, non-ASCII)
-    `node-h.<hash of the name>`, which no plain name's group can equal."""
-    if _GROUP_SAFE.fullmatch(name):
-        return f"node.{name}"
-    return "node-h." + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def _send(group: str, message: dict) -> None:
@@ -51,9 +37,10 @@ def _send(group: str, message: dict) -> None:
 
 
 def node_changed(name: str) -> None:
-    """A node's sensors, labels, state or replicas changed."""
+    """A node's sensors, labels, state or replicas changed. One message to the nodes group, the node
+    named in it: the Nodes page and each node's page are in that group (they hear holds and budgets
+    there too) and take the nodes they show."""
     _send(NODES_GROUP, {"type": "node.changed", "node": name})
-    _send(node_group(name), {"type": "node.changed", "node": name})
 
 
 def nodes_changed() -> None:

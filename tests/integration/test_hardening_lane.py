@@ -311,6 +311,7 @@ def test_a_node_socket_for_a_long_node_name_gets_its_panels(make_user):
         assert (await communicator.connect())[0]
         await sync_to_async(node_changed)(name)
         html = await communicator.receive_from(timeout=5)
+        assert await communicator.receive_nothing(0.3)  # one change, one render
         await communicator.disconnect()
         return html
 
