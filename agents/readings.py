@@ -77,7 +77,7 @@ def learn_ready_nodes() -> int:
                 f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds FROM "
                 f"{Node._meta.db_table} WHERE last_heartbeat_at >= %s AND report_digest <> '' "
                 f"AND NOT (name = ANY(%s))",
-                [since, sorted(seen)],
+                [since, list(seen)],
             )
             rows = cursor.fetchall()
     else:
