@@ -8,7 +8,8 @@ places one pending replica through ``placement.commit.replica_place`` — the pa
 plan on the index, then lock budgets and nodes, re-check, write shards, book GPUs — until none fits.
 
 Prints placements/s and p50/p99 latency of plan + commit, then the planner alone (bench/planner.py).
-Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--nodes``).
+Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--phases`` for
+where the batched run's time went, step by step; ``--nodes``).
 Prints figures, asserts nothing.
 """
 
@@ -190,6 +191,62 @@ def place_batched(models: list, batch: int) -> tuple[int, float, int]:
     return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
 
 
+class Phases:
+    """Wall time spent in the steps of the batched path, by wrapping them (``--phases``): where a batched
+    placement's time goes, in the figures the README quotes."""
+
+    STEPS = (
+        ("placement.snapshot", None, "pending_replicas", "load pending replicas"),
+        ("placement.snapshot", None, "replica_request", "load each model's request"),
+        ("placement.snapshot", None, "node_views", "read nodes for the index"),
+        ("placement.index", "PlacementIndex", "plan", "plan (index)"),
+        ("placement.index", "PlacementIndex", "apply", "apply plans to the index"),
+        ("placement.commit", None, "_locked_state", "lock budgets and nodes, read use"),
+        ("placement.commit", "_Locked", "check", "re-check plans on the locked rows"),
+        ("placement.commit", None, "_write_postgresql_batch", "write (one statement a batch)"),
+        ("psycopg", "Connection", "commit", "commit"),
+    )
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._undo = []
+        for module, cls, name, label in self.STEPS:
+            owner = importlib.import_module(module)
+            if cls is not None:
+                owner = getattr(owner, cls)
+            original = getattr(owner, name)
+            setattr(owner, name, self._timed(original, label))
+            self._undo.append((owner, name, original))
+
+    def _timed(self, original, label: str):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - started
+                self.calls[label] = self.calls.get(label, 0) + 1
+
+        return timed
+
+    def close(self) -> None:
+        for owner, name, original in self._undo:
+            setattr(owner, name, original)
+
+    def print(self, wall: float, placed: int) -> None:
+        print(f"where the batched run's {wall:.2f} s went (wall time in each step, {placed} placements):")
+        for *_, label in self.STEPS:
+            if label in self.seconds:
+                seconds = self.seconds[label]
+                print(f"  {label:36} {seconds * 1000:7.0f} ms  {seconds / wall:4.0%}  "
+                      f"{self.calls[label]:5} calls, {seconds / max(placed, 1) * 1e6:5.0f} µs a placement")
+        rest = wall - sum(self.seconds.values())
+        print(f"  {'the rest (bookkeeping, signals)':36} {rest * 1000:7.0f} ms  {rest / wall:4.0%}")
+
+
 def fresh_cluster(nodes: int, per_model: int) -> list:
     """The bench database emptied and loaded again (the same name: Django's settings stay right)."""
     from django.core.management import call_command
@@ -247,6 +304,9 @@ def main() -> None:
         "--profile", action="store_true", help="print the top of a cProfile of the placements"
     )
     parser.add_argument("--skip-planner", action="store_true", help="do not run bench/planner.py afterwards")
+    parser.add_argument(
+        "--phases", action="store_true", help="time the batched run's steps and print where its time went"
+    )
     parser.add_argument("--batch", type=int, default=128, help="replicas per transaction in the batched run")
     parser.add_argument(
         "--processes", type=int, default=1,
@@ -299,13 +359,18 @@ def main() -> None:
 
     # The same cluster and models again, placed in batches; then the lean probe on the same server.
     models = fresh_cluster(args.nodes, args.per_model)
+    phases = Phases() if args.phases else None
     placed, wall, left = place_batched(models, args.batch)
+    if phases is not None:
+        phases.close()
     batched_rate = placed / wall
     print(
         f"{args.nodes} nodes: {placed} committed placements in batches of up to {args.batch} in {wall:.2f} s "
         f"(index build included), {batched_rate:,.0f} placements/s; {GpuBooking.objects.count()} GPUs booked, "
         f"{left} replicas left pending"
     )
+    if phases is not None:
+        phases.print(wall, placed)
     from bench.probe import probe
 
     count, probe_wall = probe(base, seconds=5.0)
