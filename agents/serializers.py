@@ -124,8 +124,8 @@ class HeartbeatRequestSchema(serializers.Serializer):
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
                                     "memory_temperature_celsius, slowdown_temperature_celsius, power_watts, power_limit_watts, "
-                                    "throttle_reasons, enforced_power_limit_watts, default_power_limit_watts, locked_clocks_mhz, "
-                                    "capping: not permitted|not supported}], "
+                                    "throttle_reasons, enforced_power_limit_watts, default_power_limit_watts, max_sm_clock_mhz, "
+                                    "locked_clocks_mhz, capping: not permitted|not supported}], "
                                     "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts, "
                                     "replicas [{id, tokens_per_second}]")
     replicas = serializers.ListField(child=serializers.DictField(), required=False,

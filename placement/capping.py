@@ -2,8 +2,9 @@
 
 Off unless server.yaml sets ``facility.capping.enabled``. After each evaluation of conditions
 (:func:`capping_run`), every node in a domain that is warm or hot, or within 5 % of its power limit,
-steps its GPUs down by ``step_fraction`` of their default limit, to ``floor_fraction`` at most; once
-none of its domains has been in that state for ``restore_after`` it steps back up, to the defaults.
+steps its GPUs down by ``step_fraction`` of their default limit (under the ``locked_clocks`` lever, of
+each card's own top SM clock), to ``floor_fraction`` at most; once none of its domains has been in that
+state for ``restore_after`` it steps back up, to the defaults.
 The wanted limit travels in the heartbeat answer (agents.readings' capping provider:
 :func:`capping_blocks`); the agent applies it through NVML and reads back the enforced limit, which
 placement's derived draw then counts (placement.snapshot.gpu_power_limit), so capping frees room.
@@ -15,6 +16,7 @@ A model's ``min_ready`` is untouched by capping: it stops nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,9 +31,11 @@ from facility.selectors import facility_overview
 from placement.models import NodeCap
 from placement.signals import placement_changed_on_commit
 
-# The top SM clock of a Hopper SXM card: a locked-clocks cap asks for this share of it (the agent holds
-# the lock below the card's own top clock whatever is asked).
-TOP_SM_CLOCK_MHZ = 1980
+# A locked-clocks cap asks each card for its share of its own top SM clock, which the agent reports
+# (`max_sm_clock_mhz`). Where no top is known (an agent too old to report it) a Hopper SXM card's is assumed,
+# and said so: the agent holds the lock below the card's real top, so on a card that tops out lower such a
+# cap may ask for nothing it does not already run at.
+FALLBACK_TOP_SM_CLOCK_MHZ = 1980
 LOWEST_LOCKED_CLOCK_MHZ = 210
 LEVEL_ORDER = {"pdu": 0, "rack": 1, "row": 2, "room": 3, "site": 4}
 CLOSE = 1e-9
@@ -133,6 +137,63 @@ def capping_run(*, now: datetime | None = None, config: CappingConfig | None = N
     return changes
 
 
+def _gpu_top_clocks(node_ids: list[int]) -> dict[int, list[tuple[int, str | None, int | None]]]:
+    """Node id → its GPUs as its last sensors report them: (index, uuid, top SM clock or None)."""
+    found: dict[int, list[tuple[int, str | None, int | None]]] = {}
+    for node_id, sensors in Node.objects.filter(id__in=node_ids).exclude(sensors=None).values_list("id", "sensors"):
+        found[node_id] = [(g["index"], g.get("uuid"), g.get("max_sm_clock_mhz")) for g in (sensors or {}).get("gpus") or ()]
+    return found
+
+
+def locked_clock_mhz(top_mhz: int, fraction: float) -> int:
+    """The highest SM clock a card whose top is `top_mhz` is locked to at `fraction` of it (210 MHz at least)."""
+    return max(LOWEST_LOCKED_CLOCK_MHZ, round(top_mhz * fraction))
+
+
+@dataclass(frozen=True)
+class ClockLock:
+    """Some GPUs of a node locked alike: their indexes, the top SM clock (reported, or assumed) and the lock."""
+
+    gpus: tuple[int, ...]
+    top_mhz: int
+    top_reported: bool
+    locked_mhz: int
+
+
+def clock_locks(
+    gpus: list[tuple[int, str | None, int | None]], fraction: float
+) -> tuple[Capping, list[ClockLock]]:
+    """A node's locked-clocks block at `fraction`, and its locks grouped by top clock (for the rows).
+
+    One top on every GPU (or none known): `all` at its share. Tops that differ: each GPU by uuid at the
+    share of its own, and `all` at the assumed top for those that report none (a GPU without a uuid can
+    only be reached through `all`)."""
+    tops = {top for _, _, top in gpus}
+    if len(tops) > 1:
+        gpus = [(index, uuid, top if uuid else None) for index, uuid, top in gpus]
+    grouped: dict[int | None, list[int]] = {}
+    for index, _, top in sorted(gpus, key=lambda g: g[0]):
+        grouped.setdefault(top, []).append(index)
+    if not grouped:
+        grouped[None] = []  # no GPU reported at all: the whole node at the assumed top
+    locks = [
+        ClockLock(tuple(indexes), top or FALLBACK_TOP_SM_CLOCK_MHZ, top is not None,
+                  locked_clock_mhz(top or FALLBACK_TOP_SM_CLOCK_MHZ, fraction))
+        for top, indexes in grouped.items()
+    ]
+    locks.sort(key=lambda lock: lock.gpus[:1])
+    if len(locks) == 1:
+        return Capping("locked_clocks", all=GpuCap(locked_clocks_mhz=(LOWEST_LOCKED_CLOCK_MHZ, locks[0].locked_mhz))), locks
+    per_gpu = {
+        uuid: GpuCap(locked_clocks_mhz=(LOWEST_LOCKED_CLOCK_MHZ, locked_clock_mhz(top, fraction)))
+        for _, uuid, top in gpus
+        if uuid and top
+    }
+    assumed = None in grouped
+    every = GpuCap(locked_clocks_mhz=(LOWEST_LOCKED_CLOCK_MHZ, locked_clock_mhz(FALLBACK_TOP_SM_CLOCK_MHZ, fraction)))
+    return Capping("locked_clocks", all=every if assumed else None, gpus=per_gpu), locks
+
+
 def capping_blocks() -> dict[str, dict]:
     """Every capped node's answer block (node name → block): the capping provider of agents.readings."""
     config = capping_config()
@@ -141,38 +202,77 @@ def capping_blocks() -> dict[str, dict]:
     rows = list(NodeCap.objects.filter(fraction__lt=1 - CLOSE).values_list("node_id", "node__name", "fraction"))
     if not rows:
         return {}
-    defaults = _default_limits()
     blocks: dict[str, dict] = {}
+    if config.lever == "locked_clocks":
+        tops = _gpu_top_clocks([node_id for node_id, _, _ in rows])
+        for node_id, name, fraction in rows:
+            blocks[name] = capping_answer(clock_locks(tops.get(node_id, []), fraction)[0])
+        return blocks
+    defaults = _default_limits()
     for node_id, name, fraction in rows:
-        if config.lever == "locked_clocks":
-            top = max(LOWEST_LOCKED_CLOCK_MHZ, round(TOP_SM_CLOCK_MHZ * fraction))
-            cap = GpuCap(locked_clocks_mhz=(LOWEST_LOCKED_CLOCK_MHZ, top))
-        elif node_id in defaults:
-            cap = GpuCap(power_limit_watts=round(defaults[node_id] * fraction))
-        else:
+        if node_id not in defaults:
             continue  # no known default limit: nothing to take a share of
-        blocks[name] = capping_answer(Capping(config.lever, all=cap))
+        blocks[name] = capping_answer(Capping(config.lever, all=GpuCap(power_limit_watts=round(defaults[node_id] * fraction))))
     return blocks
 
 
+def _gpu_list(indexes: tuple[int, ...]) -> str:
+    """GPU indexes in words: `GPU 3`, `GPUs 0-3`, `GPUs 0, 2, 4-7`."""
+    runs: list[list[int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return f"GPU {text}" if len(indexes) == 1 else f"GPUs {text}"
+
+
+def _clock_words(locks: list[ClockLock]) -> tuple[str, str]:
+    """The lock in words (`1128 MHz`, or per GPUs where tops differ) and what is assumed, if anything."""
+    if len(locks) == 1:
+        value = f"{locks[0].locked_mhz} MHz"
+    else:
+        value = ", ".join(f"{lock.locked_mhz} MHz on {_gpu_list(lock.gpus)}" for lock in locks)
+    assumed = [lock for lock in locks if not lock.top_reported]
+    if not assumed:
+        return value, ""
+    whose = "" if len(locks) == 1 else f" for {_gpu_list(assumed[0].gpus)}"
+    return value, f"no top SM clock reported{whose}: {FALLBACK_TOP_SM_CLOCK_MHZ} MHz assumed"
+
+
 def capping_rows() -> list[dict[str, Any]]:
-    """Each node capping acts on: capped (sent) or would-cap (observe), the limit in words, and why."""
+    """Each node capping acts on: capped (sent) or would-cap (observe), the limit in words, and why.
+
+    Under the locked-clocks lever the limit is each card's share of its own top SM clock, per GPUs where
+    a node's cards differ, and the row says where a top had to be assumed."""
     config = capping_config()
-    defaults = _default_limits()
+    caps = list(NodeCap.objects.select_related("node").order_by("node__name"))
+    clocks = config.lever == "locked_clocks"
+    defaults = {} if clocks else _default_limits()
+    tops = _gpu_top_clocks([row.node_id for row in caps]) if clocks else {}
     out = []
-    for row in NodeCap.objects.select_related("node").order_by("node__name"):
-        default = defaults.get(row.node_id)
+    for row in caps:
         capped = row.fraction < 1 - CLOSE
         fraction = row.fraction if capped else row.would_fraction
-        if config.lever == "locked_clocks":
-            value = f"{max(LOWEST_LOCKED_CLOCK_MHZ, round(TOP_SM_CLOCK_MHZ * fraction))} MHz"
+        note = ""
+        extra: dict[str, Any] = {}
+        if clocks:
+            _, locks = clock_locks(tops.get(row.node_id, []), fraction)
+            value, note = _clock_words(locks)
+            extra["locked_clocks"] = [
+                {"gpus": list(lock.gpus), "max_sm_clock_mhz": lock.top_mhz, "top_reported": lock.top_reported,
+                 "locked_clocks_mhz": [LOWEST_LOCKED_CLOCK_MHZ, lock.locked_mhz]}
+                for lock in locks
+            ]
         else:
+            default = defaults.get(row.node_id)
             value = f"{round(default * fraction)} W" if default else f"{fraction:.0%} of its default limit"
         verb = "capped" if capped else "would cap"
         why = row.reason or ("ok since " + row.ok_since.isoformat()[:19] if row.ok_since else "")
-        text = f"{'capped' if capped else 'would cap'} {row.node.name} to {value} ({why})"
-        if capped:
-            text = f"{row.node.name} capped to {value} ({why})"
+        text = f"{row.node.name} capped to {value} ({why})" if capped else f"would cap {row.node.name} to {value} ({why})"
+        if note:
+            text += f"; {note}"
         out.append({"node": row.node.name, "state": verb, "fraction": round(fraction, 4), "limit": value,
-                    "reason": why, "text": text, "lever": config.lever})
+                    "reason": why, "text": text, "lever": config.lever, **extra})
     return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from agents.node.protocol import Capping, GpuCap
+from agents.node.protocol import SM_CLOCK_MHZ_MAX, Capping, GpuCap
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class GpuCapper:
         self._nv = nvml
         self._session_errors = session_errors
         self._states: dict[str, GpuCapState] = {}  # by GPU uuid: NVML's index order is not stable
+        self._top_clocks: dict[str, int | None] = {}  # by GPU uuid: a card's top SM clock never changes
         denied = getattr(nvml, "NVMLError_NoPermission", None)
         self._denied = (denied,) if denied is not None else ()
         self._unsupported = tuple(
@@ -63,7 +64,7 @@ class GpuCapper:
         wanted_watts = want.power_limit_watts if want is not None and lever == "power_limit" else None
         wanted_clocks = want.locked_clocks_mhz if want is not None and lever == "locked_clocks" else None
         state.power_status = self._guard(uuid, "power limit", lambda: self._power_limit(handle, wanted_watts))
-        clocks_status = self._guard(uuid, "locked clocks", lambda: self._clocks(handle, state, wanted_clocks))
+        clocks_status = self._guard(uuid, "locked clocks", lambda: self._clocks(handle, uuid, state, wanted_clocks))
         if state.locked_clocks_mhz == UNKNOWN and wanted_clocks is None:
             # The first reset failed with nothing asked: not worth a report, nor a retry every beat.
             state.locked_clocks_mhz = None
@@ -71,7 +72,10 @@ class GpuCapper:
         state.clocks_status = clocks_status
 
     def report(self, handle: Any, uuid: str, gpu: dict[str, Any]) -> None:
-        """Add this GPU's capping keys to its reading: enforced and default limits, locked clocks, status."""
+        """Add this GPU's capping keys to its reading: enforced and default limits, top and locked clocks, status."""
+        top = self.top_sm_clock(handle, uuid)
+        if top is not None:
+            gpu["max_sm_clock_mhz"] = top
         enforced = self._optional(lambda: self._nv.nvmlDeviceGetEnforcedPowerLimit(handle))
         if enforced is not None and enforced > 0:
             gpu["enforced_power_limit_watts"] = enforced / 1000.0
@@ -85,6 +89,30 @@ class GpuCapper:
             gpu["locked_clocks_mhz"] = list(state.locked_clocks_mhz)
         if state.status is not None:
             gpu["capping"] = state.status
+
+    def top_sm_clock(self, handle: Any, uuid: str) -> int | None:
+        """The card's top SM clock (MHz), read once per GPU; None when NVML cannot tell.
+
+        A card or driver that answers Not Supported (or lacks the call) is not asked again; any other
+        failure is, at the next read.
+        """
+        if uuid in self._top_clocks:
+            return self._top_clocks[uuid]
+        nv = self._nv
+        try:
+            top = nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM)
+        except self._session_errors:
+            raise
+        except self._unsupported:
+            top = None
+        except nv.NVMLError as exc:
+            log.debug("GPU %s: top SM clock unavailable: %s", uuid, exc)
+            return None
+        # A figure outside the protocol's bounds would get the whole heartbeat refused: leave it out.
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 < top <= SM_CLOCK_MHZ_MAX:
+            top = None
+        self._top_clocks[uuid] = top
+        return top
 
     # -- the levers --------------------------------------------------------------------------
 
@@ -100,10 +128,10 @@ class GpuCapper:
             nv.nvmlDeviceSetPowerManagementLimit(handle, target)
             log.info("GPU power limit set to %g W", target / 1000.0)
 
-    def _clocks(self, handle: Any, state: GpuCapState, wanted: tuple[int, int] | None) -> None:
+    def _clocks(self, handle: Any, uuid: str, state: GpuCapState, wanted: tuple[int, int] | None) -> None:
         nv = self._nv
         if wanted is not None:
-            top = self._optional(lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
+            top = self.top_sm_clock(handle, uuid)
             if top:
                 wanted = (min(wanted[0], top), min(wanted[1], top))
         if state.locked_clocks_mhz == wanted:

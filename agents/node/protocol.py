@@ -342,6 +342,8 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
 # What the agent reports per GPU in `sensors.gpus[]` (each key absent when unknown):
 #   enforced_power_limit_watts  the limit in force, read back (after every limiter, capping included)
 #   default_power_limit_watts   the card's default limit (what a restore goes back to)
+#   max_sm_clock_mhz            the card's top SM clock (nvmlDeviceGetMaxClockInfo, read once per GPU):
+#                               a `locked_clocks` cap asks a share of it (an older agent leaves it out)
 #   locked_clocks_mhz           [min, max] while the agent holds the SM clocks locked
 #   capping                     "not permitted" | "not supported": the last set or reset failed so
 #                               (the agent is not root, or the card has no such control)
@@ -357,7 +359,7 @@ CAPPING_KEYS = frozenset({"lever", "all", "gpus"})
 SM_CLOCK_MHZ_MAX = 10_000  # no GPU clocks its SMs at 10 GHz: a larger figure is a unit error (kHz)
 TOKENS_PER_SECOND_MAX = 100_000_000
 GPU_CAPPING_SENSOR_KEYS = frozenset(
-    {"enforced_power_limit_watts", "default_power_limit_watts", "locked_clocks_mhz", "capping"}
+    {"enforced_power_limit_watts", "default_power_limit_watts", "max_sm_clock_mhz", "locked_clocks_mhz", "capping"}
 )
 SENSOR_THROUGHPUT_KEYS = frozenset({"replicas"})
 REPLICA_THROUGHPUT_KEYS = frozenset({"id", "tokens_per_second"})
@@ -447,6 +449,8 @@ def _gpu_capping_sensors(g: Mapping[str, Any], f: str, gpu: dict[str, Any]) -> N
     for key in ("enforced_power_limit_watts", "default_power_limit_watts"):
         if g.get(key) is not None:
             gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
+    if g.get("max_sm_clock_mhz") is not None:
+        gpu["max_sm_clock_mhz"] = _integer(g["max_sm_clock_mhz"], f"{f}.max_sm_clock_mhz", 1, SM_CLOCK_MHZ_MAX)
     if g.get("locked_clocks_mhz") is not None:
         pair = _list(g["locked_clocks_mhz"], f"{f}.locked_clocks_mhz", 2)
         if len(pair) != 2:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agents.node.protocol import is_node_name, node_name_problem
+from agents.node.protocol import SM_CLOCK_MHZ_MAX, is_node_name, node_name_problem
 from facility.domains import DomainError, validate_label
 from llmgw.errors import InvalidInput
 from llmgw.yamldoc import is_number, is_whole_number, load_documents
@@ -18,6 +18,7 @@ NODE_KEYS = (
     "gpu_model",
     "gpu_memory_gib",
     "gpu_power_limit_watts",
+    "gpu_max_sm_clock_mhz",
     "cpu_cores",
     "memory_gib",
     "fabric",
@@ -60,6 +61,13 @@ def load_cluster(text: str, filename: str = "cluster.yaml") -> list[dict[str, An
             if not is_whole_number(value) or not low <= value <= high:
                 raise doc.error((*path, key), f"must be a whole number from {low} to {high}, not {value!r}")
             spec[key] = value
+        if "gpu_max_sm_clock_mhz" in item:  # the cards' top SM clock; a Hopper SXM card's when absent
+            value = item["gpu_max_sm_clock_mhz"]
+            if not is_whole_number(value) or not 1 <= value <= SM_CLOCK_MHZ_MAX:
+                raise doc.error(
+                    (*path, "gpu_max_sm_clock_mhz"), f"must be a whole number from 1 to {SM_CLOCK_MHZ_MAX} (MHz), not {value!r}"
+                )
+            spec["gpu_max_sm_clock_mhz"] = value
         for key, low, high in (
             ("gpu_memory_gib", 0, 4096),
             ("gpu_power_limit_watts", 1, 5000),

@@ -38,7 +38,7 @@ INLET_CELSIUS = (21.0, 25.0)  # inside ASHRAE's recommended 18–27 °C
 # from decode, memory bound (flat with the clock down to DECODE_KNEE of the top clock, then falling with
 # it), and prefill, compute bound (proportional to the clock). So decode is untouched by a cap above its
 # draw, and a moderate clock lock costs few tokens and saves more power: energy per token falls.
-MAX_SM_CLOCK_MHZ = 1980  # Hopper SXM's top SM clock
+MAX_SM_CLOCK_MHZ = 1980  # Hopper SXM's top SM clock: a card's unless its spec says gpu_max_sm_clock_mhz
 MIN_POWER_LIMIT_FRACTION = 200 / 700  # the lowest limit a Hopper SXM card accepts, of its default
 MIN_CLOCK_FRACTION = 0.1
 TOKENS_PER_SECOND_PER_GPU = 2400.0  # generated tokens/s of one card serving at the top of the loaded band
@@ -46,13 +46,16 @@ DECODE_SHARE = 0.85  # of a serving card's time
 DECODE_KNEE = 0.6
 
 
-def clock_fraction(*, demand_watts: float, limit_watts: float, locked_max_mhz: int | None) -> float:
-    """The fraction of the top SM clock a card runs at: lowered by a power cap below its demand, or a lock."""
+def clock_fraction(
+    *, demand_watts: float, limit_watts: float, locked_max_mhz: int | None, top_mhz: int = MAX_SM_CLOCK_MHZ
+) -> float:
+    """The fraction of its top SM clock (`top_mhz`) a card runs at: lowered by a power cap below its demand,
+    or a lock."""
     fraction = 1.0
     if limit_watts < demand_watts and demand_watts > IDLE_GPU_WATTS:
         fraction = math.sqrt(max(limit_watts - IDLE_GPU_WATTS, 0.0) / (demand_watts - IDLE_GPU_WATTS))
     if locked_max_mhz is not None:
-        fraction = min(fraction, locked_max_mhz / MAX_SM_CLOCK_MHZ)
+        fraction = min(fraction, locked_max_mhz / top_mhz)
     return max(fraction, MIN_CLOCK_FRACTION)
 
 
@@ -148,6 +151,7 @@ class SimNode:
         # A string seed hashes the same in every run, so a node's readings repeat run to run.
         self.rng = random.Random(f"{seed}:{self.name}")
         self.power_limit = float(spec.get("gpu_power_limit_watts") or DEFAULT_GPU_POWER_LIMIT_WATTS)
+        self.max_sm_clock = int(spec.get("gpu_max_sm_clock_mhz") or MAX_SM_CLOCK_MHZ)
         self.inlet_base = self.rng.uniform(*INLET_CELSIUS)
         # Each card's serving level wanders inside the loaded band, as traffic does.
         self.gpu_level = [self.rng.uniform(*LOADED_GPU_WATTS) for _ in range(spec.get("gpus", 0))]
@@ -167,7 +171,7 @@ class SimNode:
             return min(max(want.power_limit_watts, low), self.power_limit), None, None
         if want.locked_clocks_mhz is not None:
             low, high = want.locked_clocks_mhz
-            return self.power_limit, (min(low, MAX_SM_CLOCK_MHZ), min(high, MAX_SM_CLOCK_MHZ)), None
+            return self.power_limit, (min(low, self.max_sm_clock), min(high, self.max_sm_clock)), None
         return self.power_limit, None, None
 
     def gpu_sensors(self, index: int, state: str | None) -> dict[str, Any]:
@@ -184,7 +188,8 @@ class SimNode:
         reasons = []
         limit, locked, status = self.gpu_cap(index)
         fraction = clock_fraction(
-            demand_watts=demand, limit_watts=limit, locked_max_mhz=locked[1] if locked else None
+            demand_watts=demand, limit_watts=limit, locked_max_mhz=locked[1] if locked else None,
+            top_mhz=self.max_sm_clock,
         )
         power = max(drawn_watts(demand, fraction), 0.0)
         if power >= limit * 0.97:
@@ -212,7 +217,11 @@ class SimNode:
 
     def _capping_sensors(self, limit: float, locked: tuple[int, int] | None, status: str | None) -> dict[str, Any]:
         """The capping keys of a GPU's readings, as the agent reports them (agents.node.capping)."""
-        out: dict[str, Any] = {"enforced_power_limit_watts": limit, "default_power_limit_watts": self.power_limit}
+        out: dict[str, Any] = {
+            "enforced_power_limit_watts": limit,
+            "default_power_limit_watts": self.power_limit,
+            "max_sm_clock_mhz": self.max_sm_clock,
+        }
         if locked is not None:
             out["locked_clocks_mhz"] = list(locked)
         if status is not None:

@@ -19,6 +19,16 @@ H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
 H100_SXM_MEMORY_BYTES = 81559 * 1024 * 1024  # what nvidia-smi shows as 81559 MiB
 L4_NAME = "NVIDIA L4"
 L4_MEMORY_BYTES = 23034 * 1024 * 1024
+A100_SXM_NAME = "NVIDIA A100-SXM4-80GB"
+A100_SXM_MEMORY_BYTES = 81920 * 1024 * 1024
+L40S_NAME = "NVIDIA L40S"
+L40S_MEMORY_BYTES = 46068 * 1024 * 1024
+
+# Each card's top SM clock, as nvmlDeviceGetMaxClockInfo(h, NVML_CLOCK_SM) answers it (MHz).
+H100_SXM_MAX_SM_CLOCK_MHZ = 1980
+A100_SXM_MAX_SM_CLOCK_MHZ = 1410
+L40S_MAX_SM_CLOCK_MHZ = 2520
+L4_MAX_SM_CLOCK_MHZ = 2040
 
 # Longest a hung call blocks before giving up, so a test that forgets to release it ends.
 HANG_LIMIT_SECONDS = 30.0
@@ -39,10 +49,11 @@ class FakeGpu:
     default_power_limit_mw: int = 700_000
     power_limit_constraints_mw: tuple[int, int] = (200_000, 700_000)
     other_limiter_mw: int | None = None  # a lower limit from elsewhere (out of band): enforced is the least
-    max_sm_clock_mhz: int = 1980
+    max_sm_clock_mhz: int | None = H100_SXM_MAX_SM_CLOCK_MHZ  # None: the call answers Not Supported
     locked_clocks_mhz: tuple[int, int] | None = None
     privileged: bool = True  # False: every set and reset answers No Permission, as for a non-root agent
     set_calls: list[tuple[str, Any]] = field(default_factory=list)  # what the agent changed, in order
+    calls: dict[str, int] = field(default_factory=dict)  # call name -> how often it was made on this device
     clock_event_reasons: int = pynvml.nvmlClocksEventReasonSwPowerCap
     errors: dict[str, int] = field(default_factory=dict)  # call name -> NVML_ERROR_* it returns
     lost: bool = False  # every call on this device answers GPU is lost
@@ -67,8 +78,42 @@ def l4(index: int) -> FakeGpu:
         power_limit_mw=72_000,
         default_power_limit_mw=72_000,
         power_limit_constraints_mw=(40_000, 72_000),
-        max_sm_clock_mhz=2040,
+        max_sm_clock_mhz=L4_MAX_SM_CLOCK_MHZ,
         clock_event_reasons=pynvml.nvmlClocksEventReasonGpuIdle,
+    )
+
+
+def a100_sxm(index: int) -> FakeGpu:
+    """An A100 SXM4 80GB: HBM2e, a 400 W limit (settable down to 100 W), SMs topping out at 1410 MHz."""
+    return FakeGpu(
+        uuid=f"GPU-a100-{index:04d}",
+        name=A100_SXM_NAME,
+        memory_total_bytes=A100_SXM_MEMORY_BYTES,
+        temperature=49,
+        memory_temperature=58,
+        slowdown_temperature=89,
+        power_mw=236_000,
+        power_limit_mw=400_000,
+        default_power_limit_mw=400_000,
+        power_limit_constraints_mw=(100_000, 400_000),
+        max_sm_clock_mhz=A100_SXM_MAX_SM_CLOCK_MHZ,
+    )
+
+
+def l40s(index: int) -> FakeGpu:
+    """An L40S: GDDR6 (no memory temperature), a 350 W limit, SMs topping out at 2520 MHz."""
+    return FakeGpu(
+        uuid=f"GPU-l40s-{index:04d}",
+        name=L40S_NAME,
+        memory_total_bytes=L40S_MEMORY_BYTES,
+        temperature=51,
+        memory_temperature=None,
+        slowdown_temperature=88,
+        power_mw=198_000,
+        power_limit_mw=350_000,
+        default_power_limit_mw=350_000,
+        power_limit_constraints_mw=(100_000, 350_000),
+        max_sm_clock_mhz=L40S_MAX_SM_CLOCK_MHZ,
     )
 
 
@@ -188,7 +233,10 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetMaxClockInfo(self, gpu: FakeGpu, clock_type: int) -> int:
         assert clock_type == pynvml.NVML_CLOCK_SM
-        return self._device(gpu, "nvmlDeviceGetMaxClockInfo").max_sm_clock_mhz
+        value = self._device(gpu, "nvmlDeviceGetMaxClockInfo").max_sm_clock_mhz
+        if value is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     def nvmlDeviceSetGpuLockedClocks(self, gpu: FakeGpu, min_mhz: int, max_mhz: int) -> None:
         gpu = self._setter(gpu, "nvmlDeviceSetGpuLockedClocks")
@@ -222,6 +270,7 @@ class FakeNvml(types.ModuleType):
 
     def _device(self, gpu: FakeGpu, call: str) -> FakeGpu:
         self._check_initialised()
+        gpu.calls[call] = gpu.calls.get(call, 0) + 1
         if gpu.hang is not None:
             gpu.hang.wait(HANG_LIMIT_SECONDS)
         if gpu.lost:

@@ -61,6 +61,7 @@ def test_the_agent_sets_reports_and_restores_the_power_limit(plane, tmp_path):
     try:
         wait_until(lambda: last_gpu(plane).get("enforced_power_limit_watts") == 490.0)
         assert last_gpu(plane)["default_power_limit_watts"] == 700.0
+        assert last_gpu(plane)["max_sm_clock_mhz"] == 1980
         assert "capping" not in last_gpu(plane)
         plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": []}
         wait_until(lambda: last_gpu(plane).get("enforced_power_limit_watts") == 700.0)
@@ -81,3 +82,20 @@ def test_an_agent_without_root_reports_not_permitted_and_keeps_beating(plane, tm
         assert last_gpu(plane)["power_watts"] == 312.5
     finally:
         stop(agent)
+
+
+def test_an_a100_reports_its_own_top_clock_and_holds_the_lock_asked_below_it(plane, tmp_path):
+    plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": []}
+    agent = run_agent(plane, tmp_path, "--a100")
+    try:
+        wait_until(lambda: last_gpu(plane).get("max_sm_clock_mhz") == 1410)
+        # What the control plane asks of an A100 capped to 80 %: a share of 1410 MHz, not of 1980.
+        plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": [],
+                        "capping": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1128]}}}
+        wait_until(lambda: last_gpu(plane).get("locked_clocks_mhz") == [210, 1128])
+        plane.answer = {"node": "gpu01", "interval_seconds": 0.2, "replicas": []}
+        wait_until(lambda: "locked_clocks_mhz" not in last_gpu(plane))
+    finally:
+        output = stop(agent)
+    assert "GPU SM clocks locked to 210-1128 MHz" in output
+    assert "GPU clocks unlocked" in output

@@ -11,6 +11,8 @@ from agents.models import Node
 from agents.selectors import replica_tokens_per_second
 from agents.services import node_token_create
 from agents.simulator.nodes import SimNode
+from facility.services import condition_override_set, facility_apply
+from placement.capping import capping_blocks, capping_run
 from tests.conftest import node_spec
 from tests.integration.test_heartbeat_lane import post, spy_on_lane
 
@@ -79,3 +81,44 @@ def test_capping_sensors_and_tokens_per_second_are_stored():
     figures = replica_tokens_per_second()
     assert list(figures) == [17] and figures[17] == body["sensors"]["replicas"][0]["tokens_per_second"] > 0
     assert replica_tokens_per_second(node_names=["gpu02"]) == {}
+
+
+def test_simulated_cards_are_locked_at_the_share_of_their_own_top_clock_through_the_api(monkeypatch):
+    monkeypatch.setattr(readings, "_capping_provider", capping_blocks)  # what placement registers
+    nodes = {
+        "a100": SimNode(node_spec("a100", rack="r1", gpus=2, gpu_model="A100-SXM4-80GB", gpu_power_limit_watts=400,
+                                  gpu_max_sm_clock_mhz=1410)),
+        "l40s": SimNode(node_spec("l40s", rack="r1", gpus=2, gpu_model="L40S", gpu_power_limit_watts=350,
+                                  gpu_max_sm_clock_mhz=2520)),
+        "old": SimNode(node_spec("old", rack="r1", gpus=2)),
+    }
+    tokens = {name: node_token_create(node_name=name) for name in nodes}
+
+    def beat(name: str, now: float) -> dict:
+        body = nodes[name].heartbeat(now)
+        if name == "old":  # an agent too old to report its cards' top clock
+            for gpu in body["sensors"]["gpus"]:
+                del gpu["max_sm_clock_mhz"]
+        status, answer = post(body, tokens[name])
+        assert status == 200, answer
+        nodes[name].take_answer(answer, now)
+        return answer
+
+    for name in nodes:
+        beat(name, 1.0)
+    assert Node.objects.get(name="l40s").sensors["gpus"][0]["max_sm_clock_mhz"] == 2520
+    facility_apply(text="facility:\n  conditions: {mode: enforce}\n  sources: {agents: false}\n"
+                        "  capping: {enabled: true, lever: locked_clocks}\n")
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 2 down", seconds=7200)
+    capping_run()
+    capping_run()  # 80 % of the top
+    readings.invalidate_assignments()
+    wanted = {name: beat(name, 2.0)["capping"] for name in nodes}
+    assert wanted == {
+        "a100": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1128]}},
+        "l40s": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 2016]}},
+        "old": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1584]}},
+    }
+    for name, locked in (("a100", [210, 1128]), ("l40s", [210, 2016]), ("old", [210, 1584])):
+        body = nodes[name].heartbeat(3.0)
+        assert [g["locked_clocks_mhz"] for g in body["sensors"]["gpus"]] == [locked, locked]

@@ -3,6 +3,7 @@ mode only says so; placement counts the enforced limit, so capping frees room.""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -98,3 +99,88 @@ def test_the_locked_clocks_lever_asks_for_a_share_of_the_top_clock(join_node):
     condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 2 down", seconds=7200)
     capping_run()
     assert capping_blocks() == {"gpu01": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1782]}}}
+
+
+def report_top_clocks(name: str, tops: list[int | None]) -> None:
+    """What the node's agent last reported: each GPU's top SM clock (None: not reported)."""
+    node = Node.objects.get(name=name)
+    gpus = []
+    for index, top in enumerate(tops):
+        gpu = {"index": index, "uuid": f"GPU-{name}-{index}", "default_power_limit_watts": 400.0}
+        if top is not None:
+            gpu["max_sm_clock_mhz"] = top
+        gpus.append(gpu)
+    node.sensors = {"gpus": gpus}
+    node.save(update_fields=["sensors"])
+
+
+def cap_with_locked_clocks(mode: str = "enforce", steps: int = 2) -> None:
+    """rack:r1 hot under the locked-clocks lever, `steps` evaluations (0.8 of the top after two)."""
+    facility_apply(text=f"facility:\n  conditions: {{mode: {mode}}}\n"
+                        "  capping: {enabled: true, lever: locked_clocks, floor_fraction: 0.5}\n  sources: {agents: false}\n")
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 2 down", seconds=7200)
+    t0 = timezone.now()
+    for minute in range(steps):
+        capping_run(now=t0 + timedelta(minutes=minute))
+
+
+@pytest.mark.parametrize(
+    ("tops", "wanted", "text"),
+    [
+        # A100 SXM: 80 % of its own 1410 MHz, not 80 % of a Hopper's 1980 (which it could not reach anyway).
+        ([1410] * 8, {"all": {"locked_clocks_mhz": [210, 1128]}}, "gpu01 capped to 1128 MHz (rack r1 hot)\n"),
+        # L40S: 80 % of 2520 MHz, not 1584 MHz (63 % of its top).
+        ([2520] * 8, {"all": {"locked_clocks_mhz": [210, 2016]}}, "gpu01 capped to 2016 MHz (rack r1 hot)\n"),
+        # An agent too old to report the top: a Hopper SXM's is assumed, and the row says so.
+        ([None] * 8, {"all": {"locked_clocks_mhz": [210, 1584]}},
+         "gpu01 capped to 1584 MHz (rack r1 hot); no top SM clock reported: 1980 MHz assumed\n"),
+        # Cards that differ on one node: each by its uuid, at the share of its own top.
+        ([1410, 1410, 2520, 2520],
+         {"gpus": [{"uuid": f"GPU-gpu01-{i}", "locked_clocks_mhz": [210, mhz]}
+                   for i, mhz in enumerate([1128, 1128, 2016, 2016])]},
+         "gpu01 capped to 1128 MHz on GPUs 0-1, 2016 MHz on GPUs 2-3 (rack r1 hot)\n"),
+        # One card that does not say: `all` covers it at the assumed top.
+        ([1410, 1410, 1410, None],
+         {"all": {"locked_clocks_mhz": [210, 1584]},
+          "gpus": [{"uuid": f"GPU-gpu01-{i}", "locked_clocks_mhz": [210, 1128]} for i in range(3)]},
+         "gpu01 capped to 1128 MHz on GPUs 0-2, 1584 MHz on GPU 3 (rack r1 hot); "
+         "no top SM clock reported for GPU 3: 1980 MHz assumed\n"),
+    ],
+    ids=["a100", "l40s", "no-top-reported", "mixed", "one-unknown"],
+)
+def test_locked_clocks_cap_each_card_by_its_own_top_clock(join_node, capsys, tops, wanted, text):
+    join_node("gpu01", rack="r1")
+    report_top_clocks("gpu01", tops)
+    cap_with_locked_clocks()
+    assert capping_blocks() == {"gpu01": {"lever": "locked_clocks", **wanted}}
+    readings.invalidate_assignments()
+    readings.assignments("gpu01")
+    assert readings.wanted_capping("gpu01") == {"lever": "locked_clocks", **wanted}
+    assert ctl(["facility", "capping"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_observe_mode_says_what_clock_each_card_would_be_locked_to(join_node, capsys):
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r1")
+    report_top_clocks("gpu01", [1410] * 8)
+    cap_with_locked_clocks(mode="observe", steps=3)
+    assert capping_blocks() == {}
+    assert ctl(["facility", "capping"]) == 0
+    assert capsys.readouterr().out == (
+        "would cap gpu01 to 987 MHz (rack r1 hot)\n"
+        "would cap gpu02 to 1386 MHz (rack r1 hot); no top SM clock reported: 1980 MHz assumed\n"
+    )
+    assert ctl(["facility", "capping", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["locked_clocks"] for row in rows] == [
+        [{"gpus": list(range(8)), "max_sm_clock_mhz": 1410, "top_reported": True, "locked_clocks_mhz": [210, 987]}],
+        [{"gpus": [], "max_sm_clock_mhz": 1980, "top_reported": False, "locked_clocks_mhz": [210, 1386]}],
+    ]
+
+
+def test_the_lowest_lock_stays_210_mhz(join_node):
+    join_node("gpu01", rack="r1")
+    report_top_clocks("gpu01", [210] * 8)
+    cap_with_locked_clocks()
+    assert capping_blocks() == {"gpu01": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 210]}}}

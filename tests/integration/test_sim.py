@@ -111,6 +111,9 @@ def test_a_cluster_file_reads_into_node_specs():
     }
     assert specs[1]["labels"] == {"llmgw.io/row": "3"}
     assert specs[1]["gpu_memory_gib"] == 141.0
+    assert "gpu_max_sm_clock_mhz" not in specs[0]
+    a100 = load_cluster(CLUSTER.replace("    gpu_memory_gib: 141\n", "    gpu_memory_gib: 80\n    gpu_max_sm_clock_mhz: 1410\n"))
+    assert a100[1]["gpu_max_sm_clock_mhz"] == 1410
 
 
 @pytest.mark.parametrize(
@@ -120,7 +123,7 @@ def test_a_cluster_file_reads_into_node_specs():
          "cluster.yaml line 15: nodes[1].gpus: must be a whole number from 0 to 64, not 'four'"),
         ("    cpu_cores: 64\n", "    cpu_cores: 64\n    gpu_count: 4\n",
          "cluster.yaml line 19: nodes[1].gpu_count: unknown key; a node takes: name, gpus, gpu_model, "
-         "gpu_memory_gib, gpu_power_limit_watts, cpu_cores, memory_gib, fabric, labels"),
+         "gpu_memory_gib, gpu_power_limit_watts, gpu_max_sm_clock_mhz, cpu_cores, memory_gib, fabric, labels"),
         ("      llmgw.io/rack: r12-07\n", "      llmgw.io/rak: r12-07\n",
          "cluster.yaml line 11: nodes[0].labels.llmgw.io/rak: unknown label key 'llmgw.io/rak': the llmgw.io/ "
          "keys are llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu"),
@@ -128,6 +131,8 @@ def test_a_cluster_file_reads_into_node_specs():
          "in this file"),
         ("    gpu_power_limit_watts: 700\n", "    gpu_power_limit_watts: -700\n",
          "cluster.yaml line 6: nodes[0].gpu_power_limit_watts: must be a number from 1 to 5000, not -700"),
+        ("    gpu_power_limit_watts: 700\n", "    gpu_power_limit_watts: 700\n    gpu_max_sm_clock_mhz: 1410.5\n",
+         "cluster.yaml line 7: nodes[0].gpu_max_sm_clock_mhz: must be a whole number from 1 to 10000 (MHz), not 1410.5"),
     ],
 )
 def test_a_bad_cluster_file_names_the_line_and_the_field(old, new, message):

@@ -96,3 +96,21 @@ def test_without_permission_the_gpus_keep_their_defaults_and_say_so():
     for gpu in after["sensors"]["gpus"]:
         assert gpu["capping"] == "not permitted"
         assert gpu["enforced_power_limit_watts"] == 700.0
+
+
+def test_simulated_cards_report_their_top_clock_and_hold_a_lock_below_it():
+    assert all(g["max_sm_clock_mhz"] == MAX_SM_CLOCK_MHZ for g in loaded_node().heartbeat(now=2)["sensors"]["gpus"])
+    node = SimNode(node_spec("gpu01", rack="r1", gpus=2, gpu_max_sm_clock_mhz=1410), ready_delay=0)
+    node.take_answer(
+        {"replicas": [{"id": 17, "gpus": [0, 1]}], "capping": {"lever": "locked_clocks", "all": {"locked_clocks_mhz": [210, 1584]}}},
+        now=0,
+    )
+    for gpu in validate_heartbeat(node.heartbeat(now=1))["sensors"]["gpus"]:
+        assert gpu["max_sm_clock_mhz"] == 1410
+        assert gpu["locked_clocks_mhz"] == [210, 1410]  # 80 % of a Hopper's top is no cap on an A100
+
+
+def test_a_lock_at_the_same_share_of_each_cards_top_slows_each_alike():
+    a100 = clock_fraction(demand_watts=DEMAND, limit_watts=700.0, locked_max_mhz=1128, top_mhz=1410)
+    l40s = clock_fraction(demand_watts=DEMAND, limit_watts=700.0, locked_max_mhz=2016, top_mhz=2520)
+    assert abs(a100 - 0.8) < 1e-9 and abs(l40s - 0.8) < 1e-9

@@ -9,7 +9,7 @@ import pytest
 
 from agents.node.protocol import validate_capping
 from agents.node.sensors import SensorReader
-from tests.fakes.fake_nvml import FakeGpu, fake_nvml, h100_sxm
+from tests.fakes.fake_nvml import FakeGpu, a100_sxm, fake_nvml, h100_sxm, l40s
 from tests.fakes.fixture_trees import tree
 
 
@@ -104,6 +104,18 @@ def test_locked_clocks_are_set_held_below_the_top_clock_reported_and_reset():
     reading = apply(node, None)["GPU-h100-0000"]
     assert gpu.locked_clocks_mhz is None
     assert "locked_clocks_mhz" not in reading
+
+
+def test_each_card_holds_a_lock_below_its_own_top_clock_read_once():
+    a100, l40 = a100_sxm(0), l40s(1)
+    node = reader(a100, l40)
+    readings = apply(node, clocks(210, 2016))
+    assert (a100.locked_clocks_mhz, l40.locked_clocks_mhz) == ((210, 1410), (210, 2016))
+    assert readings["GPU-a100-0000"]["max_sm_clock_mhz"] == 1410
+    assert readings["GPU-l40s-0001"]["locked_clocks_mhz"] == [210, 2016]
+    apply(node, clocks(210, 1128))
+    assert a100.locked_clocks_mhz == (210, 1128)
+    assert a100.calls["nvmlDeviceGetMaxClockInfo"] == l40.calls["nvmlDeviceGetMaxClockInfo"] == 1
 
 
 def test_without_root_the_gpu_reports_not_permitted_and_its_readings_still_go_out():

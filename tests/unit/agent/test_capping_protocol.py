@@ -82,6 +82,7 @@ def test_the_heartbeat_takes_the_capping_sensor_keys_and_replica_throughput():
                         "index": 0,
                         "enforced_power_limit_watts": 490.0,
                         "default_power_limit_watts": 700.0,
+                        "max_sm_clock_mhz": 1980,
                         "locked_clocks_mhz": [900, 1400],
                         "capping": "not permitted",
                     }
@@ -92,6 +93,7 @@ def test_the_heartbeat_takes_the_capping_sensor_keys_and_replica_throughput():
     )
     assert heartbeat["sensors"]["gpus"][0]["capping"] == "not permitted"
     assert heartbeat["sensors"]["gpus"][0]["locked_clocks_mhz"] == [900, 1400]
+    assert heartbeat["sensors"]["gpus"][0]["max_sm_clock_mhz"] == 1980
     assert heartbeat["sensors"]["replicas"] == [{"id": 17, "tokens_per_second": 2310.5}, {"id": 18}]
 
 
@@ -101,6 +103,9 @@ def test_the_heartbeat_takes_the_capping_sensor_keys_and_replica_throughput():
         ({"gpus": [{"index": 0, "enforced_power_limit_watts": 490_000}]}, "sensors.gpus[0].enforced_power_limit_watts"),
         ({"gpus": [{"index": 0, "capping": "denied"}]}, "sensors.gpus[0].capping"),
         ({"gpus": [{"index": 0, "locked_clocks_mhz": [900]}]}, "sensors.gpus[0].locked_clocks_mhz"),
+        ({"gpus": [{"index": 0, "max_sm_clock_mhz": 1_980_000}]}, "sensors.gpus[0].max_sm_clock_mhz"),
+        ({"gpus": [{"index": 0, "max_sm_clock_mhz": 0}]}, "sensors.gpus[0].max_sm_clock_mhz"),
+        ({"gpus": [{"index": 0, "max_sm_clock_mhz": 1980.5}]}, "sensors.gpus[0].max_sm_clock_mhz"),
         ({"replicas": [{"id": 17, "tokens_per_second": -1}]}, "sensors.replicas[0].tokens_per_second"),
         ({"replicas": [{"id": 17}, {"id": 17}]}, "sensors.replicas[1].id"),
         ({"replicas": [{"tokens_per_second": 3}]}, "sensors.replicas[0].id"),

@@ -7,7 +7,7 @@ import threading
 import pynvml
 
 from agents.node.sensors import SensorReader
-from tests.fakes.fake_nvml import fake_nvml, h100_sxm, l4, library_missing
+from tests.fakes.fake_nvml import a100_sxm, fake_nvml, h100_sxm, l4, l40s, library_missing
 from tests.fakes.fixture_trees import tree
 
 H100_READING = {
@@ -21,6 +21,7 @@ H100_READING = {
     "throttle_reasons": ["sw_power_cap"],
     "enforced_power_limit_watts": 700.0,
     "default_power_limit_watts": 700.0,
+    "max_sm_clock_mhz": 1980,
 }
 
 
@@ -86,7 +87,56 @@ def test_memory_temperature_not_supported_is_absent_not_zero():
         "throttle_reasons": [],  # only GpuIdle is set, which is not a limiter
         "enforced_power_limit_watts": 72.0,
         "default_power_limit_watts": 72.0,
+        "max_sm_clock_mhz": 2040,
     }
+
+
+def test_each_card_reports_its_own_top_sm_clock():
+    gpus = reader(fake_nvml([h100_sxm(0), a100_sxm(1), l40s(2), l4(3)])).read()["gpus"]
+    assert {g["uuid"]: g["max_sm_clock_mhz"] for g in gpus} == {
+        "GPU-h100-0000": 1980,
+        "GPU-a100-0001": 1410,
+        "GPU-l40s-0002": 2520,
+        "GPU-l4-0003": 2040,
+    }
+    assert {g["uuid"]: g["default_power_limit_watts"] for g in gpus}["GPU-a100-0001"] == 400.0
+
+
+def test_the_top_sm_clock_is_read_once_per_gpu():
+    gpu = a100_sxm(0)
+    node = reader(fake_nvml([gpu]))
+    for _ in range(3):
+        (reading,) = node.read()["gpus"]
+        assert reading["max_sm_clock_mhz"] == 1410
+    assert gpu.calls["nvmlDeviceGetMaxClockInfo"] == 1
+
+
+def test_a_top_sm_clock_nvml_cannot_tell_is_absent_not_zero_and_not_asked_again():
+    gpu = h100_sxm(0)
+    gpu.max_sm_clock_mhz = None  # Not Supported
+    node = reader(fake_nvml([gpu]))
+    for _ in range(2):
+        (reading,) = node.read()["gpus"]
+        assert reading == {key: value for key, value in H100_READING.items() if key != "max_sm_clock_mhz"}
+    assert gpu.calls["nvmlDeviceGetMaxClockInfo"] == 1
+
+
+def test_a_top_sm_clock_that_failed_otherwise_is_asked_again_and_then_reported():
+    gpu = l40s(0)
+    gpu.errors["nvmlDeviceGetMaxClockInfo"] = pynvml.NVML_ERROR_UNKNOWN
+    node = reader(fake_nvml([gpu]))
+    (reading,) = node.read()["gpus"]
+    assert "max_sm_clock_mhz" not in reading
+    del gpu.errors["nvmlDeviceGetMaxClockInfo"]
+    (reading,) = node.read()["gpus"]
+    assert reading["max_sm_clock_mhz"] == 2520
+
+
+def test_a_top_sm_clock_outside_the_protocols_bounds_is_left_out_so_the_heartbeat_still_goes():
+    gpu = h100_sxm(0)
+    gpu.max_sm_clock_mhz = 1_980_000  # a kHz figure
+    (reading,) = reader(fake_nvml([gpu])).read()["gpus"]
+    assert "max_sm_clock_mhz" not in reading
 
 
 def test_several_clock_limiters_at_once_are_all_named_and_other_bits_ignored():
