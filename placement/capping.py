@@ -29,6 +29,7 @@ from facility.models import FacilitySettings
 from facility.response import NEAR_LIMIT_FRACTION, CappingConfig, parse_capping_config
 from facility.selectors import facility_overview
 from placement.models import NodeCap
+from placement.planner import gpus_text
 from placement.signals import placement_changed_on_commit
 
 # A locked-clocks cap asks each card for its share of its own top SM clock, which the agent reports
@@ -217,15 +218,8 @@ def capping_blocks() -> dict[str, dict]:
 
 
 def _gpu_list(indexes: tuple[int, ...]) -> str:
-    """GPU indexes in words: `GPU 3`, `GPUs 0-3`, `GPUs 0, 2, 4-7`."""
-    runs: list[list[int]] = []
-    for index in indexes:
-        if runs and index == runs[-1][-1] + 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
-    return f"GPU {text}" if len(indexes) == 1 else f"GPUs {text}"
+    """GPU indexes in words: `GPU 3`, `GPUs 0-3`, `GPUs 0,2,4-7`."""
+    return f"GPU {gpus_text(indexes)}" if len(indexes) == 1 else f"GPUs {gpus_text(indexes)}"
 
 
 def _clock_words(locks: list[ClockLock]) -> tuple[str, str]:
