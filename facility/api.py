@@ -16,6 +16,8 @@ from facility.serializers import (
     ConditionOverrideBodySerializer,
     ConditionOverrideSerializer,
     DomainHistorySerializer,
+    FacilityAppliedSerializer,
+    FacilityApplySerializer,
     FacilitySerializer,
     FeedLossSerializer,
     FeedsSerializer,
@@ -39,6 +41,21 @@ class FacilityView(ApiView):
     )
     def get(self, request):
         return Response(placement_selectors.facility_overview())
+
+
+class FacilityApplyView(ApiView):
+    @documented(
+        summary="Apply a server.yaml's facility: block, all or nothing (llmgw ctl facility apply -f)",
+        request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = FacilityApplySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        # files always given (if empty): what the file names is read from the request, never from this disk.
+        return Response(
+            services.facility_apply(text=values["text"], filename=values["filename"], files=values["files"])
+        )
 
 
 def hold_body(hold) -> dict:

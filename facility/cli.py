@@ -168,8 +168,9 @@ def condition_text(c: dict) -> str:
 
 
 def condition_set(args) -> int:
-    local_only(args, "facility condition set")
-    from facility.sources import parse_duration
+    from datetime import datetime
+
+    from facility.sources import parse_duration  # pure: no Django
     from llmgw.errors import InvalidInput
 
     seconds = None
@@ -178,17 +179,30 @@ def condition_set(args) -> int:
             seconds = parse_duration(args.duration)
         except ValueError as exc:
             raise InvalidInput(f"--for: {exc}", field="for") from exc
-    o = services.condition_override_set(
-        domain=args.domain, condition=args.condition, reason=args.reason, seconds=seconds, created_by="ctl"
-    )
-    until = f" until {o.until:%Y-%m-%d %H:%M}" if o.until else " until cleared"
-    print(f"{o.domain} set {o.condition}{until}: {o.reason}")
+        if not 1 <= seconds <= MAX_CONDITION_SECONDS:  # the API's for_seconds bounds, checked here in both modes
+            raise InvalidInput("--for: a duration of at least 1s, at most a year (366 days)", field="for")
+
+    def local() -> dict:
+        o = services.condition_override_set(
+            domain=args.domain, condition=args.condition, reason=args.reason, seconds=seconds, created_by="ctl"
+        )
+        return {"domain": o.domain, "condition": o.condition, "reason": o.reason,
+                "until": o.until.isoformat() if o.until else None}
+
+    body = {"domain": args.domain, "condition": args.condition, "reason": args.reason, "for_seconds": seconds}
+    o = write(args, "POST", "facility/conditions", body, local)
+    until = f" until {datetime.fromisoformat(o['until']):%Y-%m-%d %H:%M}" if o["until"] else " until cleared"
+    print(f"{o['domain']} set {o['condition']}{until}: {o['reason']}")
     return 0
 
 
+# facility.services.MAX_OVERRIDE_SECONDS (named here too: importing it would load Django in remote mode).
+MAX_CONDITION_SECONDS = 366 * 86_400
+
+
 def condition_clear(args) -> int:
-    local_only(args, "facility condition clear")
-    services.condition_override_clear(domain=args.domain)
+    write(args, "DELETE", f"facility/conditions/{quote(args.domain, safe=':')}", None,
+          lambda: services.condition_override_clear(domain=args.domain))
     print(f"{args.domain}: condition set by hand cleared")
     return 0
 
@@ -213,14 +227,19 @@ def events(args) -> int:
 
 @listing
 def shed(args) -> int:
-    from placement.shedding import shed_plan, shedding_config
+    intervals = max(1, min(args.intervals, MAX_SHED_INTERVALS))
 
-    config = shedding_config()
-    rows = shed_plan(intervals=max(1, min(args.intervals, 100)), config=config)
+    def local() -> dict:
+        from placement.shedding import shed_listing
+
+        return shed_listing(intervals=intervals)
+
+    data = read(args, "facility/shed", local, intervals=intervals)
+    rows = data["moves"]
     if args.output == "json":
         print_json(rows)
         return 0
-    if not config.any_enabled:
+    if not data["enabled"]:
         print("shedding is off (facility.shedding.enabled in server.yaml): nothing moves")
         return 0
     if not rows:
@@ -234,15 +253,23 @@ def shed(args) -> int:
     return 0
 
 
+# placement.api's bound on ?intervals= (named here too: importing it would load Django in remote mode).
+MAX_SHED_INTERVALS = 100
+
+
 @listing
 def capping(args) -> int:
-    from placement.capping import capping_config, capping_rows
+    def local() -> dict:
+        from placement.capping import capping_listing
 
-    rows = capping_rows()
+        return capping_listing()
+
+    data = read(args, "facility/capping", local)
+    rows = data["nodes"]
     if args.output == "json":
         print_json(rows)
         return 0
-    if not capping_config().enabled:
+    if not data["enabled"]:
         print("capping is off (facility.capping.enabled in server.yaml): every GPU holds its defaults")
         return 0
     if not rows:
@@ -254,11 +281,17 @@ def capping(args) -> int:
 
 
 def apply(args) -> int:
-    local_only(args, "facility apply")
-    if args.file == "-":
-        result = services.facility_apply(text=sys.stdin.read(), filename="<stdin>")
-    else:
-        result = services.facility_apply_file(path=args.file)
+    """The file applied whole or refused whole, here or through the API (which reads nothing from its own
+    disk: a scenario file the server.yaml names is read here and sent with it)."""
+    from llmgw.yamldoc import read_text
+
+    filename = "<stdin>" if args.file == "-" else args.file
+    text = sys.stdin.read() if args.file == "-" else read_text(args.file)
+    body = None
+    if getattr(args, "remote", None) is not None:
+        body = {"text": text, "filename": filename, "files": named_files(text=text, filename=filename)}
+    result = write(args, "POST", "facility/apply", body,
+                   lambda: services.facility_apply(text=text, filename=filename))
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
         f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"
@@ -266,6 +299,30 @@ def apply(args) -> int:
         + ")"
     )
     return 0
+
+
+def named_files(*, text: str, filename: str) -> dict[str, str]:
+    """The files a server.yaml names, by the name it gives them, read as facility_apply reads them where
+    the database is: the simulated source's scenario, relative to the server.yaml's folder."""
+    from pathlib import Path
+
+    from llmgw.errors import InvalidInput
+    from llmgw.yamldoc import load_documents, read_text
+
+    docs = load_documents(text, filename)
+    data = docs[0].data if len(docs) == 1 else None
+    name: object = data
+    for key in ("facility", "sources", "simulated", "file"):
+        name = name.get(key) if isinstance(name, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        return {}  # none, or a refusal the server words
+    path = Path(name)
+    if not path.is_absolute() and Path(filename).is_file():
+        path = Path(filename).parent / path
+    try:
+        return {name: read_text(path)}
+    except InvalidInput as exc:
+        raise docs[0].error(("facility", "sources", "simulated", "file"), f"{path}: {exc}") from exc
 
 
 def _feeds_applied(feeds: dict | None) -> str:
@@ -296,15 +353,19 @@ def release(args) -> int:
 
 
 def budget_set(args) -> int:
-    local_only(args, "facility budget set")
-    b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
-    print(f"{b.domain}: cap {kw(b.cap_watts)}, other {kw(b.other_watts)}")
+    def local() -> dict:
+        b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
+        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts}
+
+    body = {"domain": args.domain, "cap_watts": args.cap_watts, "other_watts": args.other_watts}
+    b = write(args, "POST", "facility/budgets", body, local)
+    print(f"{b['domain']}: cap {kw(b['cap_watts'])}, other {kw(b['other_watts'])}")
     return 0
 
 
 def budget_delete(args) -> int:
-    local_only(args, "facility budget delete")
-    services.budget_delete(domain=args.domain)
+    write(args, "DELETE", f"facility/budgets/{quote(args.domain, safe=':')}", None,
+          lambda: services.budget_delete(domain=args.domain))
     print(f"{args.domain}: budget removed")
     return 0
 

@@ -333,3 +333,45 @@ class WhatIfResultSerializer(serializers.Serializer):
     stay = WhatIfStaySerializer(many=True)
     domains = WhatIfDomainSerializer(many=True)
     feed_loss = ViolationSerializer(many=True)
+
+
+# A file sent whole to be applied or imported (server.yaml, models.yaml, NetBox's CSV): at most this many
+# characters, inside the request's own limit (LLMGW_REQUEST_MAX_BYTES); a name at most MAX_FILENAME.
+MAX_FILE_CHARS = 1_000_000
+MAX_FILENAME = 1000
+MAX_FILES = 8
+
+
+class FacilityApplySerializer(StrictSerializer):
+    text = TextField(max_length=MAX_FILE_CHARS, allow_blank=True, help_text="the server.yaml, whole")
+    filename = TextField(
+        max_length=MAX_FILENAME, required=False, default="server.yaml",
+        help_text="named in refusals: `FILENAME line N: facility.margin: …`",
+    )
+    files = serializers.DictField(
+        child=TextField(max_length=MAX_FILE_CHARS, allow_blank=True), required=False, default=dict,
+        help_text="the files it names, by the name it gives (facility.sources.simulated.file: the scenario); "
+        "nothing is read from the server's disk",
+    )
+
+    def validate_files(self, value: dict) -> dict:
+        if len(value) > MAX_FILES:
+            raise serializers.ValidationError(f"at most {MAX_FILES} files")
+        for name in value:
+            if not 0 < len(name) <= MAX_FILENAME:
+                raise serializers.ValidationError(f"a file's name is 1 to {MAX_FILENAME} characters")
+        return value
+
+
+class FeedsAppliedSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    updated = serializers.IntegerField()
+    removed = serializers.ListField(child=serializers.CharField(), help_text="the feeds removed, by name")
+
+
+class FacilityAppliedSerializer(serializers.Serializer):
+    created = serializers.IntegerField(help_text="budgets created")
+    updated = serializers.IntegerField(help_text="budgets updated")
+    removed = serializers.IntegerField(help_text="budgets removed (an earlier file's, no longer named)")
+    removed_domains = serializers.ListField(child=serializers.CharField())
+    feeds = FeedsAppliedSerializer(required=False, help_text="only when the file has feeds:")
