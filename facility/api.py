@@ -1,12 +1,13 @@
-"""REST API of the facility: domains with power and holds; holds and budgets."""
+"""REST API of the facility: domains with power and holds; holds, budgets, conditions; apply, NetBox import."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, selectors, services
+from facility import feed_selectors, netbox, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -24,6 +25,8 @@ from facility.serializers import (
     HistoryQuerySerializer,
     HoldBodySerializer,
     HoldSerializer,
+    NetboxImportedSerializer,
+    NetboxImportSerializer,
     WhatIfResultSerializer,
     WhatIfSerializer,
 )
@@ -220,3 +223,28 @@ class WhatIfView(ApiView):
         if ":" in target:
             return Response(what_if(hold=target, drain=drain))
         return Response(what_if(feed=target))
+
+
+class NetboxImportView(ApiView):
+    @documented(
+        summary="Import feeds and node locations from NetBox (its CSV, or a NetBox the server may read), "
+        "all or nothing; dry_run: the diff alone",
+        request=NetboxImportSerializer, ok={200: NetboxImportedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = NetboxImportSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        if "csv" in values:
+            plan = netbox.plan_from_csv(values["csv"])
+        else:
+            url = values["url"].rstrip("/")
+            # The server reaches out only to a NetBox its admins named: a client's body picks no address.
+            if url not in settings.LLMGW_NETBOX_URLS:
+                named = ", ".join(settings.LLMGW_NETBOX_URLS) or "none is set"
+                raise InvalidInput(
+                    f"url: this server reads only the NetBox its LLMGW_NETBOX_URLS names ({named}); "
+                    "send the CSV export instead, or import where the database is", field="url",
+                )
+            plan = netbox.plan_from_api(netbox.netbox_api(url=url, token=values["token"]), site=values["site"])
+        return Response(netbox.netbox_import(plan=plan, dry_run=values["dry_run"]))

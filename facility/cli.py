@@ -7,7 +7,7 @@ import sys
 from urllib.parse import quote
 
 from llmgw.output import kw, print_json, print_table
-from llmgw.remote import lazy, listing, local_only, read, write
+from llmgw.remote import lazy, listing, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 feed_selectors = lazy("facility.feed_selectors")
@@ -504,20 +504,28 @@ def what_if_lines(data: dict) -> list[str]:
 
 
 def import_netbox(args) -> int:
-    local_only(args, "facility import netbox")
-    from pathlib import Path
-
-    from facility import netbox
     from llmgw.errors import InvalidInput
 
     if args.csv:
-        plan = netbox.plan_from_csv(Path(args.csv).read_text(encoding="utf-8"))
+        text = _read_utf8(args.csv, "csv")
+        body = {"csv": text, "dry_run": args.dry_run}
     else:
         if not args.token_file:
             raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
-        token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
-    result = netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+        token = _read_utf8(args.token_file, "token_file").strip()
+        body = {"url": args.url, "token": token, "site": args.site, "dry_run": args.dry_run}
+
+    def local() -> dict:
+        from facility import netbox
+
+        if args.csv:
+            plan = netbox.plan_from_csv(text)
+        else:
+            plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
+        return netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+
+    # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
+    result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
     if args.output == "json":
         print_json(result)
         return 0
@@ -532,3 +540,18 @@ def import_netbox(args) -> int:
     changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels"))
     print(f"{changed} change{'s' if changed != 1 else ''}{' (dry run: nothing written)' if not result['applied'] else ' applied'}")
     return 0
+
+
+NETBOX_IMPORT_TIMEOUT_SECONDS = 600
+
+
+def _read_utf8(path: str, field: str) -> str:
+    from pathlib import Path
+
+    from llmgw.errors import InvalidInput
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidInput(f"{path}: cannot read: {why}", field=field) from exc

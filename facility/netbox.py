@@ -191,8 +191,20 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
     return {**diff, "applied": True}
 
 
-def netbox_api(*, url: str, token: str) -> Any:
-    """A pynetbox client for the NetBox at ``url``."""
-    import pynetbox
+# Each request to NetBox: past this, the import is refused naming the URL (never a request left hanging).
+NETBOX_TIMEOUT_SECONDS = 30
 
-    return pynetbox.api(url.rstrip("/"), token=token)
+
+def netbox_api(*, url: str, token: str) -> Any:
+    """A pynetbox client for the NetBox at ``url``, each request bounded by NETBOX_TIMEOUT_SECONDS."""
+    import pynetbox
+    import requests
+
+    class BoundedSession(requests.Session):
+        def request(self, *args, **kwargs):
+            kwargs.setdefault("timeout", NETBOX_TIMEOUT_SECONDS)
+            return super().request(*args, **kwargs)
+
+    api = pynetbox.api(url.rstrip("/"), token=token)
+    api.http_session = BoundedSession()
+    return api

@@ -375,3 +375,61 @@ class FacilityAppliedSerializer(serializers.Serializer):
     removed = serializers.IntegerField(help_text="budgets removed (an earlier file's, no longer named)")
     removed_domains = serializers.ListField(child=serializers.CharField())
     feeds = FeedsAppliedSerializer(required=False, help_text="only when the file has feeds:")
+
+
+class NetboxImportSerializer(StrictSerializer):
+    """Either NetBox's CSV export of power feeds, or a NetBox the server may read (LLMGW_NETBOX_URLS)."""
+
+    csv = TextField(
+        max_length=MAX_FILE_CHARS, required=False, allow_blank=True,
+        help_text="NetBox's CSV export of power feeds (offline sites); each feeds its rack",
+    )
+    url = TextField(
+        max_length=MAX_FILENAME, required=False,
+        help_text="NetBox's address, one of the server's LLMGW_NETBOX_URLS (none unless its admins set some)",
+    )
+    token = TextField(max_length=MAX_FILENAME, required=False, help_text="NetBox's API token (with url)")
+    site = TextField(max_length=100, required=False, allow_null=True, default=None,
+                     help_text="only this site's slug (with url)")
+    dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if ("csv" in attrs) == ("url" in attrs):
+            raise serializers.ValidationError({"csv": ["give csv (NetBox's CSV export) or url, one of them"]})
+        if "url" in attrs and "token" not in attrs:
+            raise serializers.ValidationError({"token": ["required with url (NetBox's API token)"]})
+        for key in ("token", "site"):
+            if "csv" in attrs and attrs.get(key) is not None:
+                raise serializers.ValidationError({key: ["only with url: a CSV import reads no NetBox"]})
+        return attrs
+
+
+class NetboxFeedTextSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
+    pdus = serializers.ListField(child=serializers.CharField())
+    racks = serializers.ListField(child=serializers.CharField())
+
+
+class NetboxFeedSerializer(NetboxFeedTextSerializer):
+    name = serializers.CharField()
+
+
+class NetboxFeedChangeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    to = NetboxFeedTextSerializer()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = NetboxFeedTextSerializer()
+        return fields
+
+
+class NetboxImportedSerializer(serializers.Serializer):
+    feeds_added = NetboxFeedSerializer(many=True)
+    feeds_changed = NetboxFeedChangeSerializer(many=True)
+    feeds_removed = serializers.ListField(child=serializers.CharField(), help_text="the import's own, no longer listed")
+    labels = serializers.DictField(
+        child=serializers.DictField(child=serializers.CharField()), help_text="node → the location labels it gets"
+    )
+    applied = serializers.BooleanField(help_text="false: a dry run, nothing written")
