@@ -138,6 +138,8 @@ class NodeCordonView(ApiView):
 
 
 class NodeTokenView(ApiView):
+    """POST: a new agent token for the node, returned once (only its hash is kept); admins only."""
+
     permission_classes = [IsAdmin]
 
     @documented(

@@ -47,6 +47,8 @@ class FacilityView(ApiView):
 
 
 class FacilityApplyView(ApiView):
+    """POST a server.yaml whole (and the files it names): applied all or nothing, as on the database."""
+
     @documented(
         summary="Apply a server.yaml's facility: block, all or nothing (llmgw ctl facility apply -f)",
         request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(409,),
@@ -226,6 +228,8 @@ class WhatIfView(ApiView):
 
 
 class NetboxImportView(ApiView):
+    """POST NetBox's CSV of power feeds, or name a NetBox the server may read; dry_run writes nothing."""
+
     @documented(
         summary="Import feeds and node locations from NetBox (its CSV, or a NetBox the server may read), "
         "all or nothing; dry_run: the diff alone",

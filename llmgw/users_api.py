@@ -24,6 +24,8 @@ class TokenSerializer(serializers.Serializer):
 
 
 class TokenListView(ApiView):
+    """POST: a user's API token with a role, the user made if missing; admins only."""
+
     permission_classes = [IsAdmin]
 
     @documented(

@@ -13,7 +13,7 @@ from llmgw.errors import InvalidInput
 from placement import selectors, services
 from placement.capping import capping_listing
 from placement.serializers import (
-    CappingSerializer,
+    CappingListingSerializer,
     ExplainSerializer,
     HeadroomSerializer,
     ModelAppliedSerializer,
@@ -24,7 +24,7 @@ from placement.serializers import (
     ModelsAppliedSerializer,
     ModelsApplySerializer,
     ReplicaSerializer,
-    ShedSerializer,
+    ShedListingSerializer,
 )
 from placement.shedding import shed_listing
 
@@ -54,6 +54,8 @@ class ModelListView(ApiView):
 
 
 class ModelsApplyView(ApiView):
+    """POST a models.yaml whole: every model of it in one transaction, or none with the reason."""
+
     @documented(
         summary="Apply a models.yaml (kind: Model documents), all or nothing (llmgw ctl apply -f)",
         request=ModelsApplySerializer, ok={200: ModelsAppliedSerializer}, errors=(409,),
@@ -111,9 +113,11 @@ class ReplicaListView(ApiView):
 
 
 class ShedView(ApiView):
+    """GET the moves shedding would make: a dry run, nothing is written (viewer)."""
+
     @documented(
         summary="The moves shedding would make off hot or over-limit domains in the next intervals (a dry run)",
-        ok={200: ShedSerializer},
+        ok={200: ShedListingSerializer},
         parameters=[OpenApiParameter(
             "intervals", {"type": "integer", "minimum": 1, "maximum": MAX_SHED_INTERVALS}, OpenApiParameter.QUERY,
             required=False, description="how many intervals ahead (default 3)",
@@ -127,8 +131,10 @@ class ShedView(ApiView):
 
 
 class CappingView(ApiView):
+    """GET what capping asks of each node's GPUs, or would ask in observe mode (viewer)."""
+
     @documented(
-        summary="GPU caps: the nodes capped (or, in observe mode, that would be) and why", ok={200: CappingSerializer}
+        summary="GPU caps: the nodes capped (or, in observe mode, that would be) and why", ok={200: CappingListingSerializer}
     )
     def get(self, request):
         return Response(capping_listing())

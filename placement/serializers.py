@@ -218,7 +218,7 @@ class ShedMoveSerializer(serializers.Serializer):
         return fields
 
 
-class ShedSerializer(serializers.Serializer):
+class ShedListingSerializer(serializers.Serializer):
     enabled = serializers.BooleanField(help_text="facility.shedding is on for some domain")
     moves = ShedMoveSerializer(many=True)
 
@@ -233,7 +233,7 @@ class CappingNodeSerializer(serializers.Serializer):
     lever = serializers.ChoiceField(choices=LEVERS)
 
 
-class CappingSerializer(serializers.Serializer):
+class CappingListingSerializer(serializers.Serializer):
     enabled = serializers.BooleanField(help_text="facility.capping.enabled")
     lever = serializers.ChoiceField(choices=LEVERS)
     nodes = CappingNodeSerializer(many=True)
