@@ -57,20 +57,29 @@ def _phase(value: Any) -> str:
     raise InvalidInput(f"phase: {value!r} is neither single-phase nor three-phase", field="phase")
 
 
+def _number(name: str, key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"NetBox power feed {name}: {key}: {value!r} is not a number", field="feeds") from None
+
+
 def _feed(name: str, raw: dict[str, Any], pdus: list[str], rack: str | None) -> pure.Feed:
     utilization = str(raw.get("max_utilization") if raw.get("max_utilization") not in (None, "") else 80).rstrip("%")
-    item = {
-        "name": name,
-        "voltage": float(raw["voltage"]),
-        "amperage": float(raw["amperage"]),
-        "phase": _phase(raw.get("phase")),
-        "max_utilization": float(utilization) / 100,
-        "pdus": pdus,
-        "racks": [rack] if rack and not pdus else [],
-    }
     try:
+        item = {
+            "name": name,
+            "voltage": _number(name, "voltage", raw.get("voltage")),
+            "amperage": _number(name, "amperage", raw.get("amperage")),
+            "phase": _phase(raw.get("phase")),
+            "max_utilization": _number(name, "max_utilization", utilization) / 100,
+            "pdus": pdus,
+            "racks": [rack] if rack and not pdus else [],
+        }
         return feed_services.feed_check(item)
     except InvalidInput as exc:
+        if exc.message.startswith("NetBox power feed "):
+            raise
         raise InvalidInput(f"NetBox power feed {name}: {exc.message}", field="feeds") from exc
 
 
