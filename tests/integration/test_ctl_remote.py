@@ -71,7 +71,8 @@ def test_a_remote_listing_loads_no_django(live_server, make_user, tmp_path):
     probe = (
         "import sys\n"
         "from llmgw.cli import main\n"
-        "code = main(['ctl', 'nodes', '-o', 'json'])\n"
+        "code = main(['ctl', 'facility', 'shed', '--dry-run']) or main(['ctl', 'facility', 'capping'])\n"
+        "code = code or main(['ctl', 'nodes', '-o', 'json'])\n"
         "print('loaded:', sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'rest_framework'}))\n"
         "sys.exit(code)\n"
     )
