@@ -100,15 +100,28 @@ def register(commands) -> None:
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
     s.add_argument("domain")
-    s.add_argument("--cap-watts", type=float, required=True)
+    s.add_argument("--cap-watts", type=watts_arg, required=True)
     s.add_argument(
-        "--other-watts", type=float, default=None,
+        "--other-watts", type=watts_arg, default=None,
         help="switches, storage: what llmgw does not see (not given: kept as it is)",
     )
     s.set_defaults(handler=budget_set)
     d = bsub.add_parser("delete", help="remove a domain's budget")
     d.add_argument("domain")
     d.set_defaults(handler=budget_delete)
+
+
+def watts_arg(text: str) -> float:
+    """A finite number (nan and inf are no watts; the API's JSON could not carry them either)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of watts")
+    return value
 
 
 @listing
