@@ -8,6 +8,13 @@ from llmgw.remote import write
 ROLES = ("viewer", "operator")
 
 
+def token_create(*, username: str, role: str) -> str:
+    """llmgw.users.token_create, named here too for the scripts that import it from this module (bench/)."""
+    from llmgw.users import token_create as create
+
+    return create(username=username, role=role)
+
+
 def register(commands) -> None:
     p = commands.add_parser("token", help="API tokens: llmgw ctl token create USERNAME --role operator")
     sub = p.add_subparsers(dest="token_command", metavar="COMMAND", required=True)
@@ -24,8 +31,6 @@ def register(commands) -> None:
 
 def token_command(args) -> int:
     def local() -> dict:
-        from llmgw.users import token_create
-
         return {"username": args.username, "role": args.role,
                 "token": token_create(username=args.username, role=args.role)}
 
