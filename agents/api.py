@@ -25,6 +25,7 @@ from agents.serializers import (
     LabelsSerializer,
     NodeDetailSerializer,
     NodeRowSerializer,
+    NodeTokenSerializer,
 )
 from facility import nodes as facility_nodes
 from facility import services as facility_services
@@ -32,6 +33,7 @@ from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
+from llmgw.permissions import IsAdmin
 from placement import selectors as placement_selectors
 
 # -- nodes -----------------------------------------------------------------------------------------------
@@ -133,6 +135,19 @@ class NodeCordonView(ApiView):
         data.is_valid(raise_exception=True)
         node = services.node_cordon(node_name=name, **data.validated_data)
         return Response({"node": node.name, "cordoned": node.cordoned, "draining": node.draining})
+
+
+class NodeTokenView(ApiView):
+    """POST: a new agent token for the node, returned once (only its hash is kept); admins only."""
+
+    permission_classes = [IsAdmin]
+
+    @documented(
+        summary="A new token for a node's agent, shown once; the old one stops working (admins only)",
+        ok={200: NodeTokenSerializer},
+    )
+    def post(self, request, name: str):
+        return Response({"node": name, "token": services.node_token_create(node_name=name)})
 
 
 # -- heartbeats ------------------------------------------------------------------------------------------

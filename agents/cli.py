@@ -8,7 +8,7 @@ from urllib.parse import quote
 from facility.domains import DomainError, parse_domain, parse_label_args
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, listing, local_only, read, write
+from llmgw.remote import lazy, listing, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 services = lazy("agents.services")
@@ -107,8 +107,11 @@ def label(args) -> int:
 
 
 def node_token(args) -> int:
-    local_only(args, "node token")
-    print(services.node_token_create(node_name=args.node))
+    def local() -> dict:
+        return {"node": args.node, "token": services.node_token_create(node_name=args.node)}
+
+    data = write(args, "POST", f"nodes/{quote(args.node, safe='')}/token", None, local)
+    print(data["token"])
     return 0
 
 

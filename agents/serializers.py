@@ -113,6 +113,11 @@ class CordonResultSerializer(serializers.Serializer):
     draining = serializers.BooleanField()
 
 
+class NodeTokenSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    token = serializers.CharField(help_text="the agent's token (agent.yaml token: or token_file); only its hash is kept")
+
+
 class HeartbeatRequestSchema(serializers.Serializer):
     """For the OpenAPI schema only: the checks are agents.node.protocol.validate_heartbeat."""
 

@@ -1,12 +1,13 @@
-"""REST API of the facility: domains with power and holds; holds and budgets."""
+"""REST API of the facility: domains with power and holds; holds, budgets, conditions; apply, NetBox import."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, selectors, services
+from facility import feed_selectors, netbox, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -16,12 +17,16 @@ from facility.serializers import (
     ConditionOverrideBodySerializer,
     ConditionOverrideSerializer,
     DomainHistorySerializer,
+    FacilityAppliedSerializer,
+    FacilityApplySerializer,
     FacilitySerializer,
     FeedLossSerializer,
     FeedsSerializer,
     HistoryQuerySerializer,
     HoldBodySerializer,
     HoldSerializer,
+    NetboxImportedSerializer,
+    NetboxImportSerializer,
     WhatIfResultSerializer,
     WhatIfSerializer,
 )
@@ -39,6 +44,23 @@ class FacilityView(ApiView):
     )
     def get(self, request):
         return Response(placement_selectors.facility_overview())
+
+
+class FacilityApplyView(ApiView):
+    """POST a server.yaml whole (and the files it names): applied all or nothing, as on the database."""
+
+    @documented(
+        summary="Apply a server.yaml's facility: block, all or nothing (llmgw ctl facility apply -f)",
+        request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = FacilityApplySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        # files always given (if empty): what the file names is read from the request, never from this disk.
+        return Response(
+            services.facility_apply(text=values["text"], filename=values["filename"], files=values["files"])
+        )
 
 
 def hold_body(hold) -> dict:
@@ -203,3 +225,30 @@ class WhatIfView(ApiView):
         if ":" in target:
             return Response(what_if(hold=target, drain=drain))
         return Response(what_if(feed=target))
+
+
+class NetboxImportView(ApiView):
+    """POST NetBox's CSV of power feeds, or name a NetBox the server may read; dry_run writes nothing."""
+
+    @documented(
+        summary="Import feeds and node locations from NetBox (its CSV, or a NetBox the server may read), "
+        "all or nothing; dry_run: the diff alone",
+        request=NetboxImportSerializer, ok={200: NetboxImportedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = NetboxImportSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        if "csv" in values:
+            plan = netbox.plan_from_csv(values["csv"])
+        else:
+            url = values["url"].rstrip("/")
+            # The server reaches out only to a NetBox its admins named: a client's body picks no address.
+            if url not in settings.LLMGW_NETBOX_URLS:
+                named = ", ".join(settings.LLMGW_NETBOX_URLS) or "none is set"
+                raise InvalidInput(
+                    f"url: this server reads only the NetBox its LLMGW_NETBOX_URLS names ({named}); "
+                    "send the CSV export instead, or import where the database is", field="url",
+                )
+            plan = netbox.plan_from_api(netbox.netbox_api(url=url, token=values["token"]), site=values["site"])
+        return Response(netbox.netbox_import(plan=plan, dry_run=values["dry_run"]))

@@ -7,7 +7,7 @@ import sys
 from urllib.parse import quote
 
 from llmgw.output import kw, print_json, print_table
-from llmgw.remote import lazy, listing, local_only, read, write
+from llmgw.remote import lazy, listing, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 feed_selectors = lazy("facility.feed_selectors")
@@ -100,15 +100,28 @@ def register(commands) -> None:
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
     s.add_argument("domain")
-    s.add_argument("--cap-watts", type=float, required=True)
+    s.add_argument("--cap-watts", type=watts_arg, required=True)
     s.add_argument(
-        "--other-watts", type=float, default=None,
+        "--other-watts", type=watts_arg, default=None,
         help="switches, storage: what llmgw does not see (not given: kept as it is)",
     )
     s.set_defaults(handler=budget_set)
     d = bsub.add_parser("delete", help="remove a domain's budget")
     d.add_argument("domain")
     d.set_defaults(handler=budget_delete)
+
+
+def watts_arg(text: str) -> float:
+    """A finite number (nan and inf are no watts; the API's JSON could not carry them either)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of watts")
+    return value
 
 
 @listing
@@ -168,8 +181,9 @@ def condition_text(c: dict) -> str:
 
 
 def condition_set(args) -> int:
-    local_only(args, "facility condition set")
-    from facility.sources import parse_duration
+    from datetime import datetime
+
+    from facility.sources import parse_duration  # pure: no Django
     from llmgw.errors import InvalidInput
 
     seconds = None
@@ -178,17 +192,30 @@ def condition_set(args) -> int:
             seconds = parse_duration(args.duration)
         except ValueError as exc:
             raise InvalidInput(f"--for: {exc}", field="for") from exc
-    o = services.condition_override_set(
-        domain=args.domain, condition=args.condition, reason=args.reason, seconds=seconds, created_by="ctl"
-    )
-    until = f" until {o.until:%Y-%m-%d %H:%M}" if o.until else " until cleared"
-    print(f"{o.domain} set {o.condition}{until}: {o.reason}")
+        if not 1 <= seconds <= MAX_CONDITION_SECONDS:  # the API's for_seconds bounds, checked here in both modes
+            raise InvalidInput("--for: a duration of at least 1s, at most a year (366 days)", field="for")
+
+    def local() -> dict:
+        o = services.condition_override_set(
+            domain=args.domain, condition=args.condition, reason=args.reason, seconds=seconds, created_by="ctl"
+        )
+        return {"domain": o.domain, "condition": o.condition, "reason": o.reason,
+                "until": o.until.isoformat() if o.until else None}
+
+    body = {"domain": args.domain, "condition": args.condition, "reason": args.reason, "for_seconds": seconds}
+    o = write(args, "POST", "facility/conditions", body, local)
+    until = f" until {datetime.fromisoformat(o['until']):%Y-%m-%d %H:%M}" if o["until"] else " until cleared"
+    print(f"{o['domain']} set {o['condition']}{until}: {o['reason']}")
     return 0
 
 
+# facility.services.MAX_OVERRIDE_SECONDS (named here too: importing it would load Django in remote mode).
+MAX_CONDITION_SECONDS = 366 * 86_400
+
+
 def condition_clear(args) -> int:
-    local_only(args, "facility condition clear")
-    services.condition_override_clear(domain=args.domain)
+    write(args, "DELETE", f"facility/conditions/{quote(args.domain, safe=':')}", None,
+          lambda: services.condition_override_clear(domain=args.domain))
     print(f"{args.domain}: condition set by hand cleared")
     return 0
 
@@ -213,14 +240,19 @@ def events(args) -> int:
 
 @listing
 def shed(args) -> int:
-    from placement.shedding import shed_plan, shedding_config
+    intervals = max(1, min(args.intervals, MAX_SHED_INTERVALS))
 
-    config = shedding_config()
-    rows = shed_plan(intervals=max(1, min(args.intervals, 100)), config=config)
+    def local() -> dict:
+        from placement.shedding import shed_listing
+
+        return shed_listing(intervals=intervals)
+
+    data = read(args, "facility/shed", local, intervals=intervals)
+    rows = data["moves"]
     if args.output == "json":
         print_json(rows)
         return 0
-    if not config.any_enabled:
+    if not data["enabled"]:
         print("shedding is off (facility.shedding.enabled in server.yaml): nothing moves")
         return 0
     if not rows:
@@ -234,15 +266,23 @@ def shed(args) -> int:
     return 0
 
 
+# placement.api's bound on ?intervals= (named here too: importing it would load Django in remote mode).
+MAX_SHED_INTERVALS = 100
+
+
 @listing
 def capping(args) -> int:
-    from placement.capping import capping_config, capping_rows
+    def local() -> dict:
+        from placement.capping import capping_listing
 
-    rows = capping_rows()
+        return capping_listing()
+
+    data = read(args, "facility/capping", local)
+    rows = data["nodes"]
     if args.output == "json":
         print_json(rows)
         return 0
-    if not capping_config().enabled:
+    if not data["enabled"]:
         print("capping is off (facility.capping.enabled in server.yaml): every GPU holds its defaults")
         return 0
     if not rows:
@@ -254,11 +294,17 @@ def capping(args) -> int:
 
 
 def apply(args) -> int:
-    local_only(args, "facility apply")
-    if args.file == "-":
-        result = services.facility_apply(text=sys.stdin.read(), filename="<stdin>")
-    else:
-        result = services.facility_apply_file(path=args.file)
+    """The file applied whole or refused whole, here or through the API (which reads nothing from its own
+    disk: a scenario file the server.yaml names is read here and sent with it)."""
+    from llmgw.yamldoc import read_text
+
+    filename = "<stdin>" if args.file == "-" else args.file
+    text = sys.stdin.read() if args.file == "-" else read_text(args.file)
+    body = None
+    if getattr(args, "remote", None) is not None:
+        body = {"text": text, "filename": filename, "files": named_files(text=text, filename=filename)}
+    result = write(args, "POST", "facility/apply", body,
+                   lambda: services.facility_apply(text=text, filename=filename))
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
         f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"
@@ -266,6 +312,30 @@ def apply(args) -> int:
         + ")"
     )
     return 0
+
+
+def named_files(*, text: str, filename: str) -> dict[str, str]:
+    """The files a server.yaml names, by the name it gives them, read as facility_apply reads them where
+    the database is: the simulated source's scenario, relative to the server.yaml's folder."""
+    from pathlib import Path
+
+    from llmgw.errors import InvalidInput
+    from llmgw.yamldoc import load_documents, read_text
+
+    docs = load_documents(text, filename)
+    data = docs[0].data if len(docs) == 1 else None
+    name: object = data
+    for key in ("facility", "sources", "simulated", "file"):
+        name = name.get(key) if isinstance(name, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        return {}  # none, or a refusal the server words
+    path = Path(name)
+    if not path.is_absolute() and Path(filename).is_file():
+        path = Path(filename).parent / path
+    try:
+        return {name: read_text(path)}
+    except InvalidInput as exc:
+        raise docs[0].error(("facility", "sources", "simulated", "file"), f"{path}: {exc}") from exc
 
 
 def _feeds_applied(feeds: dict | None) -> str:
@@ -296,15 +366,19 @@ def release(args) -> int:
 
 
 def budget_set(args) -> int:
-    local_only(args, "facility budget set")
-    b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
-    print(f"{b.domain}: cap {kw(b.cap_watts)}, other {kw(b.other_watts)}")
+    def local() -> dict:
+        b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
+        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts}
+
+    body = {"domain": args.domain, "cap_watts": args.cap_watts, "other_watts": args.other_watts}
+    b = write(args, "POST", "facility/budgets", body, local)
+    print(f"{b['domain']}: cap {kw(b['cap_watts'])}, other {kw(b['other_watts'])}")
     return 0
 
 
 def budget_delete(args) -> int:
-    local_only(args, "facility budget delete")
-    services.budget_delete(domain=args.domain)
+    write(args, "DELETE", f"facility/budgets/{quote(args.domain, safe=':')}", None,
+          lambda: services.budget_delete(domain=args.domain))
     print(f"{args.domain}: budget removed")
     return 0
 
@@ -443,20 +517,28 @@ def what_if_lines(data: dict) -> list[str]:
 
 
 def import_netbox(args) -> int:
-    local_only(args, "facility import netbox")
-    from pathlib import Path
-
-    from facility import netbox
     from llmgw.errors import InvalidInput
 
     if args.csv:
-        plan = netbox.plan_from_csv(Path(args.csv).read_text(encoding="utf-8"))
+        text = _read_utf8(args.csv, "csv")
+        body = {"csv": text, "dry_run": args.dry_run}
     else:
         if not args.token_file:
             raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
-        token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
-    result = netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+        token = _read_utf8(args.token_file, "token_file").strip()
+        body = {"url": args.url, "token": token, "site": args.site, "dry_run": args.dry_run}
+
+    def local() -> dict:
+        from facility import netbox
+
+        if args.csv:
+            plan = netbox.plan_from_csv(text)
+        else:
+            plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
+        return netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+
+    # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
+    result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
     if args.output == "json":
         print_json(result)
         return 0
@@ -471,3 +553,18 @@ def import_netbox(args) -> int:
     changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels"))
     print(f"{changed} change{'s' if changed != 1 else ''}{' (dry run: nothing written)' if not result['applied'] else ' applied'}")
     return 0
+
+
+NETBOX_IMPORT_TIMEOUT_SECONDS = 600
+
+
+def _read_utf8(path: str, field: str) -> str:
+    from pathlib import Path
+
+    from llmgw.errors import InvalidInput
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidInput(f"{path}: cannot read: {why}", field=field) from exc

@@ -57,20 +57,29 @@ def _phase(value: Any) -> str:
     raise InvalidInput(f"phase: {value!r} is neither single-phase nor three-phase", field="phase")
 
 
+def _number(name: str, key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"NetBox power feed {name}: {key}: {value!r} is not a number", field="feeds") from None
+
+
 def _feed(name: str, raw: dict[str, Any], pdus: list[str], rack: str | None) -> pure.Feed:
     utilization = str(raw.get("max_utilization") if raw.get("max_utilization") not in (None, "") else 80).rstrip("%")
-    item = {
-        "name": name,
-        "voltage": float(raw["voltage"]),
-        "amperage": float(raw["amperage"]),
-        "phase": _phase(raw.get("phase")),
-        "max_utilization": float(utilization) / 100,
-        "pdus": pdus,
-        "racks": [rack] if rack and not pdus else [],
-    }
     try:
+        item = {
+            "name": name,
+            "voltage": _number(name, "voltage", raw.get("voltage")),
+            "amperage": _number(name, "amperage", raw.get("amperage")),
+            "phase": _phase(raw.get("phase")),
+            "max_utilization": _number(name, "max_utilization", utilization) / 100,
+            "pdus": pdus,
+            "racks": [rack] if rack and not pdus else [],
+        }
         return feed_services.feed_check(item)
     except InvalidInput as exc:
+        if exc.message.startswith("NetBox power feed "):
+            raise
         raise InvalidInput(f"NetBox power feed {name}: {exc.message}", field="feeds") from exc
 
 
@@ -191,8 +200,20 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
     return {**diff, "applied": True}
 
 
-def netbox_api(*, url: str, token: str) -> Any:
-    """A pynetbox client for the NetBox at ``url``."""
-    import pynetbox
+# Each request to NetBox: past this, the import is refused naming the URL (never a request left hanging).
+NETBOX_TIMEOUT_SECONDS = 30
 
-    return pynetbox.api(url.rstrip("/"), token=token)
+
+def netbox_api(*, url: str, token: str) -> Any:
+    """A pynetbox client for the NetBox at ``url``, each request bounded by NETBOX_TIMEOUT_SECONDS."""
+    import pynetbox
+    import requests
+
+    class BoundedSession(requests.Session):
+        def request(self, *args, **kwargs):
+            kwargs.setdefault("timeout", NETBOX_TIMEOUT_SECONDS)
+            return super().request(*args, **kwargs)
+
+    api = pynetbox.api(url.rstrip("/"), token=token)
+    api.http_session = BoundedSession()
+    return api

@@ -333,3 +333,103 @@ class WhatIfResultSerializer(serializers.Serializer):
     stay = WhatIfStaySerializer(many=True)
     domains = WhatIfDomainSerializer(many=True)
     feed_loss = ViolationSerializer(many=True)
+
+
+# A file sent whole to be applied or imported (server.yaml, models.yaml, NetBox's CSV): at most this many
+# characters, inside the request's own limit (LLMGW_REQUEST_MAX_BYTES); a name at most MAX_FILENAME.
+MAX_FILE_CHARS = 1_000_000
+MAX_FILENAME = 1000
+MAX_FILES = 8
+
+
+class FacilityApplySerializer(StrictSerializer):
+    text = TextField(max_length=MAX_FILE_CHARS, allow_blank=True, help_text="the server.yaml, whole")
+    filename = TextField(
+        max_length=MAX_FILENAME, required=False, default="server.yaml",
+        help_text="named in refusals: `FILENAME line N: facility.margin: …`",
+    )
+    files = serializers.DictField(
+        child=TextField(max_length=MAX_FILE_CHARS, allow_blank=True), required=False, default=dict,
+        help_text="the files it names, by the name it gives (facility.sources.simulated.file: the scenario); "
+        "nothing is read from the server's disk",
+    )
+
+    def validate_files(self, value: dict) -> dict:
+        if len(value) > MAX_FILES:
+            raise serializers.ValidationError(f"at most {MAX_FILES} files")
+        for name in value:
+            if not 0 < len(name) <= MAX_FILENAME:
+                raise serializers.ValidationError(f"a file's name is 1 to {MAX_FILENAME} characters")
+        return value
+
+
+class FeedsAppliedSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    updated = serializers.IntegerField()
+    removed = serializers.ListField(child=serializers.CharField(), help_text="the feeds removed, by name")
+
+
+class FacilityAppliedSerializer(serializers.Serializer):
+    created = serializers.IntegerField(help_text="budgets created")
+    updated = serializers.IntegerField(help_text="budgets updated")
+    removed = serializers.IntegerField(help_text="budgets removed (an earlier file's, no longer named)")
+    removed_domains = serializers.ListField(child=serializers.CharField())
+    feeds = FeedsAppliedSerializer(required=False, help_text="only when the file has feeds:")
+
+
+class NetboxImportSerializer(StrictSerializer):
+    """Either NetBox's CSV export of power feeds, or a NetBox the server may read (LLMGW_NETBOX_URLS)."""
+
+    csv = TextField(
+        max_length=MAX_FILE_CHARS, required=False, allow_blank=True,
+        help_text="NetBox's CSV export of power feeds (offline sites); each feeds its rack",
+    )
+    url = TextField(
+        max_length=MAX_FILENAME, required=False,
+        help_text="NetBox's address, one of the server's LLMGW_NETBOX_URLS (none unless its admins set some)",
+    )
+    token = TextField(max_length=MAX_FILENAME, required=False, help_text="NetBox's API token (with url)")
+    site = TextField(max_length=100, required=False, allow_null=True, default=None,
+                     help_text="only this site's slug (with url)")
+    dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if ("csv" in attrs) == ("url" in attrs):
+            raise serializers.ValidationError({"csv": ["give csv (NetBox's CSV export) or url, one of them"]})
+        if "url" in attrs and "token" not in attrs:
+            raise serializers.ValidationError({"token": ["required with url (NetBox's API token)"]})
+        for key in ("token", "site"):
+            if "csv" in attrs and attrs.get(key) is not None:
+                raise serializers.ValidationError({key: ["only with url: a CSV import reads no NetBox"]})
+        return attrs
+
+
+class NetboxFeedTextSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
+    pdus = serializers.ListField(child=serializers.CharField())
+    racks = serializers.ListField(child=serializers.CharField())
+
+
+class NetboxFeedSerializer(NetboxFeedTextSerializer):
+    name = serializers.CharField()
+
+
+class NetboxFeedChangeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    to = NetboxFeedTextSerializer()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = NetboxFeedTextSerializer()
+        return fields
+
+
+class NetboxImportedSerializer(serializers.Serializer):
+    feeds_added = NetboxFeedSerializer(many=True)
+    feeds_changed = NetboxFeedChangeSerializer(many=True)
+    feeds_removed = serializers.ListField(child=serializers.CharField(), help_text="the import's own, no longer listed")
+    labels = serializers.DictField(
+        child=serializers.DictField(child=serializers.CharField()), help_text="node → the location labels it gets"
+    )
+    applied = serializers.BooleanField(help_text="false: a dry run, nothing written")

@@ -6,6 +6,7 @@ The API, the console, `llmgw ctl` and the admin all call these; each change asks
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,20 +95,30 @@ def _parse_block(doc: Document, key: str, parse) -> Any:
         raise doc.error(("facility", key, *exc.path), exc.message) from exc
 
 
-def _scenario_of(doc: Document, sources: SourcesConfig) -> Any:
-    """The simulated source's scenario file, read and checked now (relative to the server.yaml)."""
+def _scenario_of(doc: Document, sources: SourcesConfig, files: Mapping[str, str] | None) -> Any:
+    """The simulated source's scenario file, read and checked now (relative to the server.yaml); from
+    ``files`` when they were sent with it (a remote apply): then nothing is read from this machine's disk."""
     import yaml  # here: every process that starts Django imports this module; few read a scenario
 
     if sources.simulated_file is None:
         return None
-    path = Path(sources.simulated_file)
-    if not path.is_absolute() and Path(doc.filename).is_file():
-        path = Path(doc.filename).parent / path
+    field = ("facility", "sources", "simulated", "file")
+    if files is not None:
+        path = Path(sources.simulated_file)
+        if not path.is_absolute() and doc.filename != "<stdin>":
+            path = Path(doc.filename).parent / path  # shown as where the sender read it
+        if sources.simulated_file not in files:
+            raise doc.error(field, f"{path}: not among the files sent with {doc.filename}")
+        text = files[sources.simulated_file]
+    else:
+        path = Path(sources.simulated_file)
+        if not path.is_absolute() and Path(doc.filename).is_file():
+            path = Path(doc.filename).parent / path
     try:
-        data = yaml.safe_load(read_text(path))
+        data = yaml.safe_load(text if files is not None else read_text(path))
         parse_scenario(data)
-    except (OSError, InvalidInput, yaml.YAMLError, ValueError) as exc:
-        raise doc.error(("facility", "sources", "simulated", "file"), f"{path}: {exc}") from exc
+    except (OSError, InvalidInput, yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise doc.error(field, f"{path}: {exc}") from exc
     return data
 
 
@@ -191,8 +202,13 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
 
 
 @transaction.atomic
-def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, Any]:
+def facility_apply(
+    *, text: str, filename: str = "server.yaml", files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
+
+    ``files``: the text of the files it names (the simulated source's scenario), sent with it by a
+    remote ``llmgw ctl facility apply``; given, no file is read from this machine's disk.
 
     When the file has a `budgets:` list, budgets an earlier apply of a file created and this list no
     longer names are removed (a file without `budgets:` changes no budget); budgets set through the
@@ -216,7 +232,7 @@ def facility_apply(*, text: str, filename: str = "server.yaml") -> dict[str, Any
                 parsed = _parse_block(doc, key, parse)
                 values[key] = block[key] or {}
                 if key == "sources":
-                    scenario = _scenario_of(doc, parsed)
+                    scenario = _scenario_of(doc, parsed, files)
     # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
     feeds = feed_services.feeds_parse(doc, block["feeds"] or []) if isinstance(block, dict) and "feeds" in block else None
     settings = FacilitySettings.load()

@@ -50,7 +50,7 @@ class TextField(serializers.CharField):
 ERROR_TEXT = {
     400: "Bad input: nothing of it was applied; `field` names what is wrong.",
     401: "No credentials, or a token that is not known.",
-    403: "The token's role does not allow this (reads need viewer, changes operator).",
+    403: "The token's role does not allow this (reads need viewer, changes operator, tokens an admin).",
     404: "The named thing is not known.",
     409: "Conflicts with the state now (another change won); read again and retry.",
 }

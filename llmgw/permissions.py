@@ -1,4 +1,8 @@
-"""Roles: a viewer reads; an operator changes labels, holds, models and budgets; staff use the admin."""
+"""Roles: a viewer reads; an operator changes labels, holds, models and budgets; staff use the admin.
+
+Credentials (API tokens, which make users and give roles, and node tokens, which speak for a node) are
+the admins': staff, as in the Django admin where users and roles are kept.
+"""
 
 from __future__ import annotations
 
@@ -40,3 +44,17 @@ class IsViewer(BasePermission):
         if request.method in SAFE_METHODS:
             return can_read(request.user)
         return can_operate(request.user)
+
+
+def can_administer(user) -> bool:
+    """Staff (or a superuser): the people of the Django admin, who keep users, roles and credentials."""
+    return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+
+
+class IsAdmin(BasePermission):
+    """Making credentials: an API token for a user, a node's agent token."""
+
+    message = "your role does not allow this: tokens are made by an admin (a staff user)"
+
+    def has_permission(self, request, view) -> bool:
+        return can_administer(request.user)

@@ -59,7 +59,9 @@ class Remote:
         self.url = url.rstrip("/")
         self.token = token
 
-    def call(self, method: str, path: str, *, params: dict | None = None, body: Any = None) -> Any:
+    def call(
+        self, method: str, path: str, *, params: dict | None = None, body: Any = None, timeout: float = TIMEOUT_SECONDS
+    ) -> Any:
         """The decoded JSON answer (None when empty); the API's {"detail","field"} raised as the local error."""
         import urllib.error  # here: local mode, on the database, never loads the HTTP client
         import urllib.parse
@@ -78,7 +80,7 @@ class Remote:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raise self.error(exc.code, exc.read()) from None
@@ -127,16 +129,18 @@ def listing(handler: Callable[[Any], int]) -> Callable[[Any], int]:
     return handler
 
 
-def write(args, method: str, path: str, body: Any, local: Callable[[], Any]) -> Any:
+def write(
+    args, method: str, path: str, body: Any, local: Callable[[], Any], *, timeout: float = TIMEOUT_SECONDS
+) -> Any:
     """`local()` (the services) where the database is, or the API's `method` on `path` in remote mode."""
     remote: Remote | None = getattr(args, "remote", None)
     if remote is None:
         return local()
-    return remote.call(method, path, body=body)
+    return remote.call(method, path, body=body, timeout=timeout)
 
 
 def local_only(args, command: str) -> None:
-    """Refuse, in remote mode, a command the API has no endpoint for yet."""
+    """Refuse, in remote mode, a command the API has no endpoint for (today every command has one)."""
     if getattr(args, "remote", None) is not None:
         raise LlmgwError(
             f"`llmgw ctl {command}` has no API yet: run it where the control plane's database is "

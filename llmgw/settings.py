@@ -317,6 +317,11 @@ LLMGW_HEADER_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_HEADER_TIMEOUT_SECOND
 LLMGW_KEEP_ALIVE_SECONDS = int(os.environ.get("LLMGW_KEEP_ALIVE_SECONDS", "5"))
 LLMGW_MAX_CONNECTIONS = int(os.environ.get("LLMGW_MAX_CONNECTIONS", "2048"))
 
+# The NetBox instances the server itself may read for POST /api/v1/facility/import/netbox {"url": …} (a remote
+# `llmgw ctl facility import netbox --url`), space or comma separated: none by default, so a client's
+# request never makes the server contact an address its admins did not name.
+LLMGW_NETBOX_URLS = [u.rstrip("/") for u in os.environ.get("LLMGW_NETBOX_URLS", "").replace(",", " ").split()]
+
 PROMETHEUS_EXPORT_MIGRATIONS = False
 
 LOGGING = {

@@ -5,13 +5,18 @@ from drf_spectacular.views import SpectacularAPIView
 from agents import api as agents_api
 from agents import metrics as agents_metrics
 from facility import api as facility_api
+from llmgw import users_api
 from llmgw.api import api_not_found
 from placement import api as placement_api
 
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("facility", facility_api.FacilityView.as_view(), name="facility"),
+    path("facility/apply", facility_api.FacilityApplyView.as_view(), name="facility-apply"),
+    path("facility/import/netbox", facility_api.NetboxImportView.as_view(), name="netbox-import"),
     path("facility/domains/<path:domain>/history", facility_api.DomainHistoryView.as_view(), name="domain-history"),
+    path("facility/shed", placement_api.ShedView.as_view(), name="shed"),
+    path("facility/capping", placement_api.CappingView.as_view(), name="capping"),
     path("facility/holds", facility_api.HoldListView.as_view(), name="holds"),
     path("facility/holds/<path:domain>", facility_api.HoldDetailView.as_view(), name="hold"),
     path("facility/feeds", facility_api.FeedListView.as_view(), name="feeds"),
@@ -29,7 +34,10 @@ api_v1 = [
     path("nodes/<str:name>", agents_api.NodeDetailView.as_view(), name="node"),
     path("nodes/<str:name>/labels", agents_api.NodeLabelsView.as_view(), name="node-labels"),
     path("nodes/<str:name>/cordon", agents_api.NodeCordonView.as_view(), name="node-cordon"),
+    path("nodes/<str:name>/token", agents_api.NodeTokenView.as_view(), name="node-token"),
+    path("tokens", users_api.TokenListView.as_view(), name="tokens"),
     path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
+    path("apply", placement_api.ModelsApplyView.as_view(), name="apply"),
     path("models", placement_api.ModelListView.as_view(), name="models"),
     path("models/<str:name>", placement_api.ModelDetailView.as_view(), name="model"),
     path("models/<str:name>/explain", placement_api.ModelExplainView.as_view(), name="model-explain"),

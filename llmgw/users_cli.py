@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-from llmgw.errors import InvalidInput
-from llmgw.remote import local_only
+from llmgw.remote import write
 
 # llmgw.permissions.ROLES, named here too: importing it would load Django for every remote command.
 ROLES = ("viewer", "operator")
 
 
 def token_create(*, username: str, role: str) -> str:
-    """The user's API token (made, with the user, if missing), after giving them the role."""
-    from django.db import transaction
+    """llmgw.users.token_create, named here too for the scripts that import it from this module (bench/)."""
+    from llmgw.users import token_create as create
 
-    with transaction.atomic():
-        return _token_create(username=username, role=role)
-
-
-def _token_create(*, username: str, role: str) -> str:
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group
-    from rest_framework.authtoken.models import Token
-
-    if role not in ROLES:
-        raise InvalidInput(f"role: {role!r} is not a role; roles are {', '.join(ROLES)}", field="role")
-    if not username or len(username) > 150:
-        raise InvalidInput("username: give a name of at most 150 characters", field="username")
-    user, _ = get_user_model().objects.get_or_create(username=username)
-    for name in ROLES:
-        Group.objects.get_or_create(name=name)
-    user.groups.remove(*Group.objects.filter(name__in=ROLES))
-    user.groups.add(Group.objects.get(name=role))
-    token, _ = Token.objects.get_or_create(user=user)
-    return token.key
+    return create(username=username, role=role)
 
 
 def register(commands) -> None:
@@ -42,7 +22,7 @@ def register(commands) -> None:
         "create",
         help="print an API token for a user (made if missing) with a role",
         description="Send it as 'Authorization: Token <key>'. viewer reads; operator also changes labels, holds, "
-        "models and budgets.",
+        "models and budgets. In remote mode only an admin's token (a staff user) may make one.",
     )
     c.add_argument("username")
     c.add_argument("--role", choices=ROLES, default="viewer")
@@ -50,6 +30,10 @@ def register(commands) -> None:
 
 
 def token_command(args) -> int:
-    local_only(args, "token create")
-    print(token_create(username=args.username, role=args.role))
+    def local() -> dict:
+        return {"username": args.username, "role": args.role,
+                "token": token_create(username=args.username, role=args.role)}
+
+    data = write(args, "POST", "tokens", {"username": args.username, "role": args.role}, local)
+    print(data["token"])
     return 0

@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # PyYAML is imported where a file is read, not by every modul
 Path = tuple[str | int, ...]
 
 
+# What one file may hold: an alias repeats a whole subtree, so a few lines may stand for billions of values
+# (minutes of a web worker, for a file sent to the API); nesting past Python's stack is no file a person writes.
+MAX_VALUES = 500_000
+MAX_DEPTH = 64
+
+
 class DuplicateKey(Exception):
     def __init__(self, path: Path, line: int):
         super().__init__(dotted(path))
@@ -26,9 +32,21 @@ class DuplicateKey(Exception):
         self.line = line
 
 
-def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
+class TooLarge(Exception):
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+def _walk(node: yaml.Node, path: Path, lines: dict[Path, int], count: list[int]) -> None:
     import yaml
 
+    count[0] += 1
+    if count[0] > MAX_VALUES:
+        raise TooLarge(f"more than {MAX_VALUES:,} values (an alias repeating a large part?)")
+    if len(path) > MAX_DEPTH:
+        raise TooLarge(f"nested deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
@@ -38,11 +56,11 @@ def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
                 raise DuplicateKey((*path, key), key_node.start_mark.line + 1)
             seen.add(key)
             lines[(*path, key)] = key_node.start_mark.line + 1
-            _walk(value_node, (*path, key), lines)
+            _walk(value_node, (*path, key), lines, count)
             lines[(*path, key)] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, (*path, i), lines)
+            _walk(item, (*path, i), lines, count)
 
 
 class Document:
@@ -114,16 +132,22 @@ def load_documents(text: str, filename: str) -> list[Document]:
         where = f" line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise InvalidInput(f"{filename}{where}: not valid YAML: {problem}") from exc
+    except RecursionError:
+        raise InvalidInput(f"{filename}: not valid YAML: nested deeper than {MAX_DEPTH} levels") from None
     docs = []
+    count = [0]  # values of every document together
     for node, data in zip(nodes, datas, strict=True):
         if node is None or data is None:  # an empty document, such as after a trailing ---
             continue
         lines: dict[Path, int] = {}
         try:
-            _walk(node, (), lines)
+            _walk(node, (), lines, count)
         except DuplicateKey as dup:
             raise InvalidInput(
                 f"{filename} line {dup.line}: {dotted(dup.path)}: given twice", field=dotted(dup.path)
             ) from None
+        except TooLarge as big:
+            where = f" line {big.line}" if big.line else ""
+            raise InvalidInput(f"{filename}{where}: {big.message}") from None
         docs.append(Document(data, lines, filename))
     return docs

@@ -1,22 +1,35 @@
-"""REST API of placement: models (list, apply, detail, delete), explain, headroom, replicas."""
+"""REST API of placement: models (list, apply, detail, delete), explain, headroom, replicas; shedding and capping."""
 
 from __future__ import annotations
+
+import re
 
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
+from llmgw.errors import InvalidInput
 from placement import selectors, services
+from placement.capping import capping_listing
 from placement.serializers import (
+    CappingListingSerializer,
     ExplainSerializer,
     HeadroomSerializer,
     ModelAppliedSerializer,
+    ModelDeletedSerializer,
     ModelDetailSerializer,
     ModelDocumentSerializer,
     ModelRowSerializer,
+    ModelsAppliedSerializer,
+    ModelsApplySerializer,
     ReplicaSerializer,
+    ShedListingSerializer,
 )
+from placement.shedding import shed_listing
+
+# ?intervals= of the shed listing (llmgw ctl facility shed keeps its --intervals within these too).
+MAX_SHED_INTERVALS = 100
 
 
 class ModelListView(ApiView):
@@ -40,6 +53,20 @@ class ModelListView(ApiView):
         return Response(body, status=code)
 
 
+class ModelsApplyView(ApiView):
+    """POST a models.yaml whole: every model of it in one transaction, or none with the reason."""
+
+    @documented(
+        summary="Apply a models.yaml (kind: Model documents), all or nothing (llmgw ctl apply -f)",
+        request=ModelsApplySerializer, ok={200: ModelsAppliedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        data = ModelsApplySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        applied = services.models_apply(**data.validated_data)
+        return Response({"models": [{**selectors.model_detail(a.name), "action": a.action} for a in applied]})
+
+
 class ModelDetailView(ApiView):
     @documented(
         summary="One model and its replicas", ok={200: ModelDetailSerializer}, errors=(404,),
@@ -48,10 +75,13 @@ class ModelDetailView(ApiView):
     def get(self, request, name: str):
         return Response(selectors.model_detail(name))
 
-    @documented(summary="Delete a model; its replicas' GPUs are freed", ok={204: None}, errors=(404, 409))
+    @documented(
+        summary="Delete a model; its replicas are stopped and their GPUs freed", ok={200: ModelDeletedSerializer},
+        errors=(404, 409),
+    )
     def delete(self, request, name: str):
-        services.model_delete(name=name)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        removed = services.model_delete(name=name)
+        return Response({"name": name, "replicas_removed": removed})
 
 
 class ModelExplainView(ApiView):
@@ -80,3 +110,31 @@ class ReplicaListView(ApiView):
     )
     def get(self, request):
         return Response(selectors.replica_rows(model=request.query_params.get("model") or None))
+
+
+class ShedView(ApiView):
+    """GET the moves shedding would make: a dry run, nothing is written (viewer)."""
+
+    @documented(
+        summary="The moves shedding would make off hot or over-limit domains in the next intervals (a dry run)",
+        ok={200: ShedListingSerializer},
+        parameters=[OpenApiParameter(
+            "intervals", {"type": "integer", "minimum": 1, "maximum": MAX_SHED_INTERVALS}, OpenApiParameter.QUERY,
+            required=False, description="how many intervals ahead (default 3)",
+        )],
+    )
+    def get(self, request):
+        text = request.query_params.get("intervals", "3")
+        if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= MAX_SHED_INTERVALS:
+            raise InvalidInput(f"intervals: a whole number from 1 to {MAX_SHED_INTERVALS}", field="intervals")
+        return Response(shed_listing(intervals=int(text)))
+
+
+class CappingView(ApiView):
+    """GET what capping asks of each node's GPUs, or would ask in observe mode (viewer)."""
+
+    @documented(
+        summary="GPU caps: the nodes capped (or, in observe mode, that would be) and why", ok={200: CappingListingSerializer}
+    )
+    def get(self, request):
+        return Response(capping_listing())

@@ -270,3 +270,10 @@ def capping_rows() -> list[dict[str, Any]]:
         out.append({"node": row.node.name, "state": verb, "fraction": round(fraction, 4), "limit": value,
                     "reason": why, "text": text, "lever": config.lever, **extra})
     return out
+
+
+def capping_listing() -> dict[str, Any]:
+    """What ``llmgw ctl facility capping`` and ``GET /api/v1/facility/capping`` show: whether capping is on,
+    its lever, and :func:`capping_rows`."""
+    config = capping_config()
+    return {"enabled": config.enabled, "lever": config.lever, "nodes": capping_rows()}

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, listing, local_only, read
+from llmgw.remote import lazy, listing, read, write
 from placement.planner import efficiency_text, gpus_text, profile_text
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -83,31 +83,20 @@ def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def apply(args) -> int:
-    if args.remote is not None:
-        return apply_remote(args)
-    if args.file == "-":
-        results = services.models_apply(text=sys.stdin.read(), filename="<stdin>")
-    else:
-        results = services.models_apply_file(path=args.file)
-    for result in results:
-        states = _state_counts(selectors.replica_rows(model=result.name))
-        print(f"model {result.name} {result.action}: {states}")
-    return 0
-
-
-def apply_remote(args) -> int:
-    """The file checked here as local mode checks it (same words, file and line), then each document
-    sent to the API; unlike local mode a later document's refusal leaves the earlier ones applied."""
-    from llmgw.yamldoc import load_documents, read_text
-    from placement.documents import models_parse
+    """All the file's models or none, here or through the API (one request, one transaction there too)."""
+    from llmgw.yamldoc import read_text
 
     filename = "<stdin>" if args.file == "-" else args.file
     text = sys.stdin.read() if args.file == "-" else read_text(args.file)
-    models_parse(text=text, filename=filename)
-    for doc in load_documents(text, filename):
-        applied = args.remote.call("POST", "models", body=doc.data)
-        rows = args.remote.call("GET", "replicas", params={"model": applied["name"]})
-        print(f"model {applied['name']} {applied['action']}: {_state_counts(rows)}")
+
+    def local() -> dict:
+        applied = services.models_apply(text=text, filename=filename)
+        return {"models": [{"name": a.name, "action": a.action, "replica_list": selectors.replica_rows(model=a.name)}
+                           for a in applied]}
+
+    data = write(args, "POST", "apply", {"text": text, "filename": filename}, local)
+    for m in data["models"]:
+        print(f"model {m['name']} {m['action']}: {_state_counts(m['replica_list'])}")
     return 0
 
 
@@ -209,7 +198,10 @@ def headroom(args) -> int:
 
 
 def delete_model(args) -> int:
-    local_only(args, "delete model")
-    removed = services.model_delete(name=args.name)
-    print(f"model {args.name} deleted ({removed} replica{'' if removed == 1 else 's'} removed)")
+    def local() -> dict:
+        return {"name": args.name, "replicas_removed": services.model_delete(name=args.name)}
+
+    data = write(args, "DELETE", f"models/{quote(args.name, safe='')}", None, local)
+    removed = data["replicas_removed"]
+    print(f"model {data['name']} deleted ({removed} replica{'' if removed == 1 else 's'} removed)")
     return 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from facility.response import LEVERS
+from facility.serializers import MAX_FILE_CHARS, MAX_FILENAME, StrictSerializer
+from llmgw.api import TextField
 from placement import documents as d
 from placement.documents import CLASS_CHOICES, KEEP_WITHIN_CHOICES, MAX_REPLICAS
 
@@ -180,3 +183,57 @@ class HeadroomSerializer(serializers.Serializer):
     fits = serializers.IntegerField()
     limit = serializers.IntegerField()
     why_not = serializers.CharField(allow_null=True, help_text="null when `fits` reached `limit`")
+
+
+class ModelsApplySerializer(StrictSerializer):
+    text = TextField(max_length=MAX_FILE_CHARS, allow_blank=True, help_text="the models.yaml, whole: kind: Model documents")
+    filename = TextField(
+        max_length=MAX_FILENAME, required=False, default="models.yaml",
+        help_text="named in refusals: `FILENAME line N: profile.gpus: …`",
+    )
+
+
+class ModelsAppliedSerializer(serializers.Serializer):
+    models = ModelAppliedSerializer(many=True, help_text="each model of the file, in its order")
+
+
+class ModelDeletedSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    replicas_removed = serializers.IntegerField(help_text="its replicas, stopped and their GPUs freed")
+
+
+class ShedMoveSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="when the move is due")
+    domain = serializers.CharField(help_text="the domain in trouble")
+    action = serializers.ChoiceField(choices=["move", "drop", "stays"])
+    replica = serializers.CharField(allow_null=True, help_text="model#ordinal; null: nothing there may move")
+    replica_id = serializers.IntegerField(allow_null=True)
+    model = serializers.CharField(allow_null=True)
+    to = serializers.ListField(child=serializers.CharField(), help_text="the replacement's nodes (move)")
+    reason = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["class"] = serializers.ChoiceField(choices=CLASS_CHOICES, allow_null=True)
+        return fields
+
+
+class ShedListingSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="facility.shedding is on for some domain")
+    moves = ShedMoveSerializer(many=True)
+
+
+class CappingNodeSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    state = serializers.ChoiceField(choices=["capped", "would cap"], help_text="would cap: observe mode")
+    fraction = serializers.FloatField(help_text="of the GPUs' default limit")
+    limit = serializers.CharField(help_text="490 W, or 1386 MHz with locked clocks")
+    reason = serializers.CharField(allow_blank=True)
+    text = serializers.CharField()
+    lever = serializers.ChoiceField(choices=LEVERS)
+
+
+class CappingListingSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="facility.capping.enabled")
+    lever = serializers.ChoiceField(choices=LEVERS)
+    nodes = CappingNodeSerializer(many=True)

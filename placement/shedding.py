@@ -227,6 +227,13 @@ def shed_plan(
     return moves
 
 
+def shed_listing(*, intervals: int = 3) -> dict[str, Any]:
+    """What ``llmgw ctl facility shed --dry-run`` and ``GET /api/v1/facility/shed`` show: whether shedding
+    is on anywhere, and :func:`shed_plan`'s moves of the next ``intervals`` intervals."""
+    config = shedding_config()
+    return {"enabled": config.any_enabled, "moves": shed_plan(intervals=intervals, config=config)}
+
+
 def _event(trouble_domain: str, condition: str, move: dict[str, Any], now: datetime) -> ConditionEvent:
     return ConditionEvent(
         domain=trouble_domain, before=condition, after=condition, reason=f"shed: {move['reason']}"[:1000],

@@ -20,7 +20,7 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture
 def make_user(db):
-    from llmgw.users_cli import token_create
+    from llmgw.users import token_create
 
     def make(username: str = "op", role: str = "operator"):
         from django.contrib.auth import get_user_model

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 HEAVY = ("daphne", "twisted", "channels", "celery", "llmgw.celery", "drf_spectacular", "django_prometheus",
          "prometheus_client", "rest_framework.views", "rest_framework.serializers", "agents.consumers",
          "django.contrib.admin.sites")
-# Listings beside the remote ones (test_ctl_remote.LISTINGS) that read on the database only.
-LOCAL_LISTINGS = [("facility", "capping"), ("facility", "shed", "--dry-run"), ("facility", "what-if", "hold", "rack:r1-01")]
+# Listings beside the remote ones (test_ctl_remote.LISTINGS): a what-if, a POST through the API.
+LOCAL_LISTINGS = [("facility", "what-if", "hold", "rack:r1-01")]
 
 LISTINGS_PROBE = """
 import contextlib, io, json, sys

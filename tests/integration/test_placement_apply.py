@@ -206,7 +206,8 @@ def test_api_applies_json_documents_and_refuses_naming_the_field(api, viewer_api
     assert viewer_api.get("/api/v1/models").json()[0]["name"] == "m"
     assert viewer_api.get("/api/v1/replicas?model=m").json()[0]["nodes"] == ["gpu01"]
     assert viewer_api.get("/api/v1/models/nope").status_code == 404
-    assert api.delete("/api/v1/models/m").status_code == 204
+    response = api.delete("/api/v1/models/m")
+    assert (response.status_code, response.json()) == (200, {"name": "m", "replicas_removed": 1})
     assert not GpuBooking.objects.exists()
 
 
