@@ -150,7 +150,7 @@ class ConditionEventListView(ApiView):
         if domain is not None:
             domain = services.clean_domain(domain)
         limit_text = request.query_params.get("limit", "200")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= selectors.MAX_EVENTS:
+        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= selectors.MAX_EVENTS:
             raise InvalidInput(f"limit: a whole number from 1 to {selectors.MAX_EVENTS}", field="limit")
         return Response(selectors.condition_events(domain=domain, limit=int(limit_text)))
 

@@ -221,6 +221,9 @@ def test_the_api_shows_conditions_and_events_and_sets_overrides(api, viewer_api,
     events = api.get("/api/v1/facility/events", {"domain": "rack:r1-01"}).json()
     assert [(e["from"], e["to"]) for e in events] == [("warm", "hot"), ("ok", "warm"), ("unknown", "ok")]
     assert api.get("/api/v1/facility/events", {"limit": "0"}).json()["field"] == "limit"
+    for digits in ("²", "١٢", "𝟗"):  # digits to str.isdigit, no number to int()
+        refused = api.get("/api/v1/facility/events", {"limit": digits})
+        assert (refused.status_code, refused.json()["field"]) == (400, "limit")
     body = {"domain": "rack:r1-01", "condition": "ok", "reason": "probe fault", "for_seconds": 7200}
     assert viewer_api.post("/api/v1/facility/conditions", body, format="json").status_code == 403
     response = api.post("/api/v1/facility/conditions", body, format="json")

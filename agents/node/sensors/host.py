@@ -39,7 +39,7 @@ def memory_gib(root: str, read_text: ReadText) -> float | None:
         if key.strip() != "MemTotal":
             continue
         parts = rest.split()
-        if not parts or not parts[0].isdigit():
+        if not parts or not (parts[0].isascii() and parts[0].isdigit()):
             return None
         kib = int(parts[0])
         return round(kib / _KIB_PER_GIB, 1) if kib > 0 else None

@@ -70,7 +70,7 @@ def load_demo() -> None:
 def ensure_free(addrport: str) -> None:
     """CommandError naming the address unless ADDR:PORT parses and nothing listens there yet."""
     host, _, port = addrport.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise CommandError(f"--addr: {addrport!r} is not ADDR:PORT (e.g. 127.0.0.1:8000)")
     host = (host or "127.0.0.1").strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

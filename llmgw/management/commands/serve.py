@@ -63,7 +63,7 @@ class Command(BaseCommand):
         from llmgw.serving import uvicorn_limits
 
         host, _, port = addrport.rpartition(":")
-        if not port.isdigit():
+        if not (port.isascii() and port.isdigit()):
             raise CommandError(f"addrport: {addrport!r} is not ADDR:PORT (e.g. 127.0.0.1:8000)")
         if workers < 1:
             raise CommandError("--workers: at least 1")
