@@ -42,8 +42,8 @@ THROTTLE_WORDS = {
 
 # A GPU's `capping` status (agents.node.protocol): why the last change of its limit or clocks failed.
 CAPPING_FAILURES = {
-    "not permitted": "the agent is not root, so it cannot change this card's limit or clocks",
-    "not supported": "this card or its driver has no such control",
+    "not permitted": "the agent is not root, so it cannot set a power limit or lock clocks",
+    "not supported": "the card or its driver has no such control",
 }
 
 # Column → how the list sorts by it; name breaks ties so a page is stable.
@@ -263,7 +263,6 @@ def gpu_capping(reading: Mapping[str, Any]) -> dict[str, Any]:
         "limit_lowered": enforced is not None and default is not None and enforced < default,
         "clocks_text": clocks_text,
         "capping_failure": failure,
-        "capping_failure_why": CAPPING_FAILURES.get(failure, ""),
     }
 
 
@@ -311,6 +310,11 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "gpus": gpus,
         # The capping column only where the agent reports capping (an older agent: the table as before).
         "gpus_capping": any(g["limit_text"] or g["clocks_text"] or g["capping_failure"] for g in gpus),
+        # Each refusal said once under the table, with why; the rows name it.
+        "capping_failures": [
+            {"status": status, "why": CAPPING_FAILURES.get(status, "")}
+            for status in sorted({g["capping_failure"] for g in gpus if g["capping_failure"]})
+        ],
         "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),

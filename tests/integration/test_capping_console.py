@@ -123,8 +123,8 @@ def test_an_agent_that_could_not_apply_the_cap_is_warned_of_on_its_row(viewer, j
     assert '<tr id="capping-gpu01" class="cap-failed">' in card(page)
     assert "capped to 630 W" in line
     assert ('<div class="cap-failure" role="alert"><strong>not permitted</strong> on GPUs 0-6: the agent is not '
-            "root, so it cannot change this card&#x27;s limit or clocks</div>") in line
-    assert ('<div class="cap-failure" role="alert"><strong>not supported</strong> on GPU 7: this card or its '
+            "root, so it cannot set a power limit or lock clocks</div>") in line
+    assert ('<div class="cap-failure" role="alert"><strong>not supported</strong> on GPU 7: the card or its '
             "driver has no such control</div>") in line
     assert "cap-failure" not in row(page, "gpu02")
 
@@ -196,8 +196,9 @@ def test_node_page_shows_the_locked_clock_range_and_a_refusal(viewer, join_node)
     heartbeat("gpu01", rack="r1", gpus=2, sensors=readings)
     page = viewer.get("/nodes/gpu01/").content.decode()
     assert '<div class="cap-clocks">clocks locked 210–1128 MHz of 1410</div>' in gpu_row(page, 0)
-    assert ('<div class="cap-failure">capping not permitted: the agent is not root, so it cannot change this '
-            "card&#x27;s limit or clocks</div>") in gpu_row(page, 1)
+    assert '<div class="cap-failure">capping not permitted</div>' in gpu_row(page, 1)
+    assert ('<p class="cap-failure" role="alert">Capping not permitted: the agent is not root, so it cannot set a '
+            "power limit or lock clocks. The limits and clocks above are what the cards hold.</p>") in page
     assert "clocks locked" not in gpu_row(page, 1)
 
 
@@ -231,7 +232,8 @@ def test_the_node_socket_sends_the_limits_with_the_heartbeat(make_user):
 
     html = async_to_sync(run)()
     assert "490 W of 700 W" in html
-    assert "capping not supported: this card or its driver has no such control" in html
+    assert "capping not supported</div>" in html
+    assert "Capping not supported: the card or its driver has no such control." in html
 
 
 @pytest.mark.parametrize("count", [2, 40])
