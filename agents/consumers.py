@@ -211,8 +211,9 @@ class FilteredPageConsumer(ReaderConsumer):
 
 
 class FacilityConsumer(FilteredPageConsumer):
-    """The Facility page's socket: rack map, bars, domain table and holds (with drain progress) rendered
-    again when placement, a hold or a budget changes, and at most every few seconds for new readings."""
+    """The Facility page's socket: rack map, bars, domain table, holds (with drain progress), conditions and
+    GPU capping rendered again when placement, a hold, a budget or a cap changes, and at most every few
+    seconds for new readings."""
 
     def groups_to_join(self) -> list[str]:
         return [*super().groups_to_join(), NODES_GROUP]
@@ -233,7 +234,9 @@ class FacilityConsumer(FilteredPageConsumer):
         context = {**facility_context(self.params()), "oob": True, "can_operate": can_operate(self.scope.get("user"))}
         return "".join(
             render_to_string(template, context)
-            for template in ("facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html")
+            for template in (
+                "facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html", "facility/_capping.html"
+            )
         )
 
 

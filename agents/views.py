@@ -40,6 +40,12 @@ THROTTLE_WORDS = {
     "power_brake": "power brake",
 }
 
+# A GPU's `capping` status (agents.node.protocol): why the last change of its limit or clocks failed.
+CAPPING_FAILURES = {
+    "not permitted": "the agent is not root, so it cannot set a power limit or lock clocks",
+    "not supported": "the card or its driver has no such control",
+}
+
 # Column → how the list sorts by it; name breaks ties so a page is stable.
 SORTS = ("name", "state", "gpus", "where", "power", "temp")
 SORT_COLUMNS = [
@@ -237,6 +243,29 @@ def node_list(request: HttpRequest) -> HttpResponse:
 # -- a node's page -------------------------------------------------------------------------------------------
 
 
+def gpu_capping(reading: Mapping[str, Any]) -> dict[str, Any]:
+    """What capping left on one card, from its own sensors only: the limit in force against its default
+    (``490 W of 700 W``), the locked SM clock range (``210–1128 MHz of 1410``) and, when the agent's last
+    change failed, why. Empty texts where the agent reported none of it (an older agent)."""
+    enforced = reading.get("enforced_power_limit_watts")
+    default = reading.get("default_power_limit_watts")
+    limit_text = ""
+    if enforced is not None:
+        limit_text = f"{enforced:.0f} W" + (f" of {default:.0f} W" if default is not None else "")
+    clocks_text = ""
+    locked = reading.get("locked_clocks_mhz")
+    if locked:
+        top = reading.get("max_sm_clock_mhz")
+        clocks_text = f"{locked[0]}–{locked[1]} MHz" + (f" of {top}" if top is not None else "")
+    failure = reading.get("capping") or ""
+    return {
+        "limit_text": limit_text,
+        "limit_lowered": enforced is not None and default is not None and enforced < default,
+        "clocks_text": clocks_text,
+        "capping_failure": failure,
+    }
+
+
 def gpu_lines(node: Node) -> list[dict[str, Any]]:
     """Each card with its live readings next to its inventory, and the replica that has it booked."""
     readings = {g.get("index"): g for g in (node.sensors or {}).get("gpus") or []}
@@ -260,6 +289,7 @@ def gpu_lines(node: Node) -> list[dict[str, Any]]:
                 "power_pct": round(100 * power / limit) if power is not None and limit else None,
                 "throttle_text": throttle_text(reading.get("throttle_reasons") or []),
                 "replica": bookers.get(gpu.index, ""),
+                **gpu_capping(reading),
             }
         )
     return out
@@ -272,11 +302,19 @@ def node_live_context(node: Node) -> dict[str, Any]:
     from placement.models import Shard
 
     shards = Shard.objects.filter(node=node).select_related("replica__model").order_by("replica_id")
+    gpus = gpu_lines(node)
     return {
         "row": row,
         "node": node,
         "condition": node_condition(row.domains),
-        "gpus": gpu_lines(node),
+        "gpus": gpus,
+        # The capping column only where the agent reports capping (an older agent: the table as before).
+        "gpus_capping": any(g["limit_text"] or g["clocks_text"] or g["capping_failure"] for g in gpus),
+        # Each refusal said once under the table, with why; the rows name it.
+        "capping_failures": [
+            {"status": status, "why": CAPPING_FAILURES.get(status, "")}
+            for status in sorted({g["capping_failure"] for g in gpus if g["capping_failure"]})
+        ],
         "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from agents.models import Node
-from agents.views import require_operator, require_reader
+from agents.views import CAPPING_FAILURES, require_operator, require_reader
 from facility import feed_selectors, selectors, services
 from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY
 from facility.history import recent_use
@@ -25,6 +25,8 @@ from llmgw.charts import sparkline
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
 from placement import whatif
+from placement.capping import capping_config, capping_rows
+from placement.planner import gpus_text
 from placement.selectors import facility_overview
 
 # Headroom (share of the limit still free) under which a rack is shown as tight.
@@ -199,6 +201,45 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "near_pct": f"{round((1 - NEAR_LIMIT_SHARE) * 100):g}%",
         **feeds_context(),
         **conditions_context(overview),
+        "capping": capping_shown(),
+    }
+
+
+LEVER_WORDS = {"power_limit": "power limit", "locked_clocks": "locked SM clocks"}
+
+
+def capping_failures(sensors: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    """What a node's agent last said it could not do (each GPU's `capping` status), by status:
+    ``[{status: "not permitted", gpus: "GPUs 0-7", why: "the agent is not root, …"}]``."""
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for gpu in (sensors or {}).get("gpus") or ():
+        if gpu.get("capping"):
+            by_status[gpu["capping"]].append(gpu["index"])
+    return [
+        {
+            "status": status,
+            "gpus": f"GPU{'s' if len(indexes) > 1 else ''} {gpus_text(sorted(indexes))}",
+            "why": CAPPING_FAILURES.get(status, ""),
+        }
+        for status, indexes in sorted(by_status.items())
+    ]
+
+
+def capping_shown() -> dict[str, Any]:
+    """The GPU capping card: off, or each node capping acts on (capped, or would cap under observe mode),
+    as `llmgw ctl facility capping` lists them, with what its agent reported it could not apply."""
+    config = capping_config()
+    if not config.enabled:
+        return {"enabled": False}
+    rows = capping_rows()
+    sensors = dict(Node.objects.filter(name__in=[row["node"] for row in rows]).values_list("name", "sensors"))
+    for row in rows:
+        row["failures"] = capping_failures(sensors.get(row["node"]))
+    return {
+        "enabled": True,
+        "lever": LEVER_WORDS.get(config.lever, config.lever),
+        "floor_pct": f"{config.floor_fraction:.0%}",
+        "rows": rows,
     }
 
 

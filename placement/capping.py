@@ -47,14 +47,18 @@ def capping_config() -> CappingConfig:
     return parse_capping_config(FacilitySettings.load().capping or None)
 
 
-def _default_limits() -> dict[int, float]:
-    """Node id → its GPUs' default power limit (the largest card's): read back by the agent, else inventory."""
+def _default_limits(node_ids: list[int] | None = None) -> dict[int, float]:
+    """Node id → its GPUs' default power limit (the largest card's): read back by the agent, else inventory.
+
+    Of `node_ids` only, when given (the capped nodes: not every node's sensors)."""
     found: dict[int, float] = {}
-    for node_id, watts in GPU.objects.filter(present=True).exclude(power_limit_watts=None).values_list(
-        "node_id", "power_limit_watts"
-    ):
+    gpus = GPU.objects.filter(present=True).exclude(power_limit_watts=None)
+    nodes = Node.objects.exclude(sensors=None)
+    if node_ids is not None:
+        gpus, nodes = gpus.filter(node_id__in=node_ids), nodes.filter(id__in=node_ids)
+    for node_id, watts in gpus.values_list("node_id", "power_limit_watts"):
         found[node_id] = max(found.get(node_id, 0.0), watts)
-    for node_id, sensors in Node.objects.exclude(sensors=None).values_list("id", "sensors"):
+    for node_id, sensors in nodes.values_list("id", "sensors"):
         defaults = [g["default_power_limit_watts"] for g in (sensors or {}).get("gpus") or ()
                     if g.get("default_power_limit_watts") is not None]
         if defaults:
@@ -99,9 +103,11 @@ def capping_run(*, now: datetime | None = None, config: CappingConfig | None = N
     names = dict(Node.objects.values_list("id", "name"))
     changes: list[dict[str, Any]] = []
     sent = False
+    shown = False  # a row `capping_rows` lists changed, sent or not
     for node_id in sorted(set(where) | set(rows), key=lambda i: names.get(i, "")):
         row = rows.get(node_id) or NodeCap(node_id=node_id)
         before = (row.fraction, row.would_fraction)
+        reason_before = row.reason
         domains = sorted(where.get(node_id, ()), key=lambda d: (LEVEL_ORDER.get(d.split(":")[0], 9), d))
         if domains:
             reason, enforce = pressed[domains[0]]
@@ -121,11 +127,14 @@ def capping_run(*, now: datetime | None = None, config: CappingConfig | None = N
             if row.pk is not None and NodeCap.objects.filter(pk=node_id).exists():
                 NodeCap.objects.filter(pk=node_id).delete()
                 sent = sent or before[0] < 1 - CLOSE
+                shown = True
                 changes.append({"node": names.get(node_id), "fraction": 1.0, "watts": None,
                                 "reason": "restored", "sent": True})
             continue
         row.save()
+        shown = shown or row.reason != reason_before
         if (row.fraction, row.would_fraction) != before:
+            shown = True
             enforced = abs(row.fraction - before[0]) > CLOSE
             sent = sent or enforced
             fraction = row.fraction if enforced else row.would_fraction
@@ -135,6 +144,10 @@ def capping_run(*, now: datetime | None = None, config: CappingConfig | None = N
                             "reason": row.reason, "sent": enforced})
     if sent:
         placement_changed_on_commit()  # the heartbeat answers carry the new block from the next refresh
+    elif shown:
+        # Only what would be capped, or why, changed: no node's answer differs (no node named), but the
+        # console's Facility page lists it and renders again.
+        placement_changed_on_commit(nodes=[])
     return changes
 
 
@@ -209,7 +222,7 @@ def capping_blocks() -> dict[str, dict]:
         for node_id, name, fraction in rows:
             blocks[name] = capping_answer(clock_locks(tops.get(node_id, []), fraction)[0])
         return blocks
-    defaults = _default_limits()
+    defaults = _default_limits([node_id for node_id, _, _ in rows])
     for node_id, name, fraction in rows:
         if node_id not in defaults:
             continue  # no known default limit: nothing to take a share of
@@ -239,11 +252,11 @@ def capping_rows() -> list[dict[str, Any]]:
     """Each node capping acts on: capped (sent) or would-cap (observe), the limit in words, and why.
 
     Under the locked-clocks lever the limit is each card's share of its own top SM clock, per GPUs where
-    a node's cards differ, and the row says where a top had to be assumed."""
+    a node's cards differ, and the row says where a top had to be assumed (`note`, else "")."""
     config = capping_config()
     caps = list(NodeCap.objects.select_related("node").order_by("node__name"))
     clocks = config.lever == "locked_clocks"
-    defaults = {} if clocks else _default_limits()
+    defaults = {} if clocks else _default_limits([row.node_id for row in caps])
     tops = _gpu_top_clocks([row.node_id for row in caps]) if clocks else {}
     out = []
     for row in caps:
@@ -268,7 +281,7 @@ def capping_rows() -> list[dict[str, Any]]:
         if note:
             text += f"; {note}"
         out.append({"node": row.node.name, "state": verb, "fraction": round(fraction, 4), "limit": value,
-                    "reason": why, "text": text, "lever": config.lever, **extra})
+                    "reason": why, "note": note, "text": text, "lever": config.lever, **extra})
     return out
 
 

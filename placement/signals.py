@@ -10,7 +10,8 @@ from django.dispatch import Signal
 
 # Shards or replicas were written (placed, freed, stopping, reported, a model changed): what the nodes
 # must run may differ. Sent on commit, with ``nodes``: the names of the nodes whose assignments changed
-# where the sender knows them cheaply, else None (any node may have).
+# where the sender knows them cheaply, else None (any node may have). An empty list: no node's assignments
+# changed, only what the console shows of placement (capping's would-cap rows).
 placement_changed = Signal()
 
 

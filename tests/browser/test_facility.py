@@ -207,3 +207,61 @@ def test_a_condition_set_from_ctl_shows_on_the_open_facility_page_without_a_relo
     expect(page.locator("#rack-r1-01 .tile-cond")).to_have_text("hot")
     expect(page.locator("#missing-data")).not_to_contain_text("rack:r1-01")
     assert page.evaluate("window.notReloaded") is True
+
+
+def test_capping_turned_on_fills_in_live_as_a_rack_runs_hot(racks, redis_layer, redis_page, tmp_path):
+    from tests.browser.test_console import join
+
+    page = redis_page
+    page.goto("/facility/")
+    expect(page.locator("#live-status")).to_have_text("live")
+    card = page.locator("#capping")
+    expect(card).to_contain_text("Capping is off: every GPU holds its defaults.")
+    expect(card).to_contain_text("facility.capping.enabled in server.yaml")
+    page.evaluate("window.notReloaded = true")
+
+    server_yaml = tmp_path / "server.yaml"
+    server_yaml.write_text(
+        "facility:\n"
+        "  conditions: {mode: enforce}\n"
+        "  capping: {enabled: true, lever: locked_clocks, floor_fraction: 0.7}\n"
+        "  sources: {agents: false}\n"
+    )
+
+    def turn_on():
+        from llmgw.ctl import main as ctl
+
+        assert ctl(["facility", "apply", "-f", str(server_yaml)]) == 0
+
+    in_thread(turn_on)
+    expect(card).to_contain_text("locked SM clocks, down to 70% at most")
+    expect(card).to_contain_text("Nothing is capped")
+
+    def run_hot():
+        from facility.evaluation import conditions_evaluate
+        from llmgw.ctl import main as ctl
+
+        # gpu01's agent reports its cards' limits and top SM clock (an A100's), and that it is not root.
+        gpus = readings(60)["gpus"]
+        for gpu in gpus:
+            gpu.update(enforced_power_limit_watts=700, default_power_limit_watts=700, max_sm_clock_mhz=1410,
+                       capping="not permitted")
+        join("gpu01", rack="r1-01", pdu="r1-01-a,r1-01-b", sensors={**readings(60), "gpus": gpus})
+        assert ctl(["facility", "condition", "set", "rack:r1-01", "hot", "--reason", "CRAC 3 alarm", "--for", "1h"]) == 0
+        conditions_evaluate()  # capping acts after each evaluation
+
+    in_thread(run_hot)
+    first = page.locator("#capping-gpu01")
+    expect(first).to_contain_text("capped to 1269 MHz")
+    expect(first).to_contain_text("rack r1-01 hot")
+    expect(first.locator(".cap-failure")).to_contain_text("not permitted on GPUs 0-7: the agent is not root")
+    second = page.locator("#capping-gpu02")
+    expect(second).to_contain_text("capped to 1782 MHz")
+    expect(second).to_contain_text("no top SM clock reported: 1980 MHz assumed")
+    expect(second.locator(".cap-failure")).to_have_count(0)
+    expect(page.locator("#capping-gpu03")).to_have_count(0)
+    assert page.evaluate("window.notReloaded") is True
+    first.locator("a").click()
+    expect(page.locator("#gpu-0 .gpu-capping")).to_contain_text("700 W of 700 W")
+    expect(page.locator("#gpu-0 .gpu-capping")).to_contain_text("capping not permitted")
+    expect(page.locator("#node-live")).to_contain_text("Capping not permitted: the agent is not root")

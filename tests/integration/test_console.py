@@ -230,8 +230,9 @@ def test_facility_page_queries_do_not_grow_with_nodes(login, django_assert_max_n
         budget_set(domain=f"rack:r{r:02d}", cap_watts=20000)
     client = login("viewer")
     # 13, drained nodes, placed watts, two for the history lines, four for thermal conditions, feeds, the
-    # condition timeline, shedding's settings (its next moves: none while it is off), the measured window.
-    with django_assert_max_num_queries(25):
+    # condition timeline, shedding's settings (its next moves: none while it is off), the measured window,
+    # capping's settings (its card: off).
+    with django_assert_max_num_queries(26):
         assert client.get("/facility/").status_code == 200
 
 
