@@ -51,7 +51,7 @@ class FacilityApplyView(ApiView):
 
     @documented(
         summary="Apply a server.yaml's facility: block, all or nothing (llmgw ctl facility apply -f)",
-        request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(409,),
+        request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(403, 409),
     )
     def post(self, request):
         data = FacilityApplySerializer(data=request.data)
@@ -59,7 +59,11 @@ class FacilityApplyView(ApiView):
         values = data.validated_data
         # files always given (if empty): what the file names is read from the request, never from this disk.
         return Response(
-            services.facility_apply(text=values["text"], filename=values["filename"], files=values["files"])
+            services.facility_apply(
+                text=values["text"], filename=values["filename"], files=values["files"],
+                # The server fetches from the Prometheus a file names: only an admin may name a new one.
+                may_change_sources=request.user.is_staff,
+            )
         )
 
 

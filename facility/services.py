@@ -29,7 +29,7 @@ from facility.models import (
 from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
 from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
-from llmgw.errors import InvalidInput, NotFound
+from llmgw.errors import Forbidden, InvalidInput, NotFound
 from llmgw.yamldoc import Document, load_documents, read_text
 
 SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
@@ -202,13 +202,30 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
 
 
 @transaction.atomic
+def _refuse_new_prometheus(filename: str, sources: SourcesConfig) -> None:
+    """Forbidden unless the file's Prometheus is the one in force (or none)."""
+    wanted = sources.prometheus.url if sources.prometheus is not None else None
+    if wanted is None:
+        return
+    current = parse_sources_config(FacilitySettings.load().sources or None).prometheus
+    if current is None or current.url != wanted:
+        raise Forbidden(
+            f"{filename}: facility.sources.prometheus.url: only an admin may point the server at a "
+            f"Prometheus ({wanted}) through the API; apply it on the server, or with an admin's token",
+            field="text",
+        )
+
+
 def facility_apply(
-    *, text: str, filename: str = "server.yaml", files: Mapping[str, str] | None = None
+    *, text: str, filename: str = "server.yaml", files: Mapping[str, str] | None = None,
+    may_change_sources: bool = True,
 ) -> dict[str, Any]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
 
     ``files``: the text of the files it names (the simulated source's scenario), sent with it by a
     remote ``llmgw ctl facility apply``; given, no file is read from this machine's disk.
+    ``may_change_sources`` False (an API caller who is not an admin): a file that would point the
+    server at another Prometheus is refused whole, as the server would then fetch from that address.
 
     When the file has a `budgets:` list, budgets an earlier apply of a file created and this list no
     longer names are removed (a file without `budgets:` changes no budget); budgets set through the
@@ -232,6 +249,8 @@ def facility_apply(
                 parsed = _parse_block(doc, key, parse)
                 values[key] = block[key] or {}
                 if key == "sources":
+                    if not may_change_sources:
+                        _refuse_new_prometheus(filename, parsed)
                     scenario = _scenario_of(doc, parsed, files)
     # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
     feeds = feed_services.feeds_parse(doc, block["feeds"] or []) if isinstance(block, dict) and "feeds" in block else None

@@ -35,6 +35,12 @@ class Conflict(LlmgwError):
     status = 409
 
 
+class Forbidden(LlmgwError):
+    """Allowed to some users, not to this one: nothing was applied."""
+
+    status = 403
+
+
 # SQLSTATEs of a write that lost to another at the same time: deadlock, serialization, lock not available.
 WRITE_CONFLICT_STATES = frozenset({"40P01", "40001", "55P03"})
 WRITE_CONFLICT_TEXT = "the write conflicted with another one at the same time; nothing was changed, try again"

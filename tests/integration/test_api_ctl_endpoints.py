@@ -145,3 +145,28 @@ def test_a_netbox_import_by_csv_and_its_dry_run(api, join_node):
     response = api.post("/api/v1/facility/import/netbox", {"url": "http://169.254.169.254", "token": "t"},
                         format="json")
     assert (response.status_code, response.json()["field"]) == (400, "url")
+
+
+def test_only_an_admin_points_the_server_at_a_new_prometheus(api, make_user):
+    from rest_framework.test import APIClient
+
+    def server(url: str) -> str:
+        return (f"facility:\n  margin: 0.2\n  sources:\n    prometheus:\n      url: {url}\n"
+                "      signals:\n        inlet_temp_c: {query: 'max by (rack) (inlet)', domain_label: rack}\n")
+
+    response = api.post("/api/v1/facility/apply", {"text": server("http://169.254.169.254:80")}, format="json")
+    assert (response.status_code, response.json()["field"]) == (403, "text")
+    assert response.json()["detail"] == (
+        "server.yaml: facility.sources.prometheus.url: only an admin may point the server at a Prometheus "
+        "(http://169.254.169.254:80) through the API; apply it on the server, or with an admin's token"
+    )
+    assert FacilitySettings.load().margin != 0.2  # nothing of the file applied
+    admin, key = make_user("alice", "operator")
+    admin.is_staff = True
+    admin.save()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.post("/api/v1/facility/apply", {"text": server("http://monitoring:9090")}, format="json").status_code == 200
+    # The one in force may stay in an operator's file; another may not.
+    assert api.post("/api/v1/facility/apply", {"text": server("http://monitoring:9090")}, format="json").status_code == 200
+    assert api.post("/api/v1/facility/apply", {"text": server("http://other:9090")}, format="json").status_code == 403
