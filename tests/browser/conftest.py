@@ -89,6 +89,9 @@ def serve(extra_env: dict[str, str] | None = None):
         "LLMGW_DATA_DIR": data_dir,
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "LOG_LEVEL": "WARNING",
+        # The tests drive reconciles and condition rounds themselves: the embedded server's own round
+        # every 15 s would judge conditions and place replicas in the middle of one, now and then.
+        "LLMGW_RECONCILE_INTERVAL": "86400",
     }
     env.pop("REDIS_URL", None)
     env.pop("LLMGW_CONFIG", None)
