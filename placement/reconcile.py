@@ -15,7 +15,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from placement import snapshot
-from placement.commit import replicas_place_all
+from placement.commit import collector_paused, replicas_place_all
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -129,6 +129,7 @@ def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
     replicas_place_pending(model=model, run=run)
 
 
+@collector_paused()
 def reconcile_all(*, model_names: Iterable[str] | None = None, max_placements: int | None = None) -> ReconcileRun:
     """Every model (or the named ones, in that order) to its desired replicas; idempotent.
 
