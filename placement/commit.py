@@ -552,7 +552,7 @@ def replica_place(
             return Placement(gone=True)
         index.apply(result)
         replica.state = ReplicaState.PLACED
-        placement_changed_on_commit()
+        placement_changed_on_commit(nodes=result.nodes)
         return Placement(plan=result)
     reason = f"Unschedulable after {MAX_ATTEMPTS} conflicting attempts: {'; '.join(conflicts)}"
     return replica_pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
@@ -771,8 +771,15 @@ def _commit_batch(
             item.replica.state = ReplicaState.PLACED
             item.replica.reason, item.replica.explain = "", item.explain
             outcomes[pk] = Placement(plan=item.plan)
-    if any(outcomes.get(item.replica.pk, Placement()).plan is not None for item in planned):
-        placement_changed_on_commit()
+    # Only the nodes given shards have new assignments: the heartbeats' map reads just their entries
+    # again (a lost room's thousands of replacements would otherwise send it all to the database, and
+    # every heartbeat of a served process down the full path meanwhile, once per batch).
+    placed = {
+        name for item in planned if outcomes.get(item.replica.pk, Placement()).plan is not None
+        for name in item.plan.nodes
+    }
+    if placed:
+        placement_changed_on_commit(nodes=placed)
     if refresh:
         for view in snapshot.node_views(names=refresh, now=now):
             index.update_node(view)

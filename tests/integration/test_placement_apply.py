@@ -235,3 +235,28 @@ def test_class_and_min_ready_are_kept_and_shown(admin_client):
     assert (rows["none"]["class"], rows["none"]["min_ready"]) == ("standard", 0)
     page = admin_client.get("/models/").content.decode()
     assert "min ready 2" in page and ">batch<" in page
+
+
+def test_a_placement_names_the_nodes_it_gave_shards_so_the_heartbeat_map_reads_only_those(
+    capsys, tmp_path, join_node
+):
+    from placement.signals import placement_changed
+
+    for i in range(1, 5):
+        join_node(f"gpu0{i}", rack=f"r{i}")
+    heard: list[list[str] | None] = []
+
+    def hear(*, nodes=None, **_):
+        heard.append(nodes)
+
+    placement_changed.connect(hear, dispatch_uid="test-named-nodes")
+    try:
+        code, _, err = run(capsys, "apply", "-f", str(write(tmp_path, MODELS.replace("replicas: 2", "replicas: 3"))))
+    finally:
+        placement_changed.disconnect(dispatch_uid="test-named-nodes")
+    assert (code, err) == (0, "")
+    placed = set(Shard.objects.values_list("node__name", flat=True))
+    assert len(placed) == 3
+    # The model's own change is news for every node (sent without names); each placement names its nodes.
+    named = [nodes for nodes in heard if nodes is not None]
+    assert named and set().union(*named) == placed
