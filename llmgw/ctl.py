@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from llmgw import remote as remote_mode
@@ -98,6 +99,9 @@ def django_setup(*, read_only: bool) -> None:
     from django.apps import apps
     from django.conf import settings
 
+    if not apps.ready:
+        # One command, one connection: a pool would only wait its 30 s before saying it cannot connect.
+        os.environ.setdefault("LLMGW_DB_POOL", "false")
     if read_only and not apps.ready and hasattr(settings, "CTL_READ_APPS"):
         settings.INSTALLED_APPS = settings.CTL_READ_APPS
     django.setup()
@@ -117,3 +121,31 @@ def main(argv: list[str]) -> int:
     except BrokenPipeError:  # `llmgw ctl nodes | head`: the reader has what it wanted
         sys.stderr.close()
         return 0
+    except Exception as exc:
+        trouble = database_trouble(exc) if args.remote is None else None
+        if trouble is None:
+            raise
+        print(f"error: {trouble}", file=sys.stderr)
+        return 1
+
+
+def database_trouble(exc: BaseException) -> str | None:
+    """What to say when local mode cannot use its database: it cannot be reached, or it has no llmgw
+    tables yet (a new DATABASE_URL or data directory, `llmgw migrate` not run); None for any other
+    failure, which goes on as it was."""
+    from django.db import DatabaseError, OperationalError, connection
+
+    if not isinstance(exc, DatabaseError):
+        return None
+    text = str(exc).strip()
+    said = text.splitlines()[0] if text else type(exc).__name__
+    settings = connection.settings_dict
+    where = settings.get("NAME")
+    if connection.vendor == "postgresql":
+        where = f"{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 5432}/{where}"
+    if "no such table" in said or type(exc.__cause__).__name__ == "UndefinedTable":
+        return f"the database {where} has no llmgw tables yet ({said}): run `llmgw migrate` first"
+    if isinstance(exc, OperationalError) and connection.connection is None:
+        named = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "LLMGW_DATA_DIR"
+        return f"cannot open the database {where} ({named}): {said}"
+    return None
