@@ -83,8 +83,12 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
         if locked is None:
             return
         # A drain's replacement takes the place of the replica it replaces: it is not one more.
-        replicas = list(Replica.objects.filter(model=locked, replaces__isnull=True).order_by("ordinal"))
-        missing = locked.replicas - len(replicas)
+        # Their ids only: a model's thousands of rows as instances (each explain decoded) took longer
+        # than the rest of a lost room's reconcile step.
+        replica_ids = list(
+            Replica.objects.filter(model=locked, replaces__isnull=True).order_by("ordinal").values_list("pk", flat=True)
+        )
+        missing = locked.replicas - len(replica_ids)
         if missing > 0:
             last = Replica.objects.filter(model=locked).order_by("-ordinal").values_list("ordinal", flat=True).first()
             start = (last or 0) + 1
@@ -94,7 +98,7 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
             run.created += missing
         elif missing < 0:
             # The newest beyond the count, all in one set-based free (one lock of all their nodes).
-            doomed = [replica.pk for replica in replicas[locked.replicas :]]
+            doomed = replica_ids[locked.replicas :]
             freed.update(Shard.objects.filter(replica_id__in=doomed).values_list("node__name", flat=True).distinct())
             run.removed += replicas_free(replica_ids=doomed)
     run.refresh(freed)
