@@ -23,6 +23,7 @@ import dataclasses
 import gc
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -55,6 +56,9 @@ Pending = Replica | snapshot.PendingReplica
 _collector_lock = threading.Lock()
 _collector_pauses = 0
 _collector_was_enabled = False
+_collected_at = 0.0
+# Runs that overlap without end (threads of one served process) still collect this often.
+COLLECT_EVERY_SECONDS = 30.0
 
 
 @contextmanager
@@ -66,21 +70,30 @@ def collector_paused() -> Iterator[None]:
     allocations the collector walks every object the process holds (the index, Django's models and
     querysets): 10-15 % of a batched run at 1,000 nodes (bench/placements.py, 564-581/s with it,
     630-685/s without). What is freed by reference counting is freed as ever; only cycles made during
-    the run wait for the collector's next pass after it.
+    the run wait for the collector's next pass after it, and runs that keep overlapping (threads of one
+    process) collect once every COLLECT_EVERY_SECONDS as each ends.
     """
-    global _collector_pauses, _collector_was_enabled
+    global _collector_pauses, _collector_was_enabled, _collected_at
     with _collector_lock:
         if _collector_pauses == 0:
             _collector_was_enabled = gc.isenabled()
+            _collected_at = time.monotonic()
             gc.disable()
         _collector_pauses += 1
     try:
         yield
     finally:
+        collect = False
         with _collector_lock:
             _collector_pauses -= 1
-            if _collector_pauses == 0 and _collector_was_enabled:
-                gc.enable()
+            if _collector_pauses == 0:
+                if _collector_was_enabled:
+                    gc.enable()
+            elif _collector_was_enabled and time.monotonic() - _collected_at >= COLLECT_EVERY_SECONDS:
+                _collected_at = time.monotonic()
+                collect = True
+        if collect:
+            gc.collect()
 
 
 class ReplicaGone(Exception):

@@ -63,3 +63,37 @@ def test_runs_in_two_threads_overlapping_leave_it_on_after_the_last(collector_on
     leave.set()
     thread.join(5)
     assert gc.isenabled()
+
+
+def test_runs_that_keep_overlapping_still_collect_now_and_then(collector_on, monkeypatch):
+    import weakref
+
+    import placement.commit as commit
+
+    class Cyclic:
+        pass
+
+    monkeypatch.setattr(commit, "COLLECT_EVERY_SECONDS", 0.0)
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with collector_paused():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait(5)
+    try:
+        with collector_paused():
+            garbage = Cyclic()
+            garbage.itself = garbage
+            gone = weakref.ref(garbage)
+            del garbage
+            assert gone() is not None  # a cycle: reference counting alone cannot free it
+        assert not gc.isenabled()  # the other run goes on
+        assert gone() is None  # the run that ended collected it all the same
+    finally:
+        leave.set()
+        thread.join(5)
+    assert gc.isenabled()
