@@ -52,6 +52,7 @@ from placement.planner import (
     spread_counts,
     spread_of,
     step_left,
+    unavailable_reason,
     why_text,
 )
 
@@ -136,16 +137,6 @@ class _Entry:
         self.held = held
 
 
-def _out(indexed: _Entry) -> str | None:
-    """Why the node refuses any shard before the request is looked at: base_rejection's first checks."""
-    node = indexed.node
-    if not node.ready:
-        return "not ready"
-    if node.cordoned:
-        return "cordoned"
-    return indexed.held
-
-
 def _insert(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
     insort(buckets.setdefault(bucket, []), name)
 
@@ -174,9 +165,9 @@ class _Ranking:
     """One model and profile's candidates, best first, kept between its plans.
 
     ``entries`` are ``(order key, draw, added, step, out)``, sorted; a key ends with the node's name, so
-    no two are equal. ``out`` is why the node takes nothing whatever is asked (not ready, cordoned, held:
-    the first of the filters, which change only with the node or the facility), or None. ``bases`` keeps what of each candidate's key only the node decides
-    (``(key after the step, draw, added)``) and ``current`` each one's entry. ``existing`` and
+    no two are equal. ``out`` is the node's ``unavailable_reason`` (not ready, cordoned, held), or None.
+    ``bases`` keeps what of each candidate's key only the node decides (``(key after the step, draw,
+    added)``) and ``current`` each one's entry. ``existing`` and
     ``counts`` are the model's replicas as last asked and their spread counts; ``seen`` is how far
     into the index's change log this ranking has caught up, ``epoch`` the index's epoch it was made in.
     """
@@ -333,7 +324,8 @@ class PlacementIndex:
         group = indexed.group
         cell = group.step_cell
         step = FULL_HEADROOM if cell is None or added is None else step_left(cell.limit, cell.use, added)
-        return ((spread_of(group.spread, counts), group.rank, -step, *tail), draw, added, step, _out(indexed))
+        return ((spread_of(group.spread, counts), group.rank, -step, *tail), draw, added, step,
+                unavailable_reason(indexed.node, indexed.held))
 
     def _ranking(self, request: ReplicaRequest) -> _Ranking:
         """The request's kept ranking, caught up with what changed since its last plan, or made afresh."""
@@ -427,8 +419,8 @@ class PlacementIndex:
         for key, draw, added, step, out in ranking.entries:
             name = key[-1]
             if out is not None:
-                # Not ready, cordoned or held: what base_rejection says first, without asking it (a lost
-                # room's held nodes were two thirds of the entries a plan walked past).
+                # What base_rejection would say first, kept in the entry (a lost room's held nodes were
+                # two thirds of the entries a plan walked past).
                 rejections[name] = out
                 continue
             indexed = self._nodes[name]

@@ -326,6 +326,16 @@ def held_reason(node: NodeView, holds: Mapping[Domain, str]) -> str | None:
     return None
 
 
+def unavailable_reason(node: NodeView, held: str | None) -> str | None:
+    """Why the node takes no shard whatever is asked (not ready, cordoned, held), or None: the first of
+    base_rejection's filters, which move only with the node or the facility."""
+    if not node.ready:
+        return "not ready"
+    if node.cordoned:
+        return "cordoned"
+    return held
+
+
 def base_rejection(
     node: NodeView,
     profile: Profile,
@@ -336,12 +346,9 @@ def base_rejection(
 
     ``held`` is the node's :func:`held_reason`, worked out by the caller (the index keeps it).
     """
-    if not node.ready:
-        return "not ready"
-    if node.cordoned:
-        return "cordoned"
-    if held is not None:
-        return held
+    unavailable = unavailable_reason(node, held)
+    if unavailable is not None:
+        return unavailable
     if node.name in exclude:
         return "excluded (lost a race)"
     if profile.selector is not None:
