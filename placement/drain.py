@@ -108,7 +108,10 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     # The model's replicas in order, picked here: as `pk IN (thousands on the drained room)` with
     # `NOT EXISTS (a replacement)` the database nested the anti join over the whole table whenever its
     # statistics lagged a bulk change (a lost room), 0.5-0.9 s for each model of each reconcile.
-    # A replacement of one is in `replaced` (read above, under the model's lock).
+    # A replacement of one is in `replaced` (read above, under the model's lock). Nothing to move, no read:
+    # this runs for every model on every reconcile.
+    if not on_draining - replaced:
+        return
     candidates = (
         Replica.objects.filter(model=model, replaces__isnull=True)
         .exclude(state__in=[ReplicaState.PENDING, ReplicaState.STOPPING])
