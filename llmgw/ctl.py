@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:
-        trouble = database_trouble(exc) if args.remote is None else None
+        # Only in local mode (remote_from may have failed before args.remote was set: not a database's).
+        trouble = database_trouble(exc) if getattr(args, "remote", True) is None else None
         if trouble is None:
             raise
         print(f"error: {trouble}", file=sys.stderr)
