@@ -174,26 +174,22 @@ def place_batched(models: list, batch: int) -> tuple[int, float, int]:
     from placement.index import PlacementIndex
 
     with collector_paused():  # as reconcile_all runs
-        return _place_batched(models, batch, snapshot, replicas_place, PlacementIndex)
-
-
-def _place_batched(models: list, batch: int, snapshot, replicas_place, PlacementIndex) -> tuple[int, float, int]:
-    started = time.perf_counter()
-    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    queues = {m.name: snapshot.pending_replicas(m) for m in models}
-    requests = {m.name: snapshot.replica_request(m) for m in models}
-    placed = 0
-    open_models = [m.name for m in models]
-    while open_models:
-        for name in list(open_models):
-            turn, queues[name] = queues[name][:batch], queues[name][batch:]
-            outcomes, stopped = replicas_place(replicas=turn, request=requests[name], index=index, batch=batch)
-            nodes = [outcome.plan.nodes for _, outcome in outcomes if outcome.plan is not None]
-            placed += len(nodes)
-            requests[name] = dataclasses.replace(requests[name], existing=(*requests[name].existing, *nodes))
-            if stopped is not None or not queues[name]:
-                open_models.remove(name)
-    return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
+        started = time.perf_counter()
+        index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+        queues = {m.name: snapshot.pending_replicas(m) for m in models}
+        requests = {m.name: snapshot.replica_request(m) for m in models}
+        placed = 0
+        open_models = [m.name for m in models]
+        while open_models:
+            for name in list(open_models):
+                turn, queues[name] = queues[name][:batch], queues[name][batch:]
+                outcomes, stopped = replicas_place(replicas=turn, request=requests[name], index=index, batch=batch)
+                nodes = [outcome.plan.nodes for _, outcome in outcomes if outcome.plan is not None]
+                placed += len(nodes)
+                requests[name] = dataclasses.replace(requests[name], existing=(*requests[name].existing, *nodes))
+                if stopped is not None or not queues[name]:
+                    open_models.remove(name)
+        return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
 
 
 class Phases:
@@ -363,8 +359,8 @@ def main() -> None:
     one_rate = len(timings) / sum(timings)
 
     # The lean probe on the same server, before and after the batched run: what one commit per
-    # placement allows is the disk's flush, and it moves between runs minutes apart (209-555/s on one
-    # machine in an hour), so the ratio is given against the faster of the two.
+    # placement allows is the disk's flush, and it moves between runs minutes apart (209-819/s on one
+    # machine in two hours), so the ratio is given against both.
     from bench.probe import probe
 
     count, probe_wall = probe(base, seconds=5.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -46,7 +47,9 @@ def test_a_collector_turned_off_by_the_process_stays_off(collector_on):
     assert not gc.isenabled()
 
 
-def test_runs_in_two_threads_overlapping_leave_it_on_after_the_last(collector_on):
+@contextmanager
+def another_run_going():
+    """A placement run in another thread, from entering this block until leaving it."""
     inside, leave = threading.Event(), threading.Event()
 
     def other():
@@ -57,11 +60,18 @@ def test_runs_in_two_threads_overlapping_leave_it_on_after_the_last(collector_on
     thread = threading.Thread(target=other)
     thread.start()
     inside.wait(5)
-    with collector_paused():
-        pass
-    assert not gc.isenabled()  # the other thread's run is still going
-    leave.set()
-    thread.join(5)
+    try:
+        yield
+    finally:
+        leave.set()
+        thread.join(5)
+
+
+def test_runs_in_two_threads_overlapping_leave_it_on_after_the_last(collector_on):
+    with another_run_going():
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # the other thread's run is still going
     assert gc.isenabled()
 
 
@@ -74,17 +84,7 @@ def test_runs_that_keep_overlapping_still_collect_now_and_then(collector_on, mon
         pass
 
     monkeypatch.setattr(commit, "COLLECT_EVERY_SECONDS", 0.0)
-    inside, leave = threading.Event(), threading.Event()
-
-    def other():
-        with collector_paused():
-            inside.set()
-            leave.wait(5)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    inside.wait(5)
-    try:
+    with another_run_going():
         with collector_paused():
             garbage = Cyclic()
             garbage.itself = garbage
@@ -93,7 +93,4 @@ def test_runs_that_keep_overlapping_still_collect_now_and_then(collector_on, mon
             assert gone() is not None  # a cycle: reference counting alone cannot free it
         assert not gc.isenabled()  # the other run goes on
         assert gone() is None  # the run that ended collected it all the same
-    finally:
-        leave.set()
-        thread.join(5)
     assert gc.isenabled()
