@@ -1,0 +1,47 @@
+"""The migrated database holds every constraint and index the models declare.
+
+Django's migration state can say a constraint exists while the database lacks it: 0002 of placement
+took replaces' plain index away and, on PostgreSQL, the partial unique index "one replacement at a time"
+went with it, while the state kept it. These read the database itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.apps import apps
+from django.db import IntegrityError, connection, transaction
+
+from placement.models import Model, Replica
+
+pytestmark = pytest.mark.django_db
+
+
+def database_names() -> set[str]:
+    """Every constraint and index name the database has, by introspection (either backend)."""
+    with connection.cursor() as cursor:
+        tables = connection.introspection.table_names(cursor)
+        return {name for table in tables for name in connection.introspection.get_constraints(cursor, table)}
+
+
+def test_every_declared_constraint_and_index_is_in_the_database() -> None:
+    have = database_names()
+    missing = [
+        f"{model._meta.label}: {item.name}"
+        for model in apps.get_models()
+        for item in (*model._meta.constraints, *model._meta.indexes)
+        if item.name not in have
+    ]
+    assert missing == []
+
+
+def test_a_replica_gets_one_replacement_at_a_time_from_the_database_itself() -> None:
+    model = Model.objects.create(name="m", replicas=1, gpus=1)
+    original = Replica.objects.create(model=model, ordinal=1)
+    Replica.objects.create(model=model, ordinal=2, replaces=original)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Replica.objects.create(model=model, ordinal=3, replaces=original)
+    # Replacements of other replicas, and replicas that replace none, are not held back.
+    other = Replica.objects.create(model=model, ordinal=4)
+    Replica.objects.create(model=model, ordinal=5, replaces=other)
+    Replica.objects.create(model=model, ordinal=6)
+    assert Replica.objects.filter(replaces__isnull=True).count() == 3
