@@ -44,6 +44,28 @@ def bench_database(base_url: str, name: str = BENCH_DB) -> str:
     return urlunparse(parts._replace(path=f"/{name}"))
 
 
+def quiet(base_url: str, wait: float = 30.0) -> str:
+    """Let the server settle before a measured run: a checkpoint (the runs before wrote WAL), then no
+    autovacuum worker busy (they start on the tables a run before changed, and share the two cores
+    with the run that follows), waiting at most ``wait`` seconds. Returns what it waited for."""
+    import psycopg
+
+    parts = urlparse(base_url)
+    admin = urlunparse(parts._replace(path="/postgres"))
+    started = time.perf_counter()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        workers = 0
+        while time.perf_counter() - started < wait:
+            workers = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()[0]
+            if not workers:
+                break
+            time.sleep(0.2)
+    return f"{time.perf_counter() - started:.1f} s" + (f", {workers} autovacuum workers still busy" if workers else "")
+
+
 def load_cluster(count: int) -> None:
     """Nodes, GPUs, domains and budgets by bulk insert (what a thousand first heartbeats would leave)."""
     from django.utils import timezone
@@ -363,11 +385,13 @@ def main() -> None:
     # machine in two hours), so the ratio is given against both.
     from bench.probe import probe
 
+    settled = [quiet(base)]
     count, probe_wall = probe(base, seconds=5.0)
     probe_before = count / probe_wall
 
     # The same cluster and models again, placed in batches.
     models = fresh_cluster(args.nodes, args.per_model)
+    settled.append(quiet(base))
     phases = Phases() if args.phases else None
     placed, wall, left = place_batched(models, args.batch)
     if phases is not None:
@@ -380,8 +404,10 @@ def main() -> None:
     )
     if phases is not None:
         phases.print(wall, placed)
+    settled.append(quiet(base))
     count, probe_wall = probe(base, seconds=5.0)
     probe_after = count / probe_wall
+    print(f"the server settled before the probe, the batched run and the probe again in {'; '.join(settled)}")
     probe_rate = max(probe_before, probe_after)
     print(
         f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}) {batched_rate:,.0f}/s | "
