@@ -11,7 +11,8 @@ import pytest
 from django.apps import apps
 from django.db import IntegrityError, connection, transaction
 
-from placement.models import Model, Replica
+from agents.models import Node
+from placement.models import GpuBooking, Model, Replica, Shard
 
 pytestmark = pytest.mark.django_db
 
@@ -45,3 +46,22 @@ def test_a_replica_gets_one_replacement_at_a_time_from_the_database_itself() -> 
     Replica.objects.create(model=model, ordinal=5, replaces=other)
     Replica.objects.create(model=model, ordinal=6)
     assert Replica.objects.filter(replaces__isnull=True).count() == 3
+
+
+@pytest.mark.postgres
+def test_a_gpu_booking_names_its_shards_own_node() -> None:
+    """PostgreSQL holds a booking's (shard, node) to the shard's (id, node): one key, both checked."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://… (make test does)")
+    assert "booking_shard_node" in database_names()
+    model = Model.objects.create(name="m", replicas=1, gpus=1)
+    replica = Replica.objects.create(model=model, ordinal=1)
+    here, there = (Node.objects.create(name=name) for name in ("here", "there"))
+    shard = Shard.objects.create(replica=replica, node=here, gpu_indices=[0])
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # checked at the statement, not at a commit
+    GpuBooking.objects.create(shard=shard, node=here, index=0)
+    for wrong in ({"shard_id": shard.pk, "node": there}, {"shard_id": shard.pk + 1000, "node": here}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            GpuBooking.objects.create(index=1, **wrong)
+    assert list(GpuBooking.objects.values_list("node__name", "index")) == [("here", 0)]
