@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
@@ -136,26 +136,33 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     gpu_rows = GPU.objects.filter(present=True)
     domain_rows = NodeDomain.objects.all()
     shard_rows = Shard.objects.all()
-    booked_rows = GpuBooking.objects.all()
     booking_rows = NodeBooking.objects.all()
     if scoped:
         gpu_rows = gpu_rows.filter(node_id__in=ids)
         domain_rows = domain_rows.filter(node_id__in=ids)
         shard_rows = shard_rows.filter(node_id__in=ids)
-        booked_rows = booked_rows.filter(node_id__in=ids)
         booking_rows = booking_rows.filter(node_id__in=ids)
-    booked = set(booked_rows.values_list("node_id", "index"))
-    for node_id, index, *rest in gpu_rows.order_by("node_id", "index").values_list(
-        "node_id", "index", "power_limit_watts", "model", "memory_gib"
+    # Whether each card is booked, asked of the database beside the card (at 10,000 nodes the 80,000
+    # bookings read and matched here were a sixth of this read).
+    booked = GpuBooking.objects.filter(node_id=OuterRef("node_id"), index=OuterRef("index"))
+    for node_id, *card in gpu_rows.order_by("node_id", "index").values_list(
+        "node_id", "index", Exists(booked), "power_limit_watts", "model", "memory_gib"
     ):
-        gpus[node_id].append((index, (node_id, index) in booked, *rest))
+        gpus[node_id].append(card)
     bookings = {row[0]: row[1:] for row in booking_rows.values_list("node_id", "cpu_cores", "memory_gib", "placed_watts")}
     domains: dict[int, list[str]] = defaultdict(list)
     for node_id, domain in domain_rows.values_list("node_id", "domain"):
         domains[node_id].append(domain)
     replicas = dict(shard_rows.values("node_id").annotate(n=Count("id")).values_list("node_id", "n"))
+    # The nodes of a rack and PDU share their domains: each set is parsed and ordered once (10,000 nodes
+    # have about 800 sets; parsed node by node they were a third of this read), and shared.
+    orders: dict[tuple[str, ...], tuple[Domain, ...]] = {}
     views = []
     for row in rows:
+        texts = tuple(sorted(domains.get(row["id"], ())))
+        order = orders.get(texts)
+        if order is None:
+            order = orders[texts] = ordered_domains(texts)
         cards = gpus.get(row["id"], [])
         cores, memory, placed = bookings.get(row["id"], (0, 0.0, 0.0))
         enforced = gpu_enforced_limits(row["sensors"])
@@ -167,7 +174,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
                 ready=_ready(row, now),
                 cordoned=row["cordoned"],
                 labels=derived_labels(row["labels"] or {}, cards),
-                domains=ordered_domains(domains.get(row["id"], ())),
+                domains=order,
                 fabric=row["fabric"] or None,
                 gpus_total=len(cards),
                 free_gpus=tuple(g[0] for g in cards if not g[1]),
