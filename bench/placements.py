@@ -331,6 +331,8 @@ def main() -> None:
         "--phases", action="store_true", help="time the batched run's steps and print where its time went"
     )
     parser.add_argument("--batch", type=int, default=128, help="replicas per transaction in the batched run")
+    parser.add_argument("--rounds", type=int, default=3, help="batched runs, each between two probes")
+    parser.add_argument("--probe-seconds", type=float, default=3.0, help="how long each probe commits")
     parser.add_argument(
         "--processes", type=int, default=1,
         help="placers at once, each with its own index and its share of the models (default 1: one at a time)",
@@ -380,40 +382,42 @@ def main() -> None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
     one_rate = len(timings) / sum(timings)
 
-    # The lean probe on the same server, before and after the batched run: what one commit per
-    # placement allows is the disk's flush, and it moves between runs minutes apart (209-819/s on one
-    # machine in two hours), so the ratio is given against both.
+    # The lean probe on the same server, beside each batched run: what one commit per placement allows
+    # is the disk's flush, and it moves between runs minutes apart (209-819/s on one machine in two
+    # hours), while the batched run moves with the CPU (a shared 2-core machine slows by 10-20 % under
+    # minutes of load). So they alternate, probe, batched, probe, ..., each after the server settled,
+    # and each batched run is held to the faster of the probes on either side of it.
     from bench.probe import probe
 
     settled = [quiet(base)]
-    count, probe_wall = probe(base, seconds=5.0)
-    probe_before = count / probe_wall
-
-    # The same cluster and models again, placed in batches.
-    models = fresh_cluster(args.nodes, args.per_model)
-    settled.append(quiet(base))
-    phases = Phases() if args.phases else None
-    placed, wall, left = place_batched(models, args.batch)
-    if phases is not None:
-        phases.close()
-    batched_rate = placed / wall
+    count, probe_wall = probe(base, seconds=args.probe_seconds)
+    probes = [count / probe_wall]
+    rates = []
+    for run in range(args.rounds):
+        models = fresh_cluster(args.nodes, args.per_model)
+        settled.append(quiet(base))
+        phases = Phases() if args.phases and run == 0 else None
+        placed, wall, left = place_batched(models, args.batch)
+        if phases is not None:
+            phases.close()
+        rates.append(placed / wall)
+        print(
+            f"{args.nodes} nodes: {placed} committed placements in batches of up to {args.batch} in {wall:.2f} s "
+            f"(index build included), {rates[-1]:,.0f} placements/s; {GpuBooking.objects.count()} GPUs booked, "
+            f"{left} replicas left pending"
+        )
+        if phases is not None:
+            phases.print(wall, placed)
+        settled.append(quiet(base))
+        count, probe_wall = probe(base, seconds=args.probe_seconds)
+        probes.append(count / probe_wall)
+    print(f"the server settled before each run in {'; '.join(settled)}")
+    ratios = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(rates)]
     print(
-        f"{args.nodes} nodes: {placed} committed placements in batches of up to {args.batch} in {wall:.2f} s "
-        f"(index build included), {batched_rate:,.0f} placements/s; {GpuBooking.objects.count()} GPUs booked, "
-        f"{left} replicas left pending"
-    )
-    if phases is not None:
-        phases.print(wall, placed)
-    settled.append(quiet(base))
-    count, probe_wall = probe(base, seconds=5.0)
-    probe_after = count / probe_wall
-    print(f"the server settled before the probe, the batched run and the probe again in {'; '.join(settled)}")
-    probe_rate = max(probe_before, probe_after)
-    print(
-        f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}) {batched_rate:,.0f}/s | "
-        f"lean single-commit probe {probe_before:,.0f}/s before, {probe_after:,.0f}/s after | "
-        f"batched / probe = {batched_rate / probe_rate:.2f}× (the faster probe), "
-        f"{batched_rate / min(probe_before, probe_after):.2f}× (the slower)"
+        f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}) "
+        f"{', '.join(f'{r:,.0f}' for r in rates)}/s | lean single-commit probe "
+        f"{', '.join(f'{p:,.0f}' for p in probes)}/s (before, between and after) | batched / the faster probe "
+        f"beside it = {', '.join(f'{r:.2f}×' for r in ratios)}, median {percentile(ratios, 0.5):.2f}×"
     )
     if not args.skip_planner:
         from bench import planner
