@@ -298,6 +298,9 @@ LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "3
 # Replacements a drain keeps in flight per model (1: one at a time). More moves a lost room faster, at
 # the price of as many extra replicas running at once while they come up.
 LLMGW_DRAIN_SURGE = max(1, int(os.environ.get("LLMGW_DRAIN_SURGE", "1")))
+# On PostgreSQL a reconcile sends each batch's write and COMMIT in pipeline mode and plans the next
+# batch while they run (placement.commit.replicas_place); false: it waits for each commit first.
+LLMGW_COMMIT_PIPELINE = env_bool("LLMGW_COMMIT_PIPELINE", True)
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
 # A node's measured draw is the highest reading of this window (server.yaml facility.measured_window).

@@ -26,12 +26,13 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -353,11 +354,25 @@ def _write_postgresql(
 def _write_postgresql_batch(
     cursor, plans: list[tuple[int, list, dict]], ids: dict[str, int], now: datetime, touched: list[str]
 ) -> tuple[set[int], list[LostRace]]:
-    """Shards, GPU bookings, node counters and the replicas of several plans in one statement.
+    """The batch statement, run and read (see _batch_write)."""
+    cursor.execute(*_batch_write(plans, ids, now, touched))
+    return _batch_written(cursor.fetchone(), plans, ids)
 
-    ``plans`` are (replica id, shards, explain). The guards are in the statement's WHERE clauses.
-    Returns (the replicas no longer pending, which wrote nothing; the lost races): any lost race
-    means the caller must roll the statement back, as it wrote the rest. Holds are checked again
+
+# The SQLSTATE of placement_lost_race() (migration 0005): a batch statement sent with strict=True found
+# a lost race, and its transaction is aborted.
+LOST_RACE = "LL001"
+
+
+def _batch_write(
+    plans: list[tuple[int, list, dict]], ids: dict[str, int], now: datetime, touched: list[str], *, strict: bool = False
+) -> tuple[str, list[Any]]:
+    """Shards, GPU bookings, node counters and the replicas of several plans in one statement: its SQL
+    and parameters.
+
+    ``plans`` are (replica id, shards, explain). The guards are in the statement's WHERE clauses. Its
+    row (_batch_written) says which replicas were no longer pending, which wrote nothing, and the lost
+    races: any lost race means the caller must roll the statement back, as it wrote the rest. Holds are checked again
     here: hold_create locks the domain's nodes before it writes, so a hold that raced the read before
     the node locks has committed by the time this statement starts, and is seen.
     """
@@ -377,7 +392,17 @@ def _write_postgresql_batch(
     replica_ids = [replica_id for replica_id, _, _ in plans]
     explains = [json.dumps(explain) for _, _, explain in plans]
     guard_params = [list(touched)] if touched else []
-    cursor.execute(
+    # Strict, a lost race raises (placement_lost_race): the transaction is aborted whatever follows it,
+    # so a COMMIT sent behind the statement without waiting for it rolls back instead. Lost: held
+    # meanwhile, a card not booked (taken, or gone), a node's cores or memory not counted.
+    strict_check = (
+        ", CASE WHEN NOT o.unheld"
+        " OR cardinality(o.booked) <> (SELECT COALESCE(SUM(cardinality(v.gpus)), 0) FROM v JOIN r ON r.id = v.replica_id)"
+        " OR cardinality(o.counted) <> (SELECT count(DISTINCT v.node_id) FROM v JOIN r ON r.id = v.replica_id)"
+        " THEN placement_lost_race() END"
+        if strict else ""
+    )
+    return (
         f"""
         WITH v(replica_id, node_id, gpus, cores, mem, draw) AS (
             SELECT replica_id, node_id, CAST(gpus AS int[]), cores, mem, draw
@@ -433,8 +458,10 @@ def _write_postgresql_batch(
                    FROM {Node._meta.db_table} AS node WHERE node.id = nb.node_id)
             RETURNING nb.node_id
         )
-        SELECT ARRAY(SELECT shard_id FROM g), ARRAY(SELECT ARRAY[id, node_id, replica_id] FROM s),
-            ARRAY(SELECT node_id FROM n), ARRAY(SELECT id FROM r), {hold_guard}
+        SELECT o.*{strict_check} FROM (
+            SELECT ARRAY(SELECT shard_id FROM g) AS booked, ARRAY(SELECT ARRAY[id, node_id, replica_id] FROM s),
+                ARRAY(SELECT node_id FROM n) AS counted, ARRAY(SELECT id FROM r), {hold_guard} AS unheld
+        ) AS o
         """,
         [
             *params,
@@ -450,7 +477,13 @@ def _write_postgresql_batch(
             *guard_params,
         ],
     )
-    booked, written, counted, placed, unheld = cursor.fetchone()
+
+
+def _batch_written(
+    row: tuple, plans: list[tuple[int, list, dict]], ids: dict[str, int]
+) -> tuple[set[int], list[LostRace]]:
+    """What the batch statement's row says: the replicas no longer pending, and the lost races."""
+    booked, written, counted, placed, unheld, *_ = row
     if not unheld:
         node = plans[0][1][0].node
         return set(), [LostRace(node, f"{node}: a domain it is in was held meanwhile")]
@@ -629,6 +662,10 @@ def replicas_place(
     the locked rows in one transaction with the guards of the single commit (budgets, then nodes,
     re-checked, then the guarded writes). A plan that loses is left out and planned again (at most
     MAX_ATTEMPTS times, as one at a time); the others commit. On SQLite, one at a time.
+
+    While a batch's write and COMMIT are on their way (pipeline mode, see _InFlight), the next batch
+    is planned on the index with the sent plans applied. If the sent batch did not all commit, the
+    next batch's plans are taken back and planned again after its outcome, as if they had waited.
     """
     now = now or timezone.now()
     if connection.vendor != "postgresql" or batch <= 1:
@@ -637,31 +674,67 @@ def replicas_place(
     queue = [_Pending(r) for r in replicas]
     existing = list(request.existing)
     stopped: Pending | None = None
-    while queue and stopped is None:
-        planned: list[_Pending] = []
-        while queue and len(planned) < batch:
-            item = queue[0]
-            result = index.plan(dataclasses.replace(request, existing=tuple(existing)), exclude=frozenset(item.exclude))
-            if isinstance(result, NoFit):
-                if planned:
-                    break  # what the batch takes may not all commit: plan this one again after it
+    # Outside a transaction, a batch with more to plan after it has its write and COMMIT sent in
+    # pipeline mode, and the next batch is planned while PostgreSQL works on them (the planner's CPU
+    # and the database's overlap). The last batch commits waiting, as there is nothing to overlap.
+    overlap = settings.LLMGW_COMMIT_PIPELINE and not connection.in_atomic_block
+    in_flight: tuple[list[_Pending], _InFlight] | None = None
+    try:
+        while (queue or in_flight) and stopped is None:
+            planned: list[_Pending] = []
+            while queue and len(planned) < batch:
+                item = queue[0]
+                result = index.plan(
+                    dataclasses.replace(request, existing=tuple(existing)), exclude=frozenset(item.exclude)
+                )
+                if isinstance(result, NoFit):
+                    if planned or in_flight:
+                        break  # what the batches take may not all commit: plan this one again after them
+                    queue.pop(0)
+                    explain = pending_explain(result)
+                    if item.conflicts:
+                        explain |= {"conflicts": item.conflicts}
+                    outcomes[item.replica.pk] = replica_pending(item.replica, result.summary, explain)
+                    stopped = item.replica
+                    break
                 queue.pop(0)
-                explain = pending_explain(result)
-                if item.conflicts:
-                    explain |= {"conflicts": item.conflicts}
-                outcomes[item.replica.pk] = replica_pending(item.replica, result.summary, explain)
-                stopped = item.replica
-                break
-            queue.pop(0)
-            item.plan = result
-            item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
-            index.apply(result)
-            existing.append(result.nodes)
-            planned.append(item)
-        if not planned:
-            continue
-        again = _commit_batch(planned, index, now, outcomes, existing)
-        queue[:0] = again
+                item.plan = result
+                item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
+                index.apply(result)
+                existing.append(result.nodes)
+                planned.append(item)
+            if in_flight is not None:
+                sent, flight = in_flight
+                in_flight = None
+                committed = flight.finish()
+                if committed is None or not committed.clean:
+                    # Not all of it committed: what was planned on top of it is planned again after it.
+                    _take_back(planned, index, now, existing)
+                    queue[:0] = planned
+                    planned = []
+                if committed is None:
+                    # The write met a lost race and the database rolled the batch back: committed again
+                    # the waiting way, which finds out which plans lost and plans them again.
+                    queue[:0] = _commit_batch(sent, index, now, outcomes, existing)
+                else:
+                    queue[:0] = _settle_batch(sent, committed, index, now, outcomes, existing)
+            if not planned:
+                continue
+            if overlap and queue:  # a next batch to plan while this one commits
+                flight = _InFlight.send(planned, index, now)
+                if flight.committed is None:
+                    in_flight = (planned, flight)
+                else:  # every plan lost at the check: nothing went out
+                    queue[:0] = _settle_batch(planned, flight.committed, index, now, outcomes, existing)
+            else:
+                queue[:0] = _commit_batch(planned, index, now, outcomes, existing)
+    finally:
+        if in_flight is not None:
+            # Whatever stopped the run, a batch on its way is waited for, and what it committed recorded.
+            sent, flight = in_flight
+            committed = flight.finish()
+            if committed is not None:
+                _settle_batch(sent, committed, index, now, outcomes, existing)
     return [(r, outcomes[r.pk]) for r in replicas if r.pk in outcomes], stopped
 
 
@@ -724,26 +797,16 @@ def _commit_batch(
     outcomes: dict[int, Placement],
     existing: list[frozenset[str]],
 ) -> list[_Pending]:
-    """Commit the planned replicas together; record the outcomes; the ones to plan again, in order."""
+    """Commit the planned replicas together, waiting for it; record the outcomes; the ones to plan
+    again, in order."""
+    names, domains_of, touched = _batch_scope(planned, index)
     facility = index.facility
-    names = sorted({s.node for item in planned for s in item.plan.shards})
-    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
-    touched = sorted({d for ds in domains_of.values() for d in ds})
     lost: dict[int, LostRace] = {}
     gone: set[int] = set()
-    rolled_back = False
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            writes = []
-            for item in planned:
-                shards = sorted(item.plan.shards, key=lambda s: s.node)
-                try:
-                    locked.check(shards, domains_of, facility, now)
-                except LostRace as race:
-                    lost[item.replica.pk] = race
-                    continue
-                writes.append((item.replica.pk, shards, item.explain))
+            lost, writes = _checked(planned, locked, domains_of, facility, now)
             if writes:
                 ids = {name: row[1] for name, row in locked.nodes.items()}
                 gone, raced = _write_postgresql_batch(cursor, writes, ids, now, touched)
@@ -755,8 +818,139 @@ def _commit_batch(
                             lost[item.replica.pk] = race
                     raise _BatchLost(lost)
     except _BatchLost:
-        rolled_back = True
-        gone = set()
+        return _settle_batch(planned, _Committed(lost, set(), True), index, now, outcomes, existing)
+    return _settle_batch(planned, _Committed(lost, gone, False), index, now, outcomes, existing)
+
+
+def _batch_scope(planned: list[_Pending], index: PlacementIndex) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """The batch's nodes (sorted), each one's domains, and every domain they touch (sorted)."""
+    names = sorted({s.node for item in planned for s in item.plan.shards})
+    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    return names, domains_of, sorted({d for ds in domains_of.values() for d in ds})
+
+
+def _checked(
+    planned: list[_Pending], locked: _Locked, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime
+) -> tuple[dict[int, LostRace], list[tuple[int, list, dict]]]:
+    """The plans checked in turn against the locked rows: the ones that lost, and the writes of the rest."""
+    lost: dict[int, LostRace] = {}
+    writes = []
+    for item in planned:
+        shards = sorted(item.plan.shards, key=lambda s: s.node)
+        try:
+            locked.check(shards, domains_of, facility, now)
+        except LostRace as race:
+            lost[item.replica.pk] = race
+            continue
+        writes.append((item.replica.pk, shards, item.explain))
+    return lost, writes
+
+
+@dataclass
+class _Committed:
+    """What a batch's transaction did: the plans that lost (with the race), the replicas gone, and
+    whether it rolled back as a whole (a lost race found by the write)."""
+
+    lost: dict[int, LostRace]
+    gone: set[int]
+    rolled_back: bool
+
+    @property
+    def clean(self) -> bool:
+        """Every plan committed: what was planned on top of them stands."""
+        return not (self.lost or self.gone or self.rolled_back)
+
+
+class _InFlight:
+    """A batch whose write and COMMIT went out in pipeline mode, unanswered yet: the caller plans the
+    next batch meanwhile, touching nothing of the database, then asks ``finish``.
+
+    The transaction is begun by hand (the connection stays in autocommit for Django): BEGIN, the locks
+    and the read, answered, then the checks, then the strict write and COMMIT sent together. A lost
+    race found by the write aborts the transaction, so the COMMIT behind it rolls back.
+    """
+
+    def __init__(self) -> None:
+        self.committed: _Committed | None = None  # known at once: nothing was sent
+        self._stack = ExitStack()
+        self._cursor = None
+        self._lost: dict[int, LostRace] = {}
+        self._writes: list[tuple[int, list, dict]] = []
+        self._ids: dict[str, int] = {}
+
+    @classmethod
+    def send(cls, planned: list[_Pending], index: PlacementIndex, now: datetime) -> _InFlight:
+        flight = cls()
+        names, domains_of, touched = _batch_scope(planned, index)
+        facility = index.facility
+        connection.ensure_connection()
+        cursor = connection.cursor()
+        try:
+            cursor.execute("BEGIN")
+            locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
+            flight._lost, flight._writes = _checked(planned, locked, domains_of, facility, now)
+            if not flight._writes:
+                cursor.execute("COMMIT")
+                cursor.close()
+                flight.committed = _Committed(flight._lost, set(), False)
+                return flight
+            flight._ids = {name: row[1] for name, row in locked.nodes.items()}
+            flight._stack.enter_context(connection.connection.pipeline())
+            cursor.execute(*_batch_write(flight._writes, flight._ids, now, touched, strict=True))
+            connection.connection.execute("COMMIT")
+        except BaseException:
+            flight._abandon()
+            cursor.close()
+            raise
+        flight._cursor = cursor
+        return flight
+
+    def finish(self) -> _Committed | None:
+        """What committed; None when the write found a lost race (the database rolled it all back)."""
+        if self.committed is not None:
+            return self.committed
+        try:
+            with connection.wrap_database_errors:
+                self._stack.close()  # the pipeline's sync: the write's answer and the COMMIT's
+        except DatabaseError as exc:
+            self._abandon()
+            if getattr(exc.__cause__, "sqlstate", None) == LOST_RACE:
+                return None
+            raise
+        finally:
+            self._stack = ExitStack()
+        with connection.wrap_database_errors:
+            row = self._cursor.fetchone()
+        self._cursor.close()
+        gone, raced = _batch_written(row, self._writes, self._ids)
+        if raced:  # the strict statement raises first; a row saying otherwise is a fault of this code
+            raise RuntimeError(f"a strict batch committed with lost races: {raced}")
+        self.committed = _Committed(self._lost, gone, False)
+        return self.committed
+
+    def _abandon(self) -> None:
+        """Out of pipeline mode, and the transaction begun by hand rolled back."""
+        try:
+            self._stack.close()
+        except Exception:  # noqa: BLE001 - the error that brought us here is the one to raise
+            pass
+        from psycopg.pq import TransactionStatus  # PostgreSQL only, as this class is
+
+        pg = connection.connection
+        if pg is not None and not pg.closed and pg.info.transaction_status != TransactionStatus.IDLE:
+            pg.execute("ROLLBACK")
+
+
+def _settle_batch(
+    planned: list[_Pending],
+    result: _Committed,
+    index: PlacementIndex,
+    now: datetime,
+    outcomes: dict[int, Placement],
+    existing: list[frozenset[str]],
+) -> list[_Pending]:
+    """Record a batch's outcomes and tell the index what did not happen; the ones to plan again, in order."""
+    lost, gone, rolled_back = result.lost, result.gone, result.rolled_back
     again: list[_Pending] = []
     refresh: set[str] = set()
     for item in planned:
@@ -798,3 +992,17 @@ def _commit_batch(
         for view in snapshot.node_views(names=refresh, now=now):
             index.update_node(view)
     return again
+
+
+def _take_back(planned: list[_Pending], index: PlacementIndex, now: datetime, existing: list[frozenset[str]]) -> None:
+    """Plans applied to the index but never sent: the index reads their nodes again and the model's
+    spread forgets them; each replica keeps its tries and exclusions, to be planned again."""
+    if not planned:
+        return
+    nodes: set[str] = set()
+    for item in planned:
+        nodes |= item.plan.nodes
+        existing.remove(item.plan.nodes)
+        item.plan = item.explain = None
+    for view in snapshot.node_views(names=nodes, now=now):
+        index.update_node(view)

@@ -1,0 +1,144 @@
+"""Batches committed in pipeline mode: the next batch is planned while the last one's write and COMMIT
+run, and what did not commit is planned again, as if the next batch had waited (PostgreSQL)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection
+
+from agents.models import Node
+from placement import commit, snapshot
+from placement.commit import replicas_place
+from placement.index import PlacementIndex
+from placement.models import GpuBooking, Model, Replica, ReplicaState, Shard
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+
+@pytest.fixture(autouse=True)
+def _postgresql():
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://… (make test does)")
+
+
+@pytest.fixture
+def flights(monkeypatch):
+    """Every batch sent in pipeline mode, and what its finish said (None: rolled back by a lost race)."""
+    seen: list[list] = []
+    send, finish = commit._InFlight.send.__func__, commit._InFlight.finish
+
+    def spy_send(cls, planned, index, now):
+        flight = send(cls, planned, index, now)
+        seen.append([len(planned), "sent"])
+        flight.record = seen[-1]
+        return flight
+
+    def spy_finish(self):
+        committed = finish(self)
+        self.record[1] = "rolled back" if committed is None else "committed"
+        return committed
+
+    monkeypatch.setattr(commit._InFlight, "send", classmethod(spy_send))
+    monkeypatch.setattr(commit._InFlight, "finish", spy_finish)
+    return seen
+
+
+def cluster(join_node, count: int) -> None:
+    for i in range(count):
+        join_node(f"n{i}", rack=f"r{i}")
+    Node.objects.update(heartbeat_interval_seconds=3600)
+
+
+def place(model: Model, batch: int, index: PlacementIndex | None = None):
+    index = index or PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    return replicas_place(
+        replicas=snapshot.pending_replicas(model), request=snapshot.replica_request(model), index=index, batch=batch
+    )
+
+
+def nodes_by_ordinal(model: Model) -> dict[int, str]:
+    return dict(Shard.objects.filter(replica__model=model).values_list("replica__ordinal", "node__name"))
+
+
+def make(name: str, replicas: int) -> Model:
+    model = Model.objects.create(name=name, replicas=replicas, gpus=8)
+    Replica.objects.bulk_create([Replica(model=model, ordinal=i + 1) for i in range(replicas)])
+    return model
+
+
+def test_the_batches_before_the_last_go_out_in_pipeline_mode_and_place_what_waiting_would(
+    join_node, flights, settings
+):
+    cluster(join_node, 8)
+    model = make("m", 6)
+    outcomes, stopped = place(model, batch=2)
+    assert stopped is None and all(outcome.plan is not None for _, outcome in outcomes)
+    # Three batches of two: the first two had a next one to plan while they committed; the last waited.
+    assert flights == [[2, "committed"], [2, "committed"]]
+    pipelined = nodes_by_ordinal(model)
+    assert sorted(pipelined.values()) == [f"n{i}" for i in range(6)]
+    assert GpuBooking.objects.count() == 48
+    assert all(r.explain.get("why") for r in Replica.objects.filter(model=model))
+    assert connection.connection.info.transaction_status == 0  # idle: nothing left open
+
+    # The same, each commit waited for: the same nodes for the same replicas.
+    Shard.objects.all().delete()
+    GpuBooking.objects.all().delete()
+    commit.NodeBooking.objects.all().delete()
+    Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
+    settings.LLMGW_COMMIT_PIPELINE = False
+    flights.clear()
+    place(model, batch=2)
+    assert flights == []
+    assert nodes_by_ordinal(model) == pipelined
+
+
+def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_the_next_again(
+    join_node, flights
+):
+    cluster(join_node, 4)
+    model = make("m", 4)
+    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    # Another placer takes n0 after this index was read: the index still has n0's cards free, and its
+    # first plan goes there. The locks and checks cannot see a card's booking; the write can.
+    place(make("other", 1), batch=2)
+    assert nodes_by_ordinal(Model.objects.get(name="other")) == {1: "n0"}
+
+    outcomes, stopped = place(model, batch=2, index=stale)
+
+    assert flights[0] == [2, "rolled back"]
+    placed = nodes_by_ordinal(model)
+    assert sorted(placed.values()) == ["n1", "n2", "n3"]  # n0 is the other model's, booked once
+    assert GpuBooking.objects.count() == 32
+    assert Shard.objects.filter(node__name="n0").count() == 1
+    conflicts = [c for r in Replica.objects.filter(model=model) for c in r.explain.get("conflicts", [])]
+    assert "n0: GPUs 0-7 were booked meanwhile" in conflicts
+    waiting = Replica.objects.get(model=model, state=ReplicaState.PENDING)
+    assert waiting.reason.startswith("no node fits (4 nodes)")
+    assert stopped is not None and stopped.pk == waiting.pk
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_a_database_error_in_a_pipelined_batch_is_raised_and_leaves_no_transaction_open(
+    join_node, flights, monkeypatch
+):
+    cluster(join_node, 6)
+    model = make("m", 6)
+    write = commit._batch_write
+    calls = []
+
+    def broken_second_batch(*args, strict=False, **kwargs):
+        sql, params = write(*args, strict=strict, **kwargs)
+        calls.append(strict)
+        if len(calls) == 2:
+            sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)  # division by zero, on the server
+        return sql, params
+
+    monkeypatch.setattr(commit, "_batch_write", broken_second_batch)
+    with pytest.raises(DatabaseError, match="division by zero"):
+        place(model, batch=2)
+    assert calls == [True, True]
+    # The first batch committed; nothing of the second was written; the connection is idle and usable.
+    assert sorted(nodes_by_ordinal(model)) == [1, 2]
+    assert connection.connection.info.transaction_status == 0
+    assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 2
