@@ -7,7 +7,10 @@ bind near 85% of the cards. Twenty models with 8-, 4-, 2- and 1-GPU profiles tak
 places one pending replica through ``placement.commit.replica_place`` — the path a reconcile takes:
 plan on the index, then lock budgets and nodes, re-check, write shards, book GPUs — until none fits.
 
-Prints placements/s and p50/p99 latency of plan + commit, then the planner alone (bench/planner.py).
+Prints placements/s and p50/p99 latency of plan + commit; then the same models placed in batches,
+taking turns (one batch a turn), between runs of the lean single-commit probe (bench/probe.py); then
+one model's 1,000 pending replicas in one call, as reconcile places a model, with its batches' commits
+pipelined and waited for; then the planner alone (bench/planner.py).
 Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--phases`` for
 where the batched run's time went, step by step; ``--nodes``).
 Prints figures, asserts nothing.
@@ -214,6 +217,22 @@ def place_batched(models: list, batch: int) -> tuple[int, float, int]:
         return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
 
 
+def place_one_model(model, batch: int) -> tuple[int, float]:
+    """All of one model's pending replicas through one replicas_place call, as reconcile places a model:
+    several batches, each but the last sent in pipeline mode (LLMGW_COMMIT_PIPELINE). (placed, seconds)."""
+    from placement import snapshot
+    from placement.commit import collector_paused, replicas_place
+    from placement.index import PlacementIndex
+
+    with collector_paused():
+        started = time.perf_counter()
+        index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+        outcomes, _ = replicas_place(
+            replicas=snapshot.pending_replicas(model), request=snapshot.replica_request(model), index=index, batch=batch
+        )
+        return sum(1 for _, outcome in outcomes if outcome.plan is not None), time.perf_counter() - started
+
+
 class Phases:
     """Wall time spent in the steps of the batched path, by wrapping them (``--phases``): where a batched
     placement's time goes, in the figures the README quotes."""
@@ -418,6 +437,25 @@ def main() -> None:
         f"{', '.join(f'{r:,.0f}' for r in rates)}/s | lean single-commit probe "
         f"{', '.join(f'{p:,.0f}' for p in probes)}/s (before, between and after) | batched / the faster probe "
         f"beside it = {', '.join(f'{r:.2f}×' for r in ratios)}, median {percentile(ratios, 0.5):.2f}×"
+    )
+    # One model's many pending replicas in one call (a large apply, a lost room's replacements): the
+    # batches before the last overlap their commit with the next one's plans, or wait, side by side.
+    from django.conf import settings
+
+    figures = []
+    for pipelined in (True, False, True, False):
+        settings.LLMGW_COMMIT_PIPELINE = pipelined
+        model = fresh_cluster(args.nodes, 1000)[1]  # 8 GPUs a replica, no selector
+        quiet(base)
+        figures.append((pipelined, *place_one_model(model, args.batch)))
+    settings.LLMGW_COMMIT_PIPELINE = True
+    print(
+        "one model's 1,000 pending replicas in one call, as reconcile places a model: "
+        + "; ".join(
+            f"{placed} placed in {wall:.2f} s, {placed / wall:,.0f}/s "
+            f"({placed / wall / max(probes):.2f}× the fastest probe) {'pipelined' if on else 'each commit waited for'}"
+            for on, placed, wall in figures
+        )
     )
     if not args.skip_planner:
         from bench import planner
