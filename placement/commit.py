@@ -914,6 +914,7 @@ class _InFlight:
                 self._stack.close()  # the pipeline's sync: the write's answer and the COMMIT's
         except DatabaseError as exc:
             self._abandon()
+            self._cursor.close()
             if getattr(exc.__cause__, "sqlstate", None) == LOST_RACE:
                 return None
             raise
