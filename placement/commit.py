@@ -679,9 +679,20 @@ def replicas_place(
     # and the database's overlap). The last batch commits waiting, as there is nothing to overlap.
     overlap = settings.LLMGW_COMMIT_PIPELINE and not connection.in_atomic_block
     in_flight: tuple[list[_Pending], _InFlight] | None = None
+
+    def stop_at(nofit: NoFit) -> Pending:
+        """The replica first in the queue waits, with why; the ones after it are not tried."""
+        item = queue.pop(0)
+        explain = pending_explain(nofit)
+        if item.conflicts:
+            explain |= {"conflicts": item.conflicts}
+        outcomes[item.replica.pk] = replica_pending(item.replica, nofit.summary, explain)
+        return item.replica
+
     try:
         while (queue or in_flight) and stopped is None:
             planned: list[_Pending] = []
+            waiting: NoFit | None = None  # found with a batch in flight: it stands if that batch commits whole
             while queue and len(planned) < batch:
                 item = queue[0]
                 result = index.plan(
@@ -689,13 +700,10 @@ def replicas_place(
                 )
                 if isinstance(result, NoFit):
                     if planned or in_flight:
-                        break  # what the batches take may not all commit: plan this one again after them
-                    queue.pop(0)
-                    explain = pending_explain(result)
-                    if item.conflicts:
-                        explain |= {"conflicts": item.conflicts}
-                    outcomes[item.replica.pk] = replica_pending(item.replica, result.summary, explain)
-                    stopped = item.replica
+                        # What the batches take may not all commit: plan this one again after them.
+                        waiting = None if planned else result
+                        break
+                    stopped = stop_at(result)
                     break
                 queue.pop(0)
                 item.plan = result
@@ -718,6 +726,9 @@ def replicas_place(
                     queue[:0] = _commit_batch(sent, index, now, outcomes, existing)
                 else:
                     queue[:0] = _settle_batch(sent, committed, index, now, outcomes, existing)
+                if waiting is not None and committed is not None and committed.clean:
+                    stopped = stop_at(waiting)  # the index is as it was planned on: the same answer
+                    continue
             if not planned:
                 continue
             if overlap and queue:  # a next batch to plan while this one commits

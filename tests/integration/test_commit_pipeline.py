@@ -142,3 +142,31 @@ def test_a_database_error_in_a_pipelined_batch_is_raised_and_leaves_no_transacti
     assert sorted(nodes_by_ordinal(model)) == [1, 2]
     assert connection.connection.info.transaction_status == 0
     assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 2
+
+
+def test_a_model_that_runs_out_behind_a_batch_in_flight_is_told_why_from_one_no_fit(
+    join_node, flights, monkeypatch
+):
+    cluster(join_node, 4)
+    model = make("m", 6)
+    nofits = []
+    plan = PlacementIndex.plan
+
+    def counted(self, request, **kwargs):
+        result = plan(self, request, **kwargs)
+        if not hasattr(result, "shards"):
+            nofits.append(result.summary)
+        return result
+
+    monkeypatch.setattr(PlacementIndex, "plan", counted)
+    outcomes, stopped = place(model, batch=2)
+    # Two batches of two; the fifth replica finds no node while the second batch is on its way: that
+    # batch commits whole, so its answer stands and is not worked out again.
+    assert flights == [[2, "committed"], [2, "committed"]]
+    assert len(nofits) == 1 and nofits[0].startswith("no node fits (4 nodes)")
+    waiting = Replica.objects.get(model=model, ordinal=5)
+    assert waiting.state == ReplicaState.PENDING and waiting.reason == nofits[0]
+    assert stopped is not None and stopped.pk == waiting.pk
+    assert [r.pk for r, _ in outcomes] == list(
+        Replica.objects.filter(model=model, ordinal__lte=5).order_by("ordinal").values_list("pk", flat=True)
+    )
