@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--fill", type=float, default=0.8, help="share of the cards the replicas take")
     parser.add_argument("--surge", type=int, default=100_000, help="LLMGW_DRAIN_SURGE for the drain")
+    parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of the hold and reconciles")
     args = parser.parse_args()
 
     from bench.placements import bench_database
@@ -152,6 +153,11 @@ def main() -> None:
         f"{displaced:,} replicas in {room}"
     )
 
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     started = time.perf_counter()
     hold_create(domain=room, reason="room lost", drain=True)
     held = time.perf_counter() - started
@@ -168,6 +174,11 @@ def main() -> None:
         run = reconcile_all()
         rounds.append((time.perf_counter() - t, run))
     total = time.perf_counter() - started
+    if args.profile:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(40)
     replaced = Replica.objects.filter(replaces__isnull=False).exclude(state=ReplicaState.PENDING).count()
     waiting = Replica.objects.filter(replaces__isnull=False, state=ReplicaState.PENDING)
     reasons: dict[str, int] = {}

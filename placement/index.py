@@ -22,7 +22,7 @@ indexed views.
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -170,9 +170,13 @@ class _Ranking:
     added)``) and ``current`` each one's entry. ``existing`` and
     ``counts`` are the model's replicas as last asked and their spread counts; ``seen`` is how far
     into the index's change log this ranking has caught up, ``epoch`` the index's epoch it was made in.
+
+    ``walk`` is what the last plan found ahead of its choice (:class:`_Walk`), and ``moved`` the first
+    position of ``entries`` changed since (an entry taken out or put in): a walk whose prefix nothing
+    moved in, and whose cells kept their use, is taken up where it stopped.
     """
 
-    __slots__ = ("entries", "current", "bases", "existing", "counts", "seen", "epoch")
+    __slots__ = ("entries", "current", "bases", "existing", "counts", "seen", "epoch", "walk", "moved")
 
     def __init__(self, existing: tuple[frozenset[str], ...], counts: dict[Domain, int], seen: int, epoch: int):
         self.entries: list[tuple] = []
@@ -182,6 +186,41 @@ class _Ranking:
         self.counts = counts
         self.seen = seen
         self.epoch = epoch
+        self.walk: _Walk | None = None
+        self.moved = 0
+
+    def take_out(self, entry: tuple) -> None:
+        at = bisect_left(self.entries, entry)
+        del self.entries[at]
+        self.moved = min(self.moved, at)
+
+    def put_in(self, entry: tuple) -> None:
+        at = bisect_right(self.entries, entry)
+        self.entries.insert(at, entry)
+        self.moved = min(self.moved, at)
+
+
+class _Walk:
+    """The candidates a plan passed over before its choice: how many (``ahead``), their rejections in
+    rank order, the exclusions it was made with, and the budgeted domains whose refusals it read, with
+    their versions. The next plan of the ranking starts at ``ahead`` with these rejections when nothing
+    moved among those candidates (a room's held nodes, the full racks), instead of walking them again.
+    """
+
+    __slots__ = ("ahead", "rejections", "exclude", "cells")
+
+    def __init__(self, ahead: int, rejections: dict[str, str], exclude: frozenset[str], cells: dict) -> None:
+        self.ahead = ahead
+        self.rejections = rejections
+        self.exclude = exclude
+        self.cells = cells  # _Cell → its version when read
+
+    def holds(self, ranking: _Ranking, exclude: frozenset[str]) -> bool:
+        return (
+            ranking.moved >= self.ahead
+            and exclude == self.exclude
+            and all(cell.version == version for cell, version in self.cells.items())
+        )
 
 
 class PlacementIndex:
@@ -384,16 +423,16 @@ class PlacementIndex:
                 ranking.counts[domain] = ranking.counts.get(domain, 0) + count
                 again.update(self._groups_in.get(domain, ()))
         ranking.existing = existing
-        entries, current, bases, counts = ranking.entries, ranking.current, ranking.bases, ranking.counts
+        current, bases, counts = ranking.current, ranking.bases, ranking.counts
         for name in changed:
             old = current.pop(name, None)
             if old is not None:
-                del entries[bisect_left(entries, old)]
+                ranking.take_out(old)
             indexed = self._nodes.get(name)
             base = bases[name] = None if indexed is None else self._base(name, request)
             if base is not None:
                 entry = current[name] = self._entry(indexed, base, counts)
-                insort(entries, entry)
+                ranking.put_in(entry)
         for group in again:
             spread, cell = spread_of(group.spread, counts), group.step_cell
             for name in group.names():
@@ -406,8 +445,8 @@ class PlacementIndex:
                 if old[3] == step and old[0][0] == spread:
                     continue  # the rank moves only with the facility (a new epoch)
                 entry = current[name] = ((spread, group.rank, -step, *tail), draw, added, step, old[4])
-                del entries[bisect_left(entries, old)]
-                insort(entries, entry)
+                ranking.take_out(old)
+                ranking.put_in(entry)
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
@@ -415,8 +454,16 @@ class PlacementIndex:
         if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
-        rejections: dict[str, str] = {}
-        for key, draw, added, step, out in ranking.entries:
+        walk, start = ranking.walk, 0
+        if walk is not None and walk.holds(ranking, exclude):
+            # Nothing moved among the candidates the last plan passed over: they are passed over again
+            # for the same reasons (a lost room's 2,500 held nodes, walked by each of its replacements).
+            start, rejections, read = walk.ahead, dict(walk.rejections), dict(walk.cells)
+        else:
+            rejections, read = {}, {}
+        entries = ranking.entries
+        for at in range(start, len(entries)):
+            key, draw, added, step, out = entries[at]
             name = key[-1]
             if out is not None:
                 # What base_rejection would say first, kept in the entry (a lost room's held nodes were
@@ -428,18 +475,23 @@ class PlacementIndex:
             reason = base_rejection(node, profile, indexed.held, exclude)
             if reason is None:
                 # The first budgeted domain in level order that refuses, as plan_replica says it.
-                for cell in indexed.group.cells:
+                cells = indexed.group.cells
+                for cell in cells:
                     reason = cell.refusal(draw, added or 0.0)
                     if reason is not None:
+                        for read_cell in cells:  # this rejection holds while their use does
+                            read[read_cell] = read_cell.version
                         break
             if reason is None:
+                ranking.walk, ranking.moved = _Walk(at, rejections, exclude, read), len(entries)
                 return Plan(
                     shards=(shard_for(node, profile, draw),),
                     why=why_text(node, request, ranking.counts, indexed.group.rank, step),
-                    rejections=rejections,
+                    rejections=rejections,  # the walk's too: a later plan copies it before adding
                     notes=indexed.group.notes,
                 )
             rejections[name] = reason
+        ranking.walk = None
         return self._nofit(request, exclude)
 
     def _nofit(self, request: ReplicaRequest, exclude: frozenset[str]) -> Plan | NoFit:

@@ -38,7 +38,7 @@ def fuzz(url: str, token: str, name: str, *only: str) -> None:
         [
             SCHEMATHESIS, "--config-file", CONFIG, "run", f"{url}/api/v1/schema", "--url", url,
             "-H", f"Authorization: Token {token}",
-            "--checks", "all", "--max-examples", MAX_EXAMPLES, "--seed", "1", "--workers", "1",
+            "--checks", "all", "--max-examples", MAX_EXAMPLES, "--seed", "1", "--workers", "2",
             "--no-color", "--warnings", "off",
             # The heartbeat takes a node token (this run's tokens answer 401 there); its body checks are
             # the heartbeat lane's own (agents/node/protocol.py), tested in test_heartbeat_api, not fuzzed here.

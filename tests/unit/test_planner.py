@@ -479,3 +479,39 @@ def test_index_follows_updates_and_facility_changes():
 def test_index_refuses_a_node_listed_twice():
     with pytest.raises(ValueError, match="listed twice"):
         PlacementIndex([node("a"), node("a")], NO_FACILITY)
+
+
+def _shared_pdu_cluster():
+    """a and b on PDU p (3 kW cap, no margin) from racks r1 and r2: a's 4 cards draw 1 kW each, so a
+    4-card shard on it is refused by p, and b's 300 W cards fit; c (2 cards free) takes only small
+    shards. The index's plans for the 4-card model walk past a to choose b."""
+    pdu = Domain("pdu", "p")
+    nodes = [
+        node("a", rack="r1", pdu="p", limit=1000),
+        node("b", rack="r2", pdu="p", limit=300),
+        node("c", rack="r3", pdu="p", free=2, limit=300),
+    ]
+    return nodes, facility(budgets=[Budget(pdu, 3000)], margin=0)
+
+
+def test_index_words_a_passed_over_node_with_the_domains_use_of_now():
+    # Another model's shard on c raises p's use; nothing of the 4-card model's ranking moves (c is no
+    # candidate for it), but a is refused at the new figure, as the plain path says it.
+    nodes, fac = _shared_pdu_cluster()
+    index = PlacementIndex(nodes, fac)
+    first = index.plan(request(4))
+    assert chosen(first) == ["b"] and "1.1 kW" in first.rejections["a"], first.rejections
+    index.apply(index.plan(request(2, model="small")))
+    again = index.plan(request(4))
+    assert again == plan_replica(request(4), index.nodes(), fac)
+    assert "1.6 kW" in again.rejections["a"], again.rejections
+
+
+def test_index_words_a_passed_over_node_with_the_exclusions_of_now():
+    # The same walk with a excluded after a lost race: a is passed over as excluded, not as refused.
+    nodes, fac = _shared_pdu_cluster()
+    index = PlacementIndex(nodes, fac)
+    assert chosen(index.plan(request(4))) == ["b"]
+    result = index.plan(request(4), exclude=frozenset({"a"}))
+    assert result == plan_replica(request(4), nodes, fac, exclude=frozenset({"a"}))
+    assert result.rejections == {"a": "excluded (lost a race)"}
