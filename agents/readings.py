@@ -76,7 +76,7 @@ def learn_ready_nodes() -> int:
             cursor.execute(
                 f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds FROM "
                 f"{Node._meta.db_table} WHERE last_heartbeat_at >= %s AND report_digest <> '' "
-                f"AND NOT (name = ANY(%s))",
+                f"AND NOT (name = ANY(%b::text[]))",  # binary: 10,000 names escaped as text took 19 ms
                 [since, list(seen)],
             )
             rows = cursor.fetchall()
@@ -235,7 +235,9 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> t
         names = sorted(batch)
         # Columns as arrays (unnest): the statement's text is the same for any number of rows, so the
         # driver does not parse a new one of thousands of placeholders for every batch (which held the
-        # GIL the heartbeats' event loop needs) and the server can keep it prepared.
+        # GIL the heartbeats' event loop needs) and the server can keep it prepared. In binary (%b): as
+        # text, each sensors document is escaped for the array's syntax, 0.4 ms a node in the flushing
+        # thread, holding the GIL the event loop needs (197 ms for 500 nodes' readings; 26 ms in binary).
         columns = [
             names,
             [batch[name][0] for name in names],
@@ -256,10 +258,10 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> t
             # rule (interval × LLMGW_MISSED_HEARTBEATS) in SQL, against the new heartbeat's time.
             cursor.execute(
                 f"WITH locked AS (SELECT id, last_heartbeat_at, heartbeat_interval_seconds FROM {table} "
-                f"WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
+                f"WHERE name = ANY(%b::text[]) ORDER BY name FOR UPDATE) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
-                f"FROM unnest(%s::text[], %s::timestamptz[], %s::jsonb[], %s::double precision[], %s::text[]) "
+                f"FROM unnest(%b::text[], %b::timestamptz[], %b::text[]::jsonb[], %b::double precision[], %b::text[]) "
                 f"AS v(name, at, sensors, watts, digest), locked "
                 f"WHERE n.id = locked.id AND n.name = v.name AND n.report_digest = v.digest "
                 f"RETURNING n.name, locked.last_heartbeat_at IS NULL OR EXTRACT(EPOCH FROM v.at - "

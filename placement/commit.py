@@ -125,7 +125,7 @@ def is_in(column: str, values: list[str]) -> tuple[str, list]:
     a 1,000-node cluster against its 120 budgets took 13 ms, twice a batch, where the set takes 2 ms.
     """
     if connection.vendor == "postgresql":
-        return f"{column} IN (SELECT unnest(CAST(%s AS text[])))", [list(values)]
+        return f"{column} IN (SELECT unnest(CAST(%b AS text[])))", [list(values)]  # binary: no escaping
     return f"{column} IN ({placeholders(values)})", list(values)
 
 
@@ -379,7 +379,7 @@ def _batch_write(
     # Every list travels as one array parameter, so the statement's text is the same whatever the batch
     # (parsed once and prepared), in binary (%b: no escaping of the explain texts); a shard's cards as
     # the text of an int[] ('{0,1}'), arrays being square.
-    hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%s))" if touched else "TRUE"
+    hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[]))" if touched else "TRUE"
     rows = [(replica_id, s) for replica_id, shards, _ in plans for s in shards]
     params: list[Any] = [
         [replica_id for replica_id, _ in rows],
