@@ -888,6 +888,7 @@ class _InFlight:
         self._lost: dict[int, LostRace] = {}
         self._writes: list[tuple[int, list, dict]] = []
         self._ids: dict[str, int] = {}
+        self._rolled_back = False  # the write's lost race came back while it was being sent
 
     @classmethod
     def send(cls, planned: list[_Pending], index: PlacementIndex, now: datetime) -> _InFlight:
@@ -907,8 +908,19 @@ class _InFlight:
                 return flight
             flight._ids = {name: row[1] for name, row in locked.nodes.items()}
             flight._stack.enter_context(connection.connection.pipeline())
-            cursor.execute(*_batch_write(flight._writes, flight._ids, now, touched, strict=True))
-            connection.connection.execute("COMMIT")
+            with connection.wrap_database_errors:
+                cursor.execute(*_batch_write(flight._writes, flight._ids, now, touched, strict=True))
+                connection.connection.execute("COMMIT")
+        except DatabaseError as exc:
+            flight._abandon()
+            cursor.close()
+            if _lost_race(exc):
+                # The write's answer was back before the COMMIT went out (psycopg reads what has come
+                # back as it sends): the race is known now rather than at finish, and rolled back all
+                # the same.
+                flight._rolled_back = True
+                return flight
+            raise
         except BaseException:
             flight._abandon()
             cursor.close()
@@ -920,13 +932,15 @@ class _InFlight:
         """What committed; None when the write found a lost race (the database rolled it all back)."""
         if self.committed is not None:
             return self.committed
+        if self._rolled_back:
+            return None
         try:
             with connection.wrap_database_errors:
                 self._stack.close()  # the pipeline's sync: the write's answer and the COMMIT's
         except DatabaseError as exc:
             self._abandon()
             self._cursor.close()
-            if getattr(exc.__cause__, "sqlstate", None) == LOST_RACE:
+            if _lost_race(exc):
                 return None
             raise
         finally:
@@ -951,6 +965,11 @@ class _InFlight:
         pg = connection.connection
         if pg is not None and not pg.closed and pg.info.transaction_status != TransactionStatus.IDLE:
             pg.execute("ROLLBACK")
+
+
+def _lost_race(exc: DatabaseError) -> bool:
+    """Whether the database refused a strict batch write for a lost race (placement_lost_race())."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOST_RACE
 
 
 def _settle_batch(

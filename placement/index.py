@@ -12,9 +12,12 @@ A reconcile run places many replicas in a row, so this index keeps what the plai
 
 :meth:`PlacementIndex.plan` walks the kept order and stops at the first candidate that passes every
 filter, so a fit costs the changes since the last plan and a handful of checks, whatever the cluster's
-size. It gives the same plan as ``plan_replica`` (property tests hold the two together, through
-heartbeats, label moves and new facility figures): the same filters and keys, shared with the planner
-module, and the same kept rejections (candidates ranked ahead of the chosen one). A no-fit reports
+size. The candidates it passed over are kept with their reasons (:class:`_Walk`): the next plan starts
+where this one stopped while none of them moved and their budgeted domains' use did not change (a lost
+room's held nodes and the full racks were walked again by each of its replacements). It gives the
+same plan as ``plan_replica`` (property tests hold the two together, through heartbeats, label moves
+and new facility figures): the same filters and keys, shared with the planner module, and the same
+kept rejections (candidates ranked ahead of the chosen one). A no-fit reports
 every node, as the plain path words it; a multi-node replica goes through ``plan_replica`` on the
 indexed views.
 """

@@ -119,6 +119,61 @@ def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_
     assert connection.connection.info.transaction_status == 0
 
 
+@pytest.fixture
+def answer_first(monkeypatch):
+    """The batch write's answer is back before its COMMIT goes out (a quick server, a slow client): psycopg
+    then raises the write's error from the COMMIT's send, not at the pipeline's sync."""
+    import time
+
+    import psycopg
+
+    execute = psycopg.Connection.execute
+
+    def slow_commit(self, query, *args, **kwargs):
+        if query == "COMMIT" and self._pipeline is not None:
+            time.sleep(0.3)
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", slow_commit)
+
+
+def test_a_lost_race_known_before_the_commit_is_sent_is_planned_again_as_well(join_node, flights, answer_first):
+    cluster(join_node, 4)
+    model = make("m", 4)
+    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    place(make("other", 1), batch=2)
+
+    outcomes, stopped = place(model, batch=2, index=stale)
+
+    assert flights[0] == [2, "rolled back"]
+    assert sorted(nodes_by_ordinal(model).values()) == ["n1", "n2", "n3"]
+    assert GpuBooking.objects.count() == 32
+    conflicts = [c for r in Replica.objects.filter(model=model) for c in r.explain.get("conflicts", [])]
+    assert "n0: GPUs 0-7 were booked meanwhile" in conflicts
+    assert stopped is not None
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_a_database_error_known_before_the_commit_is_sent_is_raised_as_djangos(join_node, answer_first, monkeypatch):
+    cluster(join_node, 6)
+    model = make("m", 6)
+    write = commit._batch_write
+    calls = []
+
+    def broken_first_batch(*args, strict=False, **kwargs):
+        sql, params = write(*args, strict=strict, **kwargs)
+        calls.append(strict)
+        if len(calls) == 1:
+            sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)
+        return sql, params
+
+    monkeypatch.setattr(commit, "_batch_write", broken_first_batch)
+    with pytest.raises(DatabaseError, match="division by zero"):
+        place(model, batch=2)
+    assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 0
+    assert connection.connection.info.transaction_status == 0
+
+
 def test_a_database_error_in_a_pipelined_batch_is_raised_and_leaves_no_transaction_open(
     join_node, flights, monkeypatch
 ):
