@@ -93,6 +93,8 @@ class Rehearser:
         from facility.models import Budget
 
         self.rng, self.webs, self.token = rng, webs, token
+        # Models whose reconcile failed (reconcile_all logs it and goes on): shown among the errors met.
+        self.failed_reconciles = 0
         rows = list(Node.objects.values_list("id", "name", "labels", "report_digest"))
         self.nodes = [(name, labels) for _, name, labels, _ in rows]
         self.digests = {name: digest for _, name, _, digest in rows}
@@ -148,6 +150,7 @@ class Rehearser:
                 Model.objects.filter(name=name).update(replicas=wanted)
         # Their reconcile as a request makes it: at most REQUEST_PLACEMENTS placed here, the rest queued.
         run = reconcile_all(model_names=[m[0] for m in chosen], max_placements=REQUEST_PLACEMENTS)
+        self.failed_reconciles += run.failed
         if run.unfinished:
             self.asked = True
         return "scale", len(chosen) + run.created + run.placed + run.removed
@@ -215,6 +218,7 @@ class Rehearser:
         self.asked = False
         try:
             run = reconcile_all()
+            self.failed_reconciles += run.failed
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
@@ -280,6 +284,8 @@ def worker(args: tuple) -> tuple[int, dict[str, int], dict[str, int], dict[str, 
         with _counter.get_lock():
             _counter.value += done
     connections.close_all()
+    if rehearser.failed_reconciles:
+        errors["a model's reconcile failed"] = rehearser.failed_reconciles
     return events, kinds, errors, spent
 
 
