@@ -95,7 +95,8 @@ INSTALLED_APPS = [
 
 # What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
 # load every app with models a listing reads, and none of the web server's (ASGI server, the admin and
-# its log, the console's sessions, static files, API schema, filters, htmx, metrics, Channels), nor the
+# its log, the console's sessions, static files, API schema, filters, htmx, metrics, Channels, users and
+# their tokens), nor the
 # Celery app and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A listing then starts in a fraction of the
 # time; commands that write start with INSTALLED_APPS, their signals' receivers all connected.
 CTL_WEB_ONLY_APPS = {
@@ -111,6 +112,11 @@ CTL_WEB_ONLY_APPS = {
     "django_htmx",
     "django_prometheus",
     "channels",
+    # Users, groups, permissions and API tokens: no listing reads them, and no model of llmgw's apps
+    # refers to them (a tenth of a listing's start: their models, and the auth machinery they import).
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "rest_framework.authtoken",
 }
 CTL_READ_APPS = [
     {"llmgw": "llmgw.apps.LlmgwReadConfig"}.get(app, app)
