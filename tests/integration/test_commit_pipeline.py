@@ -119,6 +119,22 @@ def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_
     assert connection.connection.info.transaction_status == 0
 
 
+def break_batch(monkeypatch, number: int) -> list[bool]:
+    """The `number`th batch write divides by zero, on the server; each write's `strict`, in order."""
+    write = commit._batch_write
+    calls: list[bool] = []
+
+    def broken(*args, strict=False, **kwargs):
+        sql, params = write(*args, strict=strict, **kwargs)
+        calls.append(strict)
+        if len(calls) == number:
+            sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)
+        return sql, params
+
+    monkeypatch.setattr(commit, "_batch_write", broken)
+    return calls
+
+
 @pytest.fixture
 def answer_first(monkeypatch):
     """The batch write's answer is back before its COMMIT goes out (a quick server, a slow client): psycopg
@@ -157,17 +173,7 @@ def test_a_lost_race_known_before_the_commit_is_sent_is_planned_again_as_well(jo
 def test_a_database_error_known_before_the_commit_is_sent_is_raised_as_djangos(join_node, answer_first, monkeypatch):
     cluster(join_node, 6)
     model = make("m", 6)
-    write = commit._batch_write
-    calls = []
-
-    def broken_first_batch(*args, strict=False, **kwargs):
-        sql, params = write(*args, strict=strict, **kwargs)
-        calls.append(strict)
-        if len(calls) == 1:
-            sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)
-        return sql, params
-
-    monkeypatch.setattr(commit, "_batch_write", broken_first_batch)
+    break_batch(monkeypatch, 1)
     with pytest.raises(DatabaseError, match="division by zero"):
         place(model, batch=2)
     assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 0
@@ -179,17 +185,7 @@ def test_a_database_error_in_a_pipelined_batch_is_raised_and_leaves_no_transacti
 ):
     cluster(join_node, 6)
     model = make("m", 6)
-    write = commit._batch_write
-    calls = []
-
-    def broken_second_batch(*args, strict=False, **kwargs):
-        sql, params = write(*args, strict=strict, **kwargs)
-        calls.append(strict)
-        if len(calls) == 2:
-            sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)  # division by zero, on the server
-        return sql, params
-
-    monkeypatch.setattr(commit, "_batch_write", broken_second_batch)
+    calls = break_batch(monkeypatch, 2)
     with pytest.raises(DatabaseError, match="division by zero"):
         place(model, batch=2)
     assert calls == [True, True]
