@@ -146,7 +146,7 @@ def answer_first(monkeypatch):
     execute = psycopg.Connection.execute
 
     def slow_commit(self, query, *args, **kwargs):
-        if query == "COMMIT" and self._pipeline is not None:
+        if query == "COMMIT":  # only the pipelined batch sends its COMMIT this way (Django commits by API)
             time.sleep(0.3)
         return execute(self, query, *args, **kwargs)
 
