@@ -41,6 +41,7 @@ from facility.domains import domains_of as domains_of_labels
 from facility.models import Budget, Hold
 from facility.power import Budget as BudgetFigures
 from facility.power import node_draw_sql, node_use_added_watts
+from llmgw.sqlin import sql_in
 from placement import snapshot
 from placement.explain import pending_explain, placed_explain
 from placement.index import PlacementIndex
@@ -111,23 +112,6 @@ class LostRace(Exception):
         # Nodes whose view the index must take afresh (the node, or a domain's members).
         self.refresh = {node, *refresh}
 
-def placeholders(values: list) -> str:
-    return ", ".join(["%s"] * len(values))
-
-
-def is_in(column: str, values: list[str]) -> tuple[str, list]:
-    """``column IN (…)`` for a text column, as SQL and its parameters.
-
-    On PostgreSQL one array, unnested: the statement's text then does not change with the number of
-    values, so it is parsed once and prepared (``prepare_threshold``) however many nodes or domains a
-    placement touches; and as a set it is joined by hash or probed by index. ``column = ANY(%s)`` is
-    the same test, but a scan compares each row with every element in turn: the 4,000 domain rows of
-    a 1,000-node cluster against its 120 budgets took 13 ms, twice a batch, where the set takes 2 ms.
-    """
-    if connection.vendor == "postgresql":
-        return f"{column} IN (SELECT unnest(CAST(%b AS text[])))", [list(values)]  # binary: no escaping
-    return f"{column} IN ({placeholders(values)})", list(values)
-
 
 def _locked_state(
     cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime
@@ -145,7 +129,7 @@ def _locked_state(
     # the check, and saves a round trip on every placement.
     budgets: dict[str, tuple[float, float]] = {}
     if touched:
-        where, params = is_in("domain", touched)
+        where, params = sql_in("domain", touched)
         cursor.execute(
             f"SELECT domain, cap_watts, other_watts FROM {Budget._meta.db_table} "
             f"WHERE {where} ORDER BY domain{lock}",
@@ -157,8 +141,8 @@ def _locked_state(
         # member's measured draw waits for this commit, or has committed before the sums below are
         # read; else a drift landing between the read and the commit could carry the domain past its
         # limit with fresh data at the commit. The chosen nodes are among them.
-        named, named_params = is_in("name", names)
-        member, member_params = is_in("domain", sorted(budgets))
+        named, named_params = sql_in("name", names)
+        member, member_params = sql_in("domain", sorted(budgets))
         cursor.execute(
             f"SELECT 1 FROM {Node._meta.db_table} WHERE {named} OR id IN "
             f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE {member}) "
@@ -169,7 +153,7 @@ def _locked_state(
     # sums include every placement committed into those domains before us. The nodes are locked in it,
     # by name, before the sums are read.
     node_table = Node._meta.db_table
-    named, named_params = is_in("name", names)
+    named, named_params = sql_in("name", names)
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"labels FROM {node_table} WHERE {named} ORDER BY name{lock}) "
@@ -179,7 +163,7 @@ def _locked_state(
     params: list[Any] = list(named_params)
     domains = sorted(budgets)
     if touched:
-        held, held_params = is_in("domain", touched)
+        held, held_params = sql_in("domain", touched)
         sql += (
             f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
             f"FROM {Hold._meta.db_table} WHERE {held}"
@@ -194,19 +178,19 @@ def _locked_state(
             f"SUM({node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')}) "
             f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
             f"LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE {is_in('nd.domain', domains)[0]} GROUP BY nd.domain"
+            f"WHERE {sql_in('nd.domain', domains)[0]} GROUP BY nd.domain"
         )
-        params += [connection.ops.adapt_datetimefield_value(fresh_after), *is_in("", domains)[1]]
+        params += [connection.ops.adapt_datetimefield_value(fresh_after), *sql_in("", domains)[1]]
         # Each placed node's placed draw and its term less node_watts, by the same SQL rule: the check
         # is on the use after the shard, max(placed + shard, measured), as facility.power says it.
         sql += (
             f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE {is_in('n.name', names)[0]}"
+            f"WHERE {sql_in('n.name', names)[0]}"
             f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, "
             f"{node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')} "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
-            f"WHERE {is_in('n.name', names)[0]}"
+            f"WHERE {sql_in('n.name', names)[0]}"
         )
         params += [*named_params, connection.ops.adapt_datetimefield_value(fresh_after), *named_params]
     cursor.execute(sql, params)

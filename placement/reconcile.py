@@ -14,6 +14,7 @@ from datetime import datetime
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from llmgw.sqlin import any_of
 from placement import snapshot
 from placement.commit import collector_paused, replicas_place_all
 from placement.drain import draining_nodes, replicas_drain
@@ -99,7 +100,8 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
         elif missing < 0:
             # The newest beyond the count, all in one set-based free (one lock of all their nodes).
             doomed = replica_ids[locked.replicas :]
-            freed.update(Shard.objects.filter(replica_id__in=doomed).values_list("node__name", flat=True).distinct())
+            on = Shard.objects.filter(replica_id__in=any_of(doomed)).order_by()
+            freed.update(on.values_list("node__name", flat=True).distinct())
             run.removed += replicas_free(replica_ids=doomed)
     run.refresh(freed)
 

@@ -17,9 +17,9 @@ from django.db import OperationalError, connection, transaction
 
 from agents.models import Node
 from llmgw.errors import NotFound, is_write_conflict
+from llmgw.sqlin import any_of, sql_in
 from llmgw.yamldoc import read_text
 from placement import documents
-from placement.commit import placeholders
 from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
 from placement.signals import placement_changed_on_commit
 
@@ -133,26 +133,32 @@ def replicas_free(*, replica_ids: Iterable[int]) -> int:
 
 
 def _replicas_free_locked(ids: list[int]) -> int:
-    shards = Shard.objects.filter(replica_id__in=ids)
+    # Thousands of ids (a model scaled down) go as one array (llmgw.sqlin), and the shards' node ids
+    # unordered: Shard's default ordering would make DISTINCT one row a shard.
+    shards = Shard.objects.filter(replica_id__in=any_of(ids)).order_by()
     locked = set(nodes_lock(shards.values_list("node_id", flat=True).distinct()))
-    present = list(Replica.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
+    present = list(
+        Replica.objects.select_for_update().filter(pk__in=any_of(ids)).order_by("pk").values_list("pk", flat=True)
+    )
     if not present:
         return 0  # freed meanwhile
-    node_ids = set(Shard.objects.filter(replica_id__in=present).values_list("node_id", flat=True).distinct())
+    node_ids = set(
+        Shard.objects.filter(replica_id__in=any_of(present)).order_by().values_list("node_id", flat=True).distinct()
+    )
     # Placed between the two reads (the replica's lock waited for that commit). Its placer may go on to
     # place another replica of the model on the same node, holding that node and waiting for a replica
     # row locked here: so these nodes are not waited for. Busy, the whole freeing gives its locks back
     # and starts again.
     nodes_lock(node_ids - locked, nowait=True)
-    GpuBooking.objects.filter(shard__replica_id__in=present).delete()
-    marks = placeholders(present)
+    GpuBooking.objects.filter(shard__replica_id__in=any_of(present)).delete()
     with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {Shard._meta.db_table} WHERE replica_id IN ({marks})", present)
+        where, params = sql_in("replica_id", present)
+        cursor.execute(f"DELETE FROM {Shard._meta.db_table} WHERE {where}", params)
         bookings_recount(cursor, sorted(node_ids))
-        cursor.execute(
-            f"UPDATE {Replica._meta.db_table} SET replaces_id = NULL WHERE replaces_id IN ({marks})", present
-        )
-        cursor.execute(f"DELETE FROM {Replica._meta.db_table} WHERE id IN ({marks})", present)
+        where, params = sql_in("replaces_id", present)
+        cursor.execute(f"UPDATE {Replica._meta.db_table} SET replaces_id = NULL WHERE {where}", params)
+        where, params = sql_in("id", present)
+        cursor.execute(f"DELETE FROM {Replica._meta.db_table} WHERE {where}", params)
     placement_changed_on_commit()
     return len(present)
 
@@ -166,10 +172,11 @@ def bookings_recount(cursor, node_ids: list[int]) -> None:
     def total(column: str) -> str:
         return f"COALESCE((SELECT SUM({column}) FROM {shard} s WHERE s.node_id = {booking}.node_id), 0)"
 
+    where, params = sql_in("node_id", node_ids)
     cursor.execute(
         f"UPDATE {booking} SET cpu_cores = {total('s.cpu_cores')}, memory_gib = {total('s.memory_gib')}, "
-        f"placed_watts = {total('COALESCE(s.draw_watts, 0)')} WHERE node_id IN ({placeholders(node_ids)})",
-        node_ids,
+        f"placed_watts = {total('COALESCE(s.draw_watts, 0)')} WHERE {where}",
+        params,
     )
 
 
@@ -179,5 +186,5 @@ def nodes_lock(node_ids: Iterable[int], *, nowait: bool = False) -> list[int]:
     ids = sorted(set(node_ids))
     if not ids:
         return []
-    rows = Node.objects.select_for_update(nowait=nowait).filter(pk__in=ids).order_by("name")
+    rows = Node.objects.select_for_update(nowait=nowait).filter(pk__in=any_of(ids)).order_by("name")
     return list(rows.values_list("id", flat=True))
