@@ -1,13 +1,14 @@
 """Room loss, timed: 10,000 nodes in 400 racks and 4 rooms, ~80 % full, one room held with drain.
 
 Makes its own database (``llmgw_bench_room_loss`` on the server of DATABASE_URL) and inserts the rows
-directly (what heartbeats and past reconciles would have left): ``--nodes`` ready nodes × 8 GPUs, 25 to
-a rack, racks in 4 rooms, budgets on every rack and PDU; 10 models (8- and 4-GPU) whose placed
-replicas fill ~80 % of the cards, spread over every rack. Then, timed per phase, as an operator's
-``llmgw ctl hold room:… --drain`` and the next reconcile would: the hold, then reconcile runs (with
-``LLMGW_DRAIN_SURGE``, default here 100,000: every displaced replica's replacement at once) until every
-replica on the room has a placed replacement or a stated reason to wait. The lost room's ~2,750
-replicas cannot all fit in the 75 % of the cards left, so some wait, each with its reason.
+directly (what heartbeats and past reconciles would have left): ``--nodes`` ready nodes × 8 GPUs, each
+with its agent's last sensors document, 25 to a rack, racks in 4 rooms, budgets on every rack and PDU;
+10 models (8- and 4-GPU) whose placed replicas fill ~80 % of the cards, spread over every rack. Then,
+timed per phase, as an operator's ``llmgw ctl hold room:… --drain`` and the next reconcile would: the
+hold, then reconcile runs (with ``LLMGW_DRAIN_SURGE``, default here 100,000: every displaced replica's
+replacement at once) until every replica on the room has a placed replacement or a stated reason to
+wait. The lost room's ~2,750 replicas cannot all fit in the 75 % of the cards left, so some wait, each
+with its reason.
 
 Run: ``.venv/bin/python bench/room_loss.py`` (``--nodes``, ``--fill``). Prints figures, asserts nothing.
 """
@@ -28,6 +29,20 @@ NODES_PER_RACK = 25
 ROOMS = 4
 GPUS = 8
 MODEL_GPUS = (8, 8, 8, 8, 8, 4, 4, 4, 4, 4)
+
+
+def sensors(i: int) -> dict:
+    """A node's last readings as its agent reports them (~2.8 KB, the shape of agents.simulator's): the
+    index reads each card's enforced power limit out of them (no power measured: placed watts count)."""
+    gpus = [
+        {"index": g, "uuid": f"GPU-{i:05}{g}-0000-0000-0000-000000000000", "temperature_celsius": 61.3,
+         "memory_temperature_celsius": 70.1, "slowdown_temperature_celsius": 87, "power_watts": 512.4,
+         "power_limit_watts": 700, "throttle_reasons": [], "enforced_power_limit_watts": 700,
+         "default_power_limit_watts": 700, "max_sm_clock_mhz": 1980}
+        for g in range(GPUS)
+    ]
+    return {"gpus": gpus, "replicas": [], "cpu_power_watts": 300.1, "cpu_temperature_celsius": 55.2,
+            "inlet_temperature_celsius": 24.1}
 
 
 def load(count: int, fill: float) -> int:
@@ -54,7 +69,7 @@ def load(count: int, fill: float) -> int:
             "llmgw.io/pdu": f"r{rack:03}-{'ab'[i % 2]}",
         }
         nodes.append(Node(name=f"gpu{i:05}", cpu_cores=128, memory_gib=2048, labels=labels, agent_labels=labels,
-                          last_heartbeat_at=now, heartbeat_interval_seconds=3600))
+                          last_heartbeat_at=now, heartbeat_interval_seconds=3600, sensors=sensors(i)))
     nodes = Node.objects.bulk_create(nodes, batch_size=2000)
     GPU.objects.bulk_create(
         (GPU(node=n, index=g, model="NVIDIA H200", memory_gib=141, power_limit_watts=700)

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Exists, OuterRef
+from django.db import connection
+from django.db.models import Count, Exists, JSONField, OuterRef
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
@@ -44,9 +46,29 @@ _NODE_FIELDS = (
     "last_heartbeat_at",
     "measured_peak_watts",
     "sensors_at",
-    "sensors",
     "weights",
 )
+
+# Of a node's sensors the planner reads only each card's enforced power limit: the database picks those
+# out as [[index, limit], …] (a node's whole sensors document is ~3 KB; reading and decoding 10,000 of
+# them took 1.5 s of the 2.2 s it took to read 10,000 nodes' views).
+_ENFORCED_LIMITS_SQL = {
+    "postgresql": (
+        "SELECT jsonb_agg(jsonb_build_array(g -> 'index', g -> 'enforced_power_limit_watts')) "
+        "FROM jsonb_array_elements(CASE WHEN jsonb_typeof({sensors} -> 'gpus') = 'array' "
+        "THEN {sensors} -> 'gpus' ELSE '[]'::jsonb END) AS g WHERE jsonb_typeof(g) = 'object'"
+    ),
+    "sqlite": (
+        "SELECT json_group_array(json_array(json_extract(g.value, '$.index'), "
+        "json_extract(g.value, '$.enforced_power_limit_watts'))) "
+        "FROM json_each({sensors}, '$.gpus') AS g WHERE g.type = 'object'"
+    ),
+}
+
+
+def _enforced_limits() -> RawSQL:
+    sensors = f'"{Node._meta.db_table}"."sensors"'
+    return RawSQL(f"({_ENFORCED_LIMITS_SQL[connection.vendor].format(sensors=sensors)})", [], JSONField())
 
 
 def gpu_model_of(product: str) -> str | None:
@@ -109,13 +131,10 @@ def _ready(row: dict, now: datetime) -> bool:
     return heartbeat_is_fresh(row["last_heartbeat_at"], row["heartbeat_interval_seconds"], now)
 
 
-def gpu_enforced_limits(sensors: dict | None) -> dict[int, float]:
-    """GPU index → the power limit its agent read back (``enforced_power_limit_watts``), where reported."""
-    found: dict[int, float] = {}
-    for gpu in (sensors or {}).get("gpus") or ():
-        if gpu.get("enforced_power_limit_watts") is not None and gpu.get("index") is not None:
-            found[gpu["index"]] = float(gpu["enforced_power_limit_watts"])
-    return found
+def gpu_enforced_limits(pairs: list | None) -> dict[int, float]:
+    """GPU index → the power limit its agent read back (``enforced_power_limit_watts``), where reported,
+    from the sensors' ``[[index, limit], …]`` (:data:`_ENFORCED_LIMITS_SQL`)."""
+    return {index: float(limit) for index, limit in pairs or () if index is not None and limit is not None}
 
 
 def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> float | None:
@@ -130,7 +149,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     nodes = Node.objects.all()
     if names is not None:
         nodes = nodes.filter(name__in=any_of(names))  # thousands, freed by a scale down: one array
-    rows = list(nodes.order_by("name").values(*_NODE_FIELDS))
+    rows = list(nodes.order_by("name").values(*_NODE_FIELDS, enforced=_enforced_limits()))
     ids = [r["id"] for r in rows]
     scoped = names is not None
     gpus: dict[int, list[tuple]] = defaultdict(list)
@@ -166,7 +185,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
             order = orders[texts] = ordered_domains(texts)
         cards = gpus.get(row["id"], [])
         cores, memory, placed = bookings.get(row["id"], (0, 0.0, 0.0))
-        enforced = gpu_enforced_limits(row["sensors"])
+        enforced = gpu_enforced_limits(row["enforced"])
         limits = [gpu_power_limit(g[2], enforced.get(g[0])) for g in cards]
         limits = [w for w in limits if w is not None]
         views.append(

@@ -17,6 +17,7 @@ from placement.capping import capping_blocks, capping_run
 from placement.models import NodeCap
 from placement.selectors import model_headroom
 from placement.services import models_apply
+from placement.snapshot import node_views
 
 pytestmark = pytest.mark.django_db
 
@@ -91,6 +92,34 @@ def test_a_capped_gpu_draws_its_enforced_limit_so_headroom_grows(join_node):
     node.save(update_fields=["sensors"])
     after = model_headroom("m")["fits"]
     assert (before, after) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "sensors",
+    [
+        {},
+        {"gpus": "eight"},
+        {"gpus": {"index": 0, "enforced_power_limit_watts": 490.0}},
+        {"gpus": [7, None, "x", [0, 490.0]]},
+        {"gpus": [{"enforced_power_limit_watts": 490.0}, {"index": 1}, {"index": 2, "enforced_power_limit_watts": None}]},
+    ],
+    ids=["empty", "text", "object", "not-objects", "half-reported"],
+)
+def test_sensors_without_a_whole_enforced_limit_leave_the_inventory_limit(join_node, sensors):
+    # The database picks the cards' enforced limits out of the sensors document (placement.snapshot):
+    # whatever its shape, a card without both its index and its limit counts its inventory limit.
+    join_node("gpu01", rack="r1")
+    node = Node.objects.get(name="gpu01")
+    node.sensors = sensors
+    node.save(update_fields=["sensors"])
+    (view,) = node_views(names=["gpu01"])
+    assert view.gpu_power_limit_watts == 700
+    node.sensors = {"gpus": [{"index": 3, "enforced_power_limit_watts": 490.0}]}
+    node.save(update_fields=["sensors"])
+    assert node_views(names=["gpu01"])[0].gpu_power_limit_watts == 700  # the highest card's limit: 700 W
+    node.sensors = {"gpus": [{"index": i, "enforced_power_limit_watts": 490.0} for i in range(8)]}
+    node.save(update_fields=["sensors"])
+    assert node_views(names=["gpu01"])[0].gpu_power_limit_watts == 490
 
 
 def test_the_locked_clocks_lever_asks_for_a_share_of_the_top_clock(join_node):
