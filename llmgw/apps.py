@@ -23,16 +23,14 @@ class LlmgwConfig(AppConfig):
 
 
 def register_metrics_collectors() -> None:
-    """/metrics' collectors (node sensors, domain power and holds, placement's would-place counts), read
-    from the database on each scrape: registered with the interfaces, not in each app's ready(), so a
-    process that serves no /metrics (ctl's listings, LlmgwReadConfig) does not load prometheus_client."""
-    from agents.metrics import register_collector as agents_collector
+    """/metrics' collectors (domain power and holds, placement's would-place counts), read from the
+    database on each scrape: registered with the interfaces, not in each app's ready(), so a process that
+    serves no /metrics (ctl's listings, LlmgwReadConfig) does not load prometheus_client. The node
+    sensors' series are written by agents.metrics.metrics_view itself (too many for a collector)."""
     from facility.metrics import register_collector as facility_collector
     from placement.metrics import register_collector as placement_collector
 
-    # In INSTALLED_APPS' order, as their ready() registered them: /metrics lists them as before.
     facility_collector()
-    agents_collector()
     placement_collector()
 
 

@@ -88,6 +88,24 @@ def test_an_absent_reading_is_an_absent_series_not_zero(client):
     }
 
 
+def test_label_values_are_escaped_and_values_read_back_exactly(client):
+    # The node sensors' series are written directly in the text format (agents.metrics): whatever a
+    # stored document holds, Prometheus's parser reads back the labels and values it was given.
+    record("gpu01", full_sensors())
+    odd = 'GPU-"quoted"\\back\\slash\nnew line'
+    Node.objects.filter(name="gpu01").update(sensors={
+        "gpus": [{"index": 0, "uuid": odd, "temperature_celsius": 1e21, "power_watts": 0.1 + 0.2,
+                  "power_limit_watts": -0.0, "memory_temperature_celsius": True}],
+        "cpu_power_watts": 12,
+    })
+    assert llmgw_series(client) == {
+        gpu_key("llmgw_gpu_temperature_celsius", "gpu01", 0, odd): 1e21,
+        gpu_key("llmgw_gpu_power_watts", "gpu01", 0, odd): 0.1 + 0.2,
+        gpu_key("llmgw_gpu_power_limit_watts", "gpu01", 0, odd): 0.0,
+        ("llmgw_node_cpu_power_watts", (("node", "gpu01"),)): 12.0,
+    }
+
+
 def test_a_node_without_sensors_has_no_series(client):
     record("vm01", {}, gpus=0)
     assert llmgw_series(client) == {}
@@ -144,11 +162,12 @@ def test_a_metrics_token_is_required_when_set(client, monkeypatch):
 def test_a_scrape_reads_the_nodes_in_one_query(client, django_assert_max_num_queries):
     for i in range(5):
         record(f"gpu{i:02}", full_sensors())
-    from agents.metrics import NodeSensorsCollector
+    from agents.metrics import node_sensors_text
 
     with django_assert_max_num_queries(1):
-        families = list(NodeSensorsCollector().collect())
-    assert sum(len(f.samples) for f in families) == 5 * (2 * 4 + 2 * 5 + 3)
+        text = node_sensors_text()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert len(samples) == 5 * (2 * 4 + 2 * 5 + 3)
 
 
 @pytest.mark.urls("tests.integration.test_metrics")
