@@ -96,9 +96,9 @@ INSTALLED_APPS = [
 # What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
 # load every app with models a listing reads, and none of the web server's (ASGI server, the admin and
 # its log, the console's sessions, static files, API schema, filters, htmx, metrics, Channels, users and
-# their tokens), nor the
-# Celery app and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A listing then starts in a fraction of the
-# time; commands that write start with INSTALLED_APPS, their signals' receivers all connected.
+# their tokens), nor the Celery app and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A
+# listing then starts in a fraction of the time; commands that write start with INSTALLED_APPS, their
+# signals' receivers all connected.
 CTL_WEB_ONLY_APPS = {
     "daphne",
     "django.contrib.admin",
