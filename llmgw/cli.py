@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "ctl":
         from llmgw.ctl import main as ctl_main
 
-        return ctl_main(rest)
+        return ctl_main(rest, own_process=True)
     if command in {"worker", "beat"}:
         import django
 

@@ -56,6 +56,22 @@ print(json.dumps({"code": code, "celery": "llmgw.celery" in sys.modules,
                   "llmgw": type(apps.get_app_config("llmgw")).__name__}))
 """
 
+COLLECTOR_PROBE = """
+import gc, json, sys
+import llmgw.output
+from llmgw.cli import main
+
+seen = {}
+print_table = llmgw.output.print_table
+def spy(*args, **kwargs):
+    seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), django="django.db.models" in sys.modules)
+    return print_table(*args, **kwargs)
+llmgw.output.print_table = spy  # before main imports the commands' modules, which import it by name
+
+code = main(['ctl', 'nodes'])
+print(json.dumps({"code": code, **seen, "enabled_after": gc.isenabled(), "frozen_after": gc.get_freeze_count()}))
+"""
+
 
 def run_probe(code: str, *args: str) -> dict:
     """`code` in a fresh Python on this test's database; its last line of output, decoded."""
@@ -99,3 +115,14 @@ def test_a_command_that_writes_starts_the_whole_stack():
     got = run_probe(WRITE_PROBE)
     assert got == {"code": 0, "celery": True, "live_pages": True, "llmgw": "LlmgwConfig"}
     assert Token.objects.filter(user__username="probe").exists()
+
+
+def test_the_command_runs_with_the_collector_on_over_its_own_objects_only():
+    """`llmgw ctl` freezes what starting Django made (gc.freeze) rather than walk it again and again, and
+    at exit; the command itself collects as ever."""
+    got = run_probe(COLLECTOR_PROBE)
+    assert got["code"] == 0 and got["django"]
+    assert got["enabled"] is True and got["enabled_after"] is True
+    # Django's modules, classes and the apps' models: hundreds of thousands of objects, none walked again.
+    assert got["frozen"] > 100_000
+    assert got["frozen_after"] >= got["frozen"]
