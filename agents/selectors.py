@@ -38,8 +38,10 @@ def replica_tokens_per_second(*, node_names: list[str] | None = None) -> dict[in
     if node_names is not None:
         nodes = nodes.filter(name__in=node_names)
     figures: dict[int, float] = {}
-    for sensors in nodes.values_list("sensors", flat=True):
-        for item in (sensors or {}).get("replicas") or ():
-            if item.get("tokens_per_second") is not None:
+    # Only `sensors.replicas`, picked out by the database: the whole documents (their GPUs' readings,
+    # ~3 KB a node) took a second to read and decode at 10,000 nodes, after every conditions round.
+    for items in nodes.values_list("sensors__replicas", flat=True):
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, dict) and item.get("tokens_per_second") is not None:
                 figures[item["id"]] = max(figures.get(item["id"], 0.0), float(item["tokens_per_second"]))
     return figures

@@ -8,7 +8,8 @@ timed per phase, as an operator's ``llmgw ctl hold room:… --drain`` and the ne
 hold, then reconcile runs (with ``LLMGW_DRAIN_SURGE``, default here 100,000: every displaced replica's
 replacement at once) until every replica on the room has a placed replacement or a stated reason to
 wait. The lost room's ~2,750 replicas cannot all fit in the 75 % of the cards left, so some wait, each
-with its reason.
+with its reason. Last, three rounds of the thermal conditions' evaluation (the agents' source over
+every node's sensors, as beat runs it every 15 s), timed.
 
 Run: ``.venv/bin/python bench/room_loss.py`` (``--nodes``, ``--fill``). Prints figures, asserts nothing.
 """
@@ -211,6 +212,19 @@ def main() -> None:
     )
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  {count:,} waiting: {reason}")
+
+    from django.utils import timezone
+
+    from agents.models import Node
+    from facility.evaluation import conditions_evaluate
+
+    Node.objects.update(sensors_at=timezone.now())  # every node's sensors fresh: the agents' source reads them
+    seconds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        conditions_evaluate()
+        seconds.append(time.perf_counter() - t)
+    print(f"a conditions round over {args.nodes:,} nodes' sensors: {', '.join(f'{s:.2f}' for s in seconds)} s")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain, measured_fresh_seconds
@@ -33,11 +33,14 @@ from facility.models import (
 from facility.services import facility_changed_send
 from facility.signals import conditions_evaluated
 from facility.sources import (
-    NodeSensors,
+    MAX_ABS_VALUE,
+    THERMAL_REASONS,
+    NodeThermal,
     Poll,
     SourcesConfig,
     agents_readings,
     merge_readings,
+    node_thermal,
     parse_scenario,
     parse_sources_config,
     poll_prometheus,
@@ -74,15 +77,59 @@ def _moment(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.get_current_timezone())
 
 
-def _node_sensors() -> list[NodeSensors]:
+def _figure_sql(value: str) -> str:
+    """facility.sources.sensor_figure in SQL: a JSON number within ±MAX_ABS_VALUE as float8, else NULL."""
+    return (
+        f"CASE WHEN jsonb_typeof({value}) = 'number' AND abs(CAST({value} AS numeric)) <= {MAX_ABS_VALUE:.0f} "
+        f"THEN CAST({value} AS float8) END"
+    )
+
+
+# Every node's sensors summed up by the database, as facility.sources.node_thermal sums up one: its
+# inlet, its GPUs (the objects of sensors.gpus), those throttling for heat and the smallest margin.
+# A lateral join over each document's GPUs; nothing but six figures a node comes back (the documents
+# themselves, ~3 KB a node, took 1.6-2.4 s to read and decode at 10,000 nodes: every 15 s, a worker).
+_THERMAL_SQL = f"""
+SELECT n.id, n.sensors_at, {_figure_sql("n.sensors -> 'inlet_temperature_celsius'")}, g.cards, g.throttling, g.margin
+FROM {Node._meta.db_table} n
+CROSS JOIN LATERAL (
+    SELECT count(*) AS cards,
+           count(*) FILTER (WHERE jsonb_typeof(e -> 'throttle_reasons') = 'array'
+                            AND e -> 'throttle_reasons' ?| %s) AS throttling,
+           min({_figure_sql("e -> 'slowdown_temperature_celsius'")} - {_figure_sql("e -> 'temperature_celsius'")})
+               AS margin
+    FROM jsonb_array_elements(
+        CASE WHEN jsonb_typeof(n.sensors -> 'gpus') = 'array' THEN n.sensors -> 'gpus' ELSE '[]'::jsonb END
+    ) AS e
+    WHERE jsonb_typeof(e) = 'object'
+) AS g
+WHERE n.sensors_at IS NOT NULL
+"""
+
+
+def _node_sensors() -> list[NodeThermal]:
+    """Each node's latest sensors, summed up for the agents' source, with the node's domains."""
     domains: dict[int, list[Domain]] = {}
+    parsed: dict[str, Domain] = {}  # a site's 50,000 rows name ~1,000 domains
     for node_id, text in NodeDomain.objects.values_list("node_id", "domain"):
-        domains.setdefault(node_id, []).append(parse_domain(text))
-    found = []
-    for node_id, sensors, at in Node.objects.exclude(sensors_at=None).values_list("id", "sensors", "sensors_at"):
-        if node_id in domains:
-            found.append(NodeSensors(tuple(domains[node_id]), sensors or {}, at.timestamp()))
-    return found
+        domain = parsed.get(text)
+        if domain is None:
+            domain = parsed[text] = parse_domain(text)
+        domains.setdefault(node_id, []).append(domain)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_THERMAL_SQL, [sorted(THERMAL_REASONS)])
+            return [
+                NodeThermal(tuple(domains[node_id]), at.timestamp(), inlet, cards, throttling, margin)
+                for node_id, at, inlet, cards, throttling, margin in cursor.fetchall()
+                if node_id in domains
+            ]
+    # The embedded default (SQLite, a small cluster): the documents read and summed up here.
+    return [
+        node_thermal(tuple(domains[node_id]), sensors, at.timestamp())
+        for node_id, sensors, at in Node.objects.exclude(sensors_at=None).values_list("id", "sensors", "sensors_at")
+        if node_id in domains
+    ]
 
 
 def _status(name: str, poll: Poll | None, now: datetime, error: str = "") -> None:
@@ -191,6 +238,9 @@ def scenario_thresholds(thresholds: cond.Thresholds, speed: float) -> cond.Thres
     )
 
 
+_JUDGED_FIELDS = ["condition", "since", "reason", "timers", "readings", "evaluated_at"]
+
+
 def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> list[ConditionEvent]:
     """One round: gather readings, judge every known domain, keep state and events; returns the events."""
     now = now or timezone.now()
@@ -201,6 +251,7 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
     rows = {row.domain: row for row in DomainCondition.objects.all()}
     domains = set(rows) | {str(d) for d in readings} | set(NodeDomain.objects.values_list("domain", flat=True))
     events: list[ConditionEvent] = []
+    judged: list[DomainCondition] = []
     with transaction.atomic():
         for text in sorted(domains):
             row = rows.get(text) or DomainCondition(domain=text)
@@ -226,7 +277,12 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
                         readings=dict(change.readings), at=now,
                     )
                 )
-            row.save()
+            judged.append(row)
+        # Every domain's row in a few statements (one UPDATE a domain was 1,245 round trips, a second,
+        # at 10,000 nodes): the new ones inserted, the known ones updated by their domain.
+        DomainCondition.objects.bulk_create(
+            judged, update_conflicts=True, unique_fields=["domain"], update_fields=_JUDGED_FIELDS, batch_size=500
+        )
         ConditionEvent.objects.bulk_create(events)
         ConditionEvent.objects.filter(at__lt=now - timedelta(days=EVENTS_KEPT_DAYS)).delete()
         expired = ConditionOverride.objects.filter(until__lte=now)

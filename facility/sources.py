@@ -379,16 +379,51 @@ THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSensors:
-    """One node's latest sensors as the agents' source reads them, and when they were taken."""
+class NodeThermal:
+    """What the agents' source takes of one node's latest sensors (:func:`node_thermal`), and when
+    they were taken: its inlet temperature, how many of its GPUs report and how many of those throttle
+    for heat, and its hottest GPU's margin to the slowdown temperature (None where none says)."""
 
     domains: tuple[Domain, ...]
-    sensors: Mapping[str, Any]
     at: float
+    inlet: float | None = None
+    cards: int = 0
+    throttling: int = 0
+    margin: float | None = None
+
+
+def sensor_figure(value: Any) -> float | None:
+    """A figure of a sensors document as the agents' source takes it: a JSON number within
+    ±MAX_ABS_VALUE, else None (absent). The database's summary of the documents says the same."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if abs(value) <= MAX_ABS_VALUE else None
+
+
+def node_thermal(domains: tuple[Domain, ...], sensors: Any, at: float) -> NodeThermal:
+    """One node's sensors document, as its agent sent it, summed up for the agents' source.
+
+    The reference for the database's summary of every node at once (facility.evaluation on PostgreSQL,
+    held to this by a test): a GPU is an object of ``sensors.gpus``; it throttles for heat when its
+    ``throttle_reasons`` list names a thermal reason; its margin needs both temperatures."""
+    s = sensors if isinstance(sensors, Mapping) else {}
+    gpus = s.get("gpus")
+    cards = [g for g in gpus if isinstance(g, Mapping)] if isinstance(gpus, list) else []
+    throttling = 0
+    margins = []
+    for g in cards:
+        reasons = g.get("throttle_reasons")
+        if isinstance(reasons, list) and any(isinstance(r, str) and r in THERMAL_REASONS for r in reasons):
+            throttling += 1
+        slowdown, temperature = sensor_figure(g.get("slowdown_temperature_celsius")), sensor_figure(g.get("temperature_celsius"))
+        if slowdown is not None and temperature is not None:
+            margins.append(slowdown - temperature)
+    return NodeThermal(domains, at, sensor_figure(s.get("inlet_temperature_celsius")), len(cards), throttling,
+                       min(margins) if margins else None)
 
 
 def agents_readings(
-    nodes: list[NodeSensors], *, now: float, stale_after: float = 120.0
+    nodes: list[NodeThermal], *, now: float, stale_after: float = 120.0
 ) -> dict[Domain, dict[str, Reading]]:
     """Per domain: inlet (the highest of its nodes'), the share of its GPUs throttling for heat, and the
     hottest GPU's margin to its slowdown temperature (where the driver gives it). Stale nodes are left out."""
@@ -399,24 +434,16 @@ def agents_readings(
     for node in nodes:
         if now - node.at > stale_after:
             continue
-        s = node.sensors or {}
-        node_inlet = s.get("inlet_temperature_celsius")
-        cards = s.get("gpus") or []
-        throttling = sum(1 for g in cards if THERMAL_REASONS & set(g.get("throttle_reasons") or ()))
-        margins = [
-            g["slowdown_temperature_celsius"] - g["temperature_celsius"]
-            for g in cards
-            if g.get("slowdown_temperature_celsius") is not None and g.get("temperature_celsius") is not None
-        ]
+        node_inlet, cards, node_margin = node.inlet, node.cards, node.margin
         for domain in node.domains:
             if node_inlet is not None and (domain not in inlet or node_inlet > inlet[domain][0]):
-                inlet[domain] = (float(node_inlet), node.at)
+                inlet[domain] = (node_inlet, node.at)
             if cards:
                 counts = gpus.setdefault(domain, [0, 0])
-                counts[0] += throttling
-                counts[1] += len(cards)
-            if margins:
-                margin[domain] = min(margin.get(domain, math.inf), min(margins))
+                counts[0] += node.throttling
+                counts[1] += cards
+            if node_margin is not None:
+                margin[domain] = min(margin.get(domain, math.inf), node_margin)
             if node_inlet is not None or cards:
                 oldest[domain] = min(oldest.get(domain, node.at), node.at)
     found: dict[Domain, dict[str, Reading]] = {}

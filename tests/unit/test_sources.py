@@ -9,10 +9,10 @@ from facility.conditions import COOLING_ALARM as _ALARM
 from facility.conditions import INLET, ConfigError, DomainState, Reading, evaluate, parse_conditions_config
 from facility.domains import Domain
 from facility.sources import (
-    NodeSensors,
     QuerySignal,
     agents_readings,
     merge_readings,
+    node_thermal,
     parse_duration,
     parse_query_signals,
     parse_scenario,
@@ -117,11 +117,11 @@ def _gpu(temp, slowdown=None, reasons=()):
 
 def test_agents_readings_take_the_highest_inlet_the_throttling_share_and_the_smallest_margin():
     nodes = [
-        NodeSensors((RACK,), {"inlet_temperature_celsius": 25.0,
-                              "gpus": [_gpu(80, 89), _gpu(60, 89, ["sw_thermal"])]}, at=100.0),
-        NodeSensors((RACK,), {"inlet_temperature_celsius": 28.5,
-                              "gpus": [_gpu(70, 87, ["sw_power_cap"]), _gpu(50)]}, at=90.0),
-        NodeSensors((RACK,), {"inlet_temperature_celsius": 40.0, "gpus": [_gpu(99, 89, ["hw_thermal"])]}, at=0.0),
+        node_thermal((RACK,), {"inlet_temperature_celsius": 25.0,
+                               "gpus": [_gpu(80, 89), _gpu(60, 89, ["sw_thermal"])]}, 100.0),
+        node_thermal((RACK,), {"inlet_temperature_celsius": 28.5,
+                               "gpus": [_gpu(70, 87, ["sw_power_cap"]), _gpu(50)]}, 90.0),
+        node_thermal((RACK,), {"inlet_temperature_celsius": 40.0, "gpus": [_gpu(99, 89, ["hw_thermal"])]}, 0.0),
     ]
     found = agents_readings(nodes, now=130.0, stale_after=60.0)[RACK]
     assert found["inlet_temp_c"].value == 28.5  # the stale node's 40 °C is left out
@@ -131,7 +131,7 @@ def test_agents_readings_take_the_highest_inlet_the_throttling_share_and_the_sma
 
 
 def test_a_node_without_sensors_gives_no_reading_never_a_zero():
-    assert agents_readings([NodeSensors((RACK,), {}, at=100.0)], now=100.0) == {}
+    assert agents_readings([node_thermal((RACK,), {}, 100.0)], now=100.0) == {}
 
 
 def test_merging_sources_keeps_the_worse_fresh_value():
