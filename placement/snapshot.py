@@ -49,26 +49,31 @@ _NODE_FIELDS = (
     "weights",
 )
 
-# Of a node's sensors the planner reads only each card's enforced power limit: the database picks those
-# out as [[index, limit], …] (a node's whole sensors document is ~3 KB; reading and decoding 10,000 of
-# them took 1.5 s of the 2.2 s it took to read 10,000 nodes' views).
-_ENFORCED_LIMITS_SQL = {
+# Of a node's sensors the planner reads only each card's enforced power limit, and the tokens per joule
+# each card's power: the database picks one figure out as [[index, figure], …] (a node's whole sensors
+# document is ~3 KB; reading and decoding 10,000 of them took 1.5 s of the 2.2 s it took to read 10,000
+# nodes' views).
+_GPU_FIGURES_SQL = {
     "postgresql": (
-        "SELECT jsonb_agg(jsonb_build_array(g -> 'index', g -> 'enforced_power_limit_watts')) "
+        "SELECT jsonb_agg(jsonb_build_array(g -> 'index', g -> '{key}')) "
         "FROM jsonb_array_elements(CASE WHEN jsonb_typeof({sensors} -> 'gpus') = 'array' "
         "THEN {sensors} -> 'gpus' ELSE '[]'::jsonb END) AS g WHERE jsonb_typeof(g) = 'object'"
     ),
     "sqlite": (
         "SELECT json_group_array(json_array(json_extract(g.value, '$.index'), "
-        "json_extract(g.value, '$.enforced_power_limit_watts'))) "
+        "json_extract(g.value, '$.{key}'))) "
         "FROM json_each({sensors}, '$.gpus') AS g WHERE g.type = 'object'"
     ),
 }
+_GPU_FIGURE_KEYS = frozenset({"enforced_power_limit_watts", "power_watts"})
 
 
-def _enforced_limits() -> RawSQL:
+def gpu_figures_sql(key: str) -> RawSQL:
+    """Each card's ``key`` in a node's sensors, as ``[[index, figure], …]`` (read with gpu_figures)."""
+    if key not in _GPU_FIGURE_KEYS:  # a name pasted into SQL: only the known ones
+        raise ValueError(f"not a GPU figure of the sensors: {key!r}")
     sensors = f'"{Node._meta.db_table}"."sensors"'
-    return RawSQL(f"({_ENFORCED_LIMITS_SQL[connection.vendor].format(sensors=sensors)})", [], JSONField())
+    return RawSQL(f"({_GPU_FIGURES_SQL[connection.vendor].format(sensors=sensors, key=key)})", [], JSONField())
 
 
 def gpu_model_of(product: str) -> str | None:
@@ -131,10 +136,10 @@ def _ready(row: dict, now: datetime) -> bool:
     return heartbeat_is_fresh(row["last_heartbeat_at"], row["heartbeat_interval_seconds"], now)
 
 
-def gpu_enforced_limits(pairs: list | None) -> dict[int, float]:
-    """GPU index → the power limit its agent read back (``enforced_power_limit_watts``), where reported,
-    from the sensors' ``[[index, limit], …]`` (:data:`_ENFORCED_LIMITS_SQL`)."""
-    return {index: float(limit) for index, limit in pairs or () if index is not None and limit is not None}
+def gpu_figures(pairs: list | None) -> dict[int, float]:
+    """GPU index → its figure where reported, from the sensors' ``[[index, figure], …]`` (gpu_figures_sql):
+    the power limit its agent read back, or the power it draws."""
+    return {index: float(value) for index, value in pairs or () if index is not None and value is not None}
 
 
 def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> float | None:
@@ -149,7 +154,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
     nodes = Node.objects.all()
     if names is not None:
         nodes = nodes.filter(name__in=any_of(names))  # thousands, freed by a scale down: one array
-    rows = list(nodes.order_by("name").values(*_NODE_FIELDS, enforced=_enforced_limits()))
+    rows = list(nodes.order_by("name").values(*_NODE_FIELDS, enforced=gpu_figures_sql("enforced_power_limit_watts")))
     ids = [r["id"] for r in rows]
     scoped = names is not None
     gpus: dict[int, list[tuple]] = defaultdict(list)
@@ -185,7 +190,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
             order = orders[texts] = ordered_domains(texts)
         cards = gpus.get(row["id"], [])
         cores, memory, placed = bookings.get(row["id"], (0, 0.0, 0.0))
-        enforced = gpu_enforced_limits(row["enforced"])
+        enforced = gpu_figures(row["enforced"])
         limits = [gpu_power_limit(g[2], enforced.get(g[0])) for g in cards]
         limits = [w for w in limits if w is not None]
         views.append(

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from agents.models import GPU, Node
 from agents.selectors import replica_tokens_per_second
+from llmgw.sqlin import any_of
 from placement.models import Model, ModelEfficiency, Replica, ReplicaState, Shard
-from placement.snapshot import gpu_model_of
+from placement.snapshot import gpu_figures, gpu_figures_sql, gpu_model_of
 
 
 def measured_efficiency() -> dict[tuple[int, str], dict[str, float]]:
@@ -28,16 +29,17 @@ def measured_efficiency() -> dict[tuple[int, str], dict[str, float]]:
     if not figures:
         return {}
     ready = dict(
-        Replica.objects.filter(pk__in=list(figures), state=ReplicaState.READY).values_list("id", "model_id")
+        Replica.objects.filter(pk__in=any_of(figures), state=ReplicaState.READY).values_list("id", "model_id")
     )
-    shards = list(Shard.objects.filter(replica_id__in=list(ready)).values_list("replica_id", "node_id", "gpu_indices"))
+    shards = list(Shard.objects.filter(replica_id__in=any_of(ready)).values_list("replica_id", "node_id", "gpu_indices"))
     node_ids = {node_id for _, node_id, _ in shards}
     power: dict[tuple[int, int], float] = {}
-    for node_id, sensors in Node.objects.filter(pk__in=node_ids).values_list("id", "sensors"):
-        for gpu in (sensors or {}).get("gpus") or ():
-            if gpu.get("power_watts") is not None and gpu.get("index") is not None:
-                power[(node_id, gpu["index"])] = float(gpu["power_watts"])
-    products = {(n, i): p for n, i, p in GPU.objects.filter(node_id__in=node_ids).values_list("node_id", "index", "model")}
+    # Each card's power only, picked out by the database (not the ~3 KB sensors documents, each round).
+    drawn = Node.objects.filter(pk__in=any_of(node_ids)).values_list("id", gpu_figures_sql("power_watts"))
+    for node_id, pairs in drawn:
+        for index, watts in gpu_figures(pairs).items():
+            power[(node_id, index)] = watts
+    products = {(n, i): p for n, i, p in GPU.objects.filter(node_id__in=any_of(node_ids)).values_list("node_id", "index", "model")}
     sums: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     per_replica: dict[int, list] = {}
     for replica_id, node_id, indices in shards:
