@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain, measured_fresh_seconds
@@ -34,6 +34,7 @@ from facility.services import facility_changed_send
 from facility.signals import conditions_evaluated
 from facility.sources import (
     MAX_ABS_VALUE,
+    MIN_ABS_SENSOR,
     THERMAL_REASONS,
     NodeThermal,
     Poll,
@@ -78,10 +79,12 @@ def _moment(epoch: float | None) -> datetime | None:
 
 
 def _figure_sql(value: str) -> str:
-    """facility.sources.sensor_figure in SQL: a JSON number within ±MAX_ABS_VALUE as float8, else NULL."""
+    """facility.sources.sensor_figure in SQL: a JSON number within ±MAX_ABS_VALUE (zero, or at least
+    MIN_ABS_SENSOR from it) as float8, else NULL. The CASEs nest so that no cast meets what it cannot take."""
+    number = f"CAST({value} AS numeric)"
     return (
-        f"CASE WHEN jsonb_typeof({value}) = 'number' AND abs(CAST({value} AS numeric)) <= {MAX_ABS_VALUE:.0f} "
-        f"THEN CAST({value} AS float8) END"
+        f"CASE WHEN jsonb_typeof({value}) = 'number' THEN CASE WHEN abs({number}) <= {MAX_ABS_VALUE:.0f} "
+        f"AND ({number} = 0 OR abs({number}) >= {MIN_ABS_SENSOR!r}) THEN CAST({value} AS float8) END END"
     )
 
 
@@ -188,8 +191,15 @@ def gather_readings(*, now: datetime, client: Any = None) -> dict[Domain, dict[s
     epoch = now.timestamp()
     parts: list[Mapping[Domain, Mapping[str, cond.Reading]]] = []
     if config.agents:
-        parts.append(agents_readings(_node_sensors(), now=epoch, stale_after=measured_fresh_seconds()))
-        _status("agents", None, now)
+        try:
+            with transaction.atomic():  # a savepoint: a refusal here leaves the round's transaction usable
+                nodes = _node_sensors()
+        except DatabaseError as exc:  # a document the summary cannot read: the source is down, not the round
+            log.warning("agents source failed: %s", exc)
+            _status("agents", None, now, error=f"{type(exc).__name__}: {exc}"[:2000])
+        else:
+            parts.append(agents_readings(nodes, now=epoch, stale_after=measured_fresh_seconds()))
+            _status("agents", None, now)
     if config.prometheus is not None:
         try:
             parts.append(_prometheus(config, now, client))
@@ -238,7 +248,8 @@ def scenario_thresholds(thresholds: cond.Thresholds, speed: float) -> cond.Thres
     )
 
 
-_JUDGED_FIELDS = ["condition", "since", "reason", "timers", "readings", "evaluated_at"]
+# What a round writes of each domain's row: all of it but its key.
+_JUDGED_FIELDS = [f.name for f in DomainCondition._meta.concrete_fields if f.name not in {"id", "domain"}]
 
 
 def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> list[ConditionEvent]:

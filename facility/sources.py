@@ -392,12 +392,19 @@ class NodeThermal:
     margin: float | None = None
 
 
+# Below this (and not zero) a figure is no reading: PostgreSQL cannot hold it as a double.
+MIN_ABS_SENSOR = 1e-300
+
+
 def sensor_figure(value: Any) -> float | None:
     """A figure of a sensors document as the agents' source takes it: a JSON number within
-    ±MAX_ABS_VALUE, else None (absent). The database's summary of the documents says the same."""
+    ±MAX_ABS_VALUE (zero, or at least MIN_ABS_SENSOR from it), else None (absent). The database's
+    summary of the documents says the same; -0.0 is 0.0, as the database has no negative zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if abs(value) <= MAX_ABS_VALUE else None
+    if abs(value) > MAX_ABS_VALUE or (value and abs(value) < MIN_ABS_SENSOR):
+        return None
+    return float(value) + 0.0
 
 
 def node_thermal(domains: tuple[Domain, ...], sensors: Any, at: float) -> NodeThermal:

@@ -23,6 +23,9 @@ on a GPU node:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; ``argv`` None is the process's own command line (the `llmgw` script), which then
+    exits after it: only then does ctl take the collector over for its start (llmgw.ctl.main)."""
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(USAGE)
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "ctl":
         from llmgw.ctl import main as ctl_main
 
-        return ctl_main(rest, own_process=True)
+        return ctl_main(rest, own_process=own_process)
     if command in {"worker", "beat"}:
         import django
 

@@ -13,7 +13,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from agents.models import Node
-from facility.evaluation import _node_sensors
+from facility.evaluation import _node_sensors, conditions_evaluate
+from facility.models import DomainCondition, SourceStatus
+from facility.services import facility_apply
 from facility.sources import node_thermal
 
 pytestmark = pytest.mark.django_db
@@ -55,6 +57,9 @@ sensors = st.one_of(
 @given(docs=st.lists(sensors, min_size=1, max_size=4))
 @example(docs=[{"gpus": [1, None, "x", {"temperature_celsius": 80, "slowdown_temperature_celsius": 87}]},
                {"gpus": {"temperature_celsius": 80}, "inlet_temperature_celsius": "24"}, ["gpus"], None])
+@example(docs=[{"inlet_temperature_celsius": v} for v in (10**9, 10**9 + 1, 1e9, -1e9)])
+@example(docs=[{"inlet_temperature_celsius": v} for v in (1000000000.0000001, -0.0, 1e-300, 5e-324)])
+@example(docs=[{"gpus": [{"temperature_celsius": 0, "slowdown_temperature_celsius": -0.0}], "inlet_temperature_celsius": 0}])
 @example(docs=[{"inlet_temperature_celsius": 2e9, "gpus": [{"throttle_reasons": "hw_thermal"},
                                                           {"throttle_reasons": [["hw_thermal"], "sw_thermal"]},
                                                           {"temperature_celsius": True, "slowdown_temperature_celsius": 90}]}])
@@ -87,3 +92,41 @@ def test_a_node_with_no_sensors_yet_is_left_out_and_a_thermal_gpu_is_counted(joi
     (found,) = _node_sensors()
     assert (found.inlet, found.cards, found.throttling, found.margin) == (31.5, 3, 1, 2.5)
     assert {str(d) for d in found.domains} >= {"rack:r1"}
+
+
+def test_a_figure_no_double_can_hold_is_no_reading_and_stops_nothing(join_node):
+    # Written by hand, not by an agent (whose figures are bounded): PostgreSQL cannot cast 1e-400 to a
+    # double, and the summary leaves it out rather than fail the round.
+    join_node("gpu01", rack="r1")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE agents_node SET sensors = %s WHERE name = 'gpu01'",
+            ['{"inlet_temperature_celsius": 31, "gpus": [{"temperature_celsius": 1e-400, '
+             '"slowdown_temperature_celsius": 87}]}'],
+        )
+    (found,) = _node_sensors()
+    assert found.inlet == 31 and found.cards == 1
+    if connection.vendor == "postgresql":
+        assert found.margin is None
+    conditions_evaluate()
+    assert SourceStatus.objects.get(name="agents").up
+
+
+def test_an_agents_source_the_database_refuses_is_down_and_the_round_goes_on(join_node, monkeypatch):
+    from django.db import DatabaseError
+
+    from facility import evaluation
+
+    join_node("gpu01", rack="r1-01")
+    facility_apply(text="facility:\n  sources: {agents: true, static: {rack:r1-01: {inlet_temp_c: 35}}}\n")
+
+    def refused():
+        raise DatabaseError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(evaluation, "_node_sensors", refused)
+    conditions_evaluate()
+    status = SourceStatus.objects.get(name="agents")
+    assert not status.up and status.last_error == "DatabaseError: canceling statement due to statement timeout"
+    # The static source's reading was judged all the same.
+    row = DomainCondition.objects.get(domain="rack:r1-01")
+    assert row.readings["inlet_temp_c"]["value"] == 35

@@ -58,18 +58,29 @@ print(json.dumps({"code": code, "celery": "llmgw.celery" in sys.modules,
 
 COLLECTOR_PROBE = """
 import gc, json, sys
+import llmgw.ctl
 import llmgw.output
 from llmgw.cli import main
 
 seen = {}
+django_setup = llmgw.ctl.django_setup
+def setup_spy(**kwargs):
+    seen.setdefault("starting", gc.isenabled())  # the first command's
+    return django_setup(**kwargs)
+llmgw.ctl.django_setup = setup_spy
 print_table = llmgw.output.print_table
 def spy(*args, **kwargs):
-    seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), django="django.db.models" in sys.modules)
+    if "enabled" not in seen:  # the first command's
+        seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), django="django.db.models" in sys.modules)
     return print_table(*args, **kwargs)
 llmgw.output.print_table = spy  # before main imports the commands' modules, which import it by name
 
-code = main(['ctl', 'nodes'])
-print(json.dumps({"code": code, **seen, "enabled_after": gc.isenabled(), "frozen_after": gc.get_freeze_count()}))
+sys.argv = ["llmgw", "ctl", "nodes"]
+code = main()  # the process's own command line, as the `llmgw` script runs it
+after = {"enabled_after": gc.isenabled(), "frozen_after": gc.get_freeze_count()}
+gc.unfreeze()
+main(["ctl", "nodes"])  # called with its arguments, in a process that goes on: the collector left alone
+print(json.dumps({"code": code, **seen, **after, "in_process_frozen": gc.get_freeze_count()}))
 """
 
 
@@ -118,11 +129,13 @@ def test_a_command_that_writes_starts_the_whole_stack():
 
 
 def test_the_command_runs_with_the_collector_on_over_its_own_objects_only():
-    """`llmgw ctl` freezes what starting Django made (gc.freeze) rather than walk it again and again, and
-    at exit; the command itself collects as ever."""
+    """`llmgw ctl` starts with the collector off and freezes what starting Django made (gc.freeze) rather
+    than walk it again and again; the command itself collects as ever. Called in-process with its
+    arguments, ctl leaves the collector alone."""
     got = run_probe(COLLECTOR_PROBE)
     assert got["code"] == 0 and got["django"]
+    assert got["starting"] is False
     assert got["enabled"] is True and got["enabled_after"] is True
     # Django's modules, classes and the apps' models: hundreds of thousands of objects, none walked again.
     assert got["frozen"] > 100_000
-    assert got["frozen_after"] >= got["frozen"]
+    assert got["in_process_frozen"] == 0

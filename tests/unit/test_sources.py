@@ -9,6 +9,7 @@ from facility.conditions import COOLING_ALARM as _ALARM
 from facility.conditions import INLET, ConfigError, DomainState, Reading, evaluate, parse_conditions_config
 from facility.domains import Domain
 from facility.sources import (
+    NodeThermal,
     QuerySignal,
     agents_readings,
     merge_readings,
@@ -128,6 +129,22 @@ def test_agents_readings_take_the_highest_inlet_the_throttling_share_and_the_sma
     assert found["thermal_throttle_share"].value == 0.25  # 1 of 4 GPUs, power capping is not heat
     assert found["slowdown_margin_c"].value == 9  # 89 − 80
     assert found["thermal_throttle_share"].at == 90.0  # as old as the oldest node it counts
+
+
+def test_node_thermal_takes_numbers_and_gpu_objects_only():
+    got = node_thermal((RACK,), {
+        "inlet_temperature_celsius": "31",
+        "gpus": [7, None, "gpu", _gpu(True, 87, "hw_thermal"), _gpu(60, 2e9, [["hw_thermal"], "sw_thermal"]),
+                 _gpu(80.5, 87, ["HW_THERMAL"])],
+    }, 100.0)
+    # Three GPUs (the objects); one throttles for heat (a listed reason, not a string); the margin is the
+    # one GPU whose two temperatures are figures; text is no inlet.
+    assert (got.inlet, got.cards, got.throttling, got.margin) == (None, 3, 1, 6.5)
+    for sensors in ([], "x", None, {"gpus": {"temperature_celsius": 90}}):
+        assert node_thermal((RACK,), sensors, 1.0) == NodeThermal((RACK,), 1.0)
+    assert node_thermal((RACK,), {"inlet_temperature_celsius": -0.0}, 1.0).inlet == 0.0
+    assert str(node_thermal((RACK,), {"inlet_temperature_celsius": -0.0}, 1.0).inlet) == "0.0"
+    assert node_thermal((RACK,), {"inlet_temperature_celsius": 1e9 + 1}, 1.0).inlet is None
 
 
 def test_a_node_without_sensors_gives_no_reading_never_a_zero():
