@@ -139,7 +139,12 @@ def _ready(row: dict, now: datetime) -> bool:
 def gpu_figures(pairs: list | None) -> dict[int, float]:
     """GPU index → its figure where reported, from the sensors' ``[[index, figure], …]`` (gpu_figures_sql):
     the power limit its agent read back, or the power it draws."""
-    return {index: float(value) for index, value in pairs or () if index is not None and value is not None}
+    # Figures only: one node's odd document (a limit as text) must not stop every node's views.
+    return {
+        index: float(value)
+        for index, value in pairs or ()
+        if isinstance(index, int) and isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> float | None:

@@ -102,8 +102,10 @@ def test_a_capped_gpu_draws_its_enforced_limit_so_headroom_grows(join_node):
         {"gpus": {"index": 0, "enforced_power_limit_watts": 490.0}},
         {"gpus": [7, None, "x", [0, 490.0]]},
         {"gpus": [{"enforced_power_limit_watts": 490.0}, {"index": 1}, {"index": 2, "enforced_power_limit_watts": None}]},
+        {"gpus": [{"index": 0, "enforced_power_limit_watts": "490 W"}, {"index": "1", "enforced_power_limit_watts": 490.0},
+                  {"index": 2, "enforced_power_limit_watts": True}]},
     ],
-    ids=["empty", "text", "object", "not-objects", "half-reported"],
+    ids=["empty", "text", "object", "not-objects", "half-reported", "not-figures"],
 )
 def test_sensors_without_a_whole_enforced_limit_leave_the_inventory_limit(join_node, sensors):
     # The database picks the cards' enforced limits out of the sensors document (placement.snapshot):
