@@ -20,6 +20,7 @@ IMMEDIATE transaction mode serialises writers instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import threading
@@ -238,8 +239,11 @@ class _Locked:
             return f"{name}: cordoned meanwhile"
         if not _is_ready(row[3], row[4], now):
             return f"{name}: not ready any more"
-        labels = json.loads(row[5]) if isinstance(row[5], str) else (row[5] or {})
-        if sorted(str(d) for d in domains_of_labels(labels)) != sorted(domains):
+        if isinstance(row[5], str):
+            location = _location_of(row[5])
+        else:
+            location = tuple(sorted(str(d) for d in domains_of_labels(row[5] or {})))
+        if location != tuple(sorted(domains)):
             return f"{name}: its location changed meanwhile"
         for domain in domains:
             if domain in self.held:
@@ -266,8 +270,8 @@ class _Locked:
         for shard in shards:
             mine = self.budgeted.get(shard.node)
             if mine is None:
-                mine = self.budgeted[shard.node] = snapshot.level_sorted(
-                    d for d in domains_of[shard.node] if d in self.budgets
+                mine = self.budgeted[shard.node] = _level_sorted(
+                    tuple(d for d in domains_of[shard.node] if d in self.budgets)
                 )
             placed, drawn = self.draws.get(shard.node, (0.0, 0.0))
             # The SQL gives max(placed, measured): a measurement counts where it passes the placed.
@@ -294,6 +298,20 @@ class _Locked:
             self.taken[d][1] += draw
         for name, watts in mine_extra.items():
             self.extra[name] += watts
+
+
+# A fleet's locked rows repeat from batch to batch: each stored labels text (and each node's set of
+# budgeted domains) is worked out once, not once a batch (a tenth of a batch's check at 1,000 nodes).
+@functools.lru_cache(maxsize=65536)
+def _location_of(labels_text: str) -> tuple[str, ...]:
+    """The domains a node's stored labels (its row's JSON text) put it in, as sorted texts."""
+    return tuple(sorted(str(d) for d in domains_of_labels(json.loads(labels_text))))
+
+
+@functools.lru_cache(maxsize=65536)
+def _level_sorted(domains: tuple[str, ...]) -> tuple[str, ...]:
+    """snapshot.level_sorted, kept."""
+    return tuple(snapshot.level_sorted(domains))
 
 
 def _is_ready(last_heartbeat_at: datetime | str | None, interval: float, now: datetime) -> bool:

@@ -412,12 +412,10 @@ class PlacementIndex:
     def _catch_up(self, ranking: _Ranking, request: ReplicaRequest) -> None:
         """Rank again the nodes that changed, those of racks whose use moved, and those of racks and
         PDUs the model's new replicas went to (their spread)."""
-        changed: set[str] = set()
-        again: set[_Group] = set()
-        for name, rack in self._log[ranking.seen - self._log_start :]:
-            changed.add(name)
-            if rack is not None:
-                again.update(g for g in self._groups_in.get(rack, ()) if g.step_cell is not None)
+        log = self._log[ranking.seen - self._log_start :]
+        changed = {name for name, _ in log}
+        racks = {rack for _, rack in log if rack is not None}  # each rack's groups looked up once
+        again: set[_Group] = {g for rack in racks for g in self._groups_in.get(rack, ()) if g.step_cell is not None}
         ranking.seen = self._log_start + len(self._log)
         existing = request.existing
         if len(existing) > len(ranking.existing):
@@ -436,20 +434,36 @@ class PlacementIndex:
             if base is not None:
                 entry = current[name] = self._entry(indexed, base, counts)
                 ranking.put_in(entry)
+        # A group's nodes moved one by one (take_out and put_in, inline: a whole rack's nodes move when
+        # the model's spread there changes, each plan, and this loop was a third of a batched placement).
+        entries, moved = ranking.entries, ranking.moved
         for group in again:
-            spread, cell = spread_of(group.spread, counts), group.step_cell
+            spread, cell, rank = spread_of(group.spread, counts), group.step_cell, group.rank
+            steps: dict[float, int] = {}  # a group's nodes mostly add alike: one step each
             for name in group.names():
                 base = bases.get(name)
                 if base is None or name in changed:
                     continue
                 old = current[name]
                 tail, draw, added = base
-                step = FULL_HEADROOM if cell is None or added is None else step_left(cell.limit, cell.use, added)
+                if cell is None or added is None:
+                    step = FULL_HEADROOM
+                else:
+                    step = steps.get(added)
+                    if step is None:
+                        step = steps[added] = step_left(cell.limit, cell.use, added)
                 if old[3] == step and old[0][0] == spread:
                     continue  # the rank moves only with the facility (a new epoch)
-                entry = current[name] = ((spread, group.rank, -step, *tail), draw, added, step, old[4])
-                ranking.take_out(old)
-                ranking.put_in(entry)
+                entry = current[name] = ((spread, rank, -step, *tail), draw, added, step, old[4])
+                at = bisect_left(entries, old)
+                del entries[at]
+                if at < moved:
+                    moved = at
+                at = bisect_right(entries, entry)
+                entries.insert(at, entry)
+                if at < moved:
+                    moved = at
+        ranking.moved = moved
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""

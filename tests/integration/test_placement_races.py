@@ -33,6 +33,7 @@ def test_a_node_relabelled_into_a_held_full_rack_after_the_plan_is_not_used(join
     assert replica.state == ReplicaState.PENDING
     assert not Shard.objects.exists()
     assert replica.reason.startswith("no node fits (1 node): 1 × rack rb is held: PDU swap")
+    assert replica.explain["conflicts"] == ["a1: its location changed meanwhile"]
 
 
 @pytest.mark.django_db(transaction=True)
