@@ -8,6 +8,7 @@ that name, so ``gpu.model in (H100,H200)`` works on a node nobody labelled.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -76,6 +77,7 @@ def gpu_figures_sql(key: str) -> RawSQL:
     return RawSQL(f"({_GPU_FIGURES_SQL[connection.vendor].format(sensors=sensors, key=key)})", [], JSONField())
 
 
+@functools.lru_cache(maxsize=1024)  # a fleet has a few products, named on each of its nodes
 def gpu_model_of(product: str) -> str | None:
     """The short model name in a card's product name (``H100``), or None when there is none."""
     found = _GPU_MODEL_RE.search(product or "")
@@ -139,12 +141,17 @@ def _ready(row: dict, now: datetime) -> bool:
 def gpu_figures(pairs: list | None) -> dict[int, float]:
     """GPU index → its figure where reported, from the sensors' ``[[index, figure], …]`` (gpu_figures_sql):
     the power limit its agent read back, or the power it draws."""
-    # Figures only: one node's odd document (a limit as text) must not stop every node's views.
+    # Figures only: one node's odd document (a limit as text) must not stop every node's views. The
+    # pairs are decoded JSON, so their types are exactly int, float, bool, str, list, dict or None.
     return {
         index: float(value)
         for index, value in pairs or ()
-        if isinstance(index, int) and isinstance(value, int | float) and not isinstance(value, bool)
+        if type(index) in _JSON_INDEX and type(value) in _JSON_NUMBER
     }
+
+
+_JSON_INDEX = frozenset({int, bool})  # as isinstance(index, int) took it: JSON's true is card 1
+_JSON_NUMBER = frozenset({int, float})
 
 
 def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> float | None:
