@@ -13,10 +13,10 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Exists, JSONField, OuterRef
+from django.db.models import BigIntegerField, Count, Exists, JSONField, OuterRef
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -160,13 +160,38 @@ def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> f
     return enforced_watts if enforced_watts is not None else spec_watts
 
 
+# The nodes' two times, on PostgreSQL, as whole microseconds since the epoch: Django reads a
+# timestamptz column through a loader of its own, in Python, and at 10,000 nodes the 20,000 times
+# were 0.2 s of every index's build; made into datetimes here they are 0.04 s, and exactly the same.
+_TIMES = ("last_heartbeat_at", "sensors_at")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _node_rows(nodes) -> list[dict]:
+    """The nodes' rows for their views: _NODE_FIELDS, and ``enforced`` (gpu_figures_sql)."""
+    enforced = gpu_figures_sql("enforced_power_limit_watts")
+    if connection.vendor != "postgresql":
+        return list(nodes.values(*_NODE_FIELDS, enforced=enforced))
+    table = Node._meta.db_table
+    micros = {
+        f"{field}_us": RawSQL(f'CAST(EXTRACT(EPOCH FROM "{table}"."{field}") * 1000000 AS bigint)', [], BigIntegerField())
+        for field in _TIMES
+    }
+    rows = list(nodes.values(*(f for f in _NODE_FIELDS if f not in _TIMES), enforced=enforced, **micros))
+    for row in rows:
+        for field in _TIMES:
+            us = row.pop(f"{field}_us")
+            row[field] = None if us is None else _EPOCH + timedelta(microseconds=us)
+    return rows
+
+
 def node_views(*, names: Iterable[str] | None = None, now: datetime | None = None) -> list[NodeView]:
     """Every node (or the named ones) as the planner sees it, from six queries whatever their number."""
     now = now or timezone.now()
     nodes = Node.objects.all()
     if names is not None:
         nodes = nodes.filter(name__in=any_of(names))  # thousands, freed by a scale down: one array
-    rows = list(nodes.order_by("name").values(*_NODE_FIELDS, enforced=gpu_figures_sql("enforced_power_limit_watts")))
+    rows = _node_rows(nodes.order_by("name"))
     ids = [r["id"] for r in rows]
     scoped = names is not None
     gpus: dict[int, list[tuple]] = defaultdict(list)
