@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 from django.conf import settings
@@ -63,17 +64,18 @@ def would_counts() -> dict[str, int]:
     return counts
 
 
-def passed_over_summary(rejections: Mapping[str, str]) -> str:
-    """``passed over (3 nodes): 2 × gpu: 8 requested, 0 free; 1 × …`` (at most five groups), or ``""``."""
+def passed_over_summary(rejections: Mapping[str, str], reasons: Mapping[str, int] | None = None) -> str:
+    """``passed over (3 nodes): 2 × gpu: 8 requested, 0 free; 1 × …`` (at most five groups), or ``""``.
+    ``reasons``: each reason's count where the planner kept it (Plan.reasons)."""
     if not rejections:
         return ""
     total = len(rejections)
-    return f"passed over ({total} node{'' if total == 1 else 's'}): {reasons_grouped(rejections)}"
+    return f"passed over ({total} node{'' if total == 1 else 's'}): {reasons_grouped(rejections, reasons)}"
 
 
 def placed_explain(plan: Plan, *, attempts: int, conflicts: list[str]) -> dict[str, Any]:
     """What a placed replica keeps: its shards, why there, and the rejections of the nodes ranked ahead."""
-    kept = list(plan.rejections.items())[:KEPT_REJECTIONS]
+    kept = islice(plan.rejections.items(), KEPT_REJECTIONS)  # a lost room's plans pass 2,500 over
     count_would(plan.notes)
     return {
         "why": plan.why,
@@ -89,7 +91,7 @@ def placed_explain(plan: Plan, *, attempts: int, conflicts: list[str]) -> dict[s
             for s in plan.shards
         ],
         "passed_over": len(plan.rejections),
-        "summary": passed_over_summary(plan.rejections),
+        "summary": passed_over_summary(plan.rejections, plan.reasons),
         "rejections": [{"node": n, "reason": r} for n, r in kept],
         "attempts": attempts,
         "conflicts": conflicts,
@@ -101,5 +103,5 @@ def pending_explain(nofit: NoFit) -> dict[str, Any]:
     return {
         "summary": nofit.summary,
         "nodes_checked": len(nofit.rejections),
-        "rejections": [{"node": n, "reason": r} for n, r in list(nofit.rejections.items())[:KEPT_REJECTIONS]],
+        "rejections": [{"node": n, "reason": r} for n, r in islice(nofit.rejections.items(), KEPT_REJECTIONS)],
     }

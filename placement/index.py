@@ -210,11 +210,14 @@ class _Walk:
     moved among those candidates (a room's held nodes, the full racks), instead of walking them again.
     """
 
-    __slots__ = ("ahead", "rejections", "exclude", "cells")
+    __slots__ = ("ahead", "rejections", "reasons", "exclude", "cells")
 
-    def __init__(self, ahead: int, rejections: dict[str, str], exclude: frozenset[str], cells: dict) -> None:
+    def __init__(
+        self, ahead: int, rejections: dict[str, str], reasons: dict[str, int], exclude: frozenset[str], cells: dict
+    ) -> None:
         self.ahead = ahead
         self.rejections = rejections
+        self.reasons = reasons  # each rejection reason's count: the explain's summary, not counted again
         self.exclude = exclude
         self.cells = cells  # _Cell → its version when read
 
@@ -475,9 +478,9 @@ class PlacementIndex:
         if walk is not None and walk.holds(ranking, exclude):
             # Nothing moved among the candidates the last plan passed over: they are passed over again
             # for the same reasons (a lost room's 2,500 held nodes, walked by each of its replacements).
-            start, rejections, read = walk.ahead, dict(walk.rejections), dict(walk.cells)
+            start, rejections, reasons, read = walk.ahead, dict(walk.rejections), dict(walk.reasons), dict(walk.cells)
         else:
-            rejections, read = {}, {}
+            rejections, reasons, read = {}, {}, {}
         entries = ranking.entries
         for at in range(start, len(entries)):
             key, draw, added, step, out = entries[at]
@@ -486,6 +489,7 @@ class PlacementIndex:
                 # What base_rejection would say first, kept in the entry (a lost room's held nodes were
                 # two thirds of the entries a plan walked past).
                 rejections[name] = out
+                reasons[out] = reasons.get(out, 0) + 1
                 continue
             indexed = self._nodes[name]
             node = indexed.node
@@ -500,14 +504,16 @@ class PlacementIndex:
                             read[read_cell] = read_cell.version
                         break
             if reason is None:
-                ranking.walk, ranking.moved = _Walk(at, rejections, exclude, read), len(entries)
+                ranking.walk, ranking.moved = _Walk(at, rejections, reasons, exclude, read), len(entries)
                 return Plan(
                     shards=(shard_for(node, profile, draw),),
                     why=why_text(node, request, ranking.counts, indexed.group.rank, step),
                     rejections=rejections,  # the walk's too: a later plan copies it before adding
                     notes=indexed.group.notes,
+                    reasons=reasons,  # likewise
                 )
             rejections[name] = reason
+            reasons[reason] = reasons.get(reason, 0) + 1
         ranking.walk = None
         return self._nofit(request, exclude)
 

@@ -154,6 +154,9 @@ class Plan:
     rejections: dict[str, str]
     # What observe mode would have done differently on the chosen nodes: "would have refused: …".
     notes: tuple[str, ...] = ()
+    # How many rejections give each reason, where the planner counted them as it went (the index: a
+    # lost room's plans each pass its 2,500 held nodes over); None: counted from ``rejections``.
+    reasons: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -507,9 +510,11 @@ def why_text(
     return "; ".join(parts)
 
 
-def reasons_grouped(rejections: Mapping[str, str]) -> str:
-    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups."""
-    counts = Counter(rejections.values())
+def reasons_grouped(rejections: Mapping[str, str], counts: Mapping[str, int] | None = None) -> str:
+    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups.
+    ``counts``: each reason's count, where already known (they are the rejections', counted)."""
+    if counts is None:
+        counts = Counter(rejections.values())
     groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
     return "; ".join(f"{count} × {reason}" for reason, count in groups)
 
