@@ -302,13 +302,27 @@ class _Locked:
 
 # A fleet's locked rows repeat from batch to batch: each stored labels text (and each node's set of
 # budgeted domains) is worked out once, not once a batch (a tenth of a batch's check at 1,000 nodes).
-@functools.lru_cache(maxsize=65536)
-def _location_of(labels_text: str) -> tuple[str, ...]:
+# Both are kept within bounds: a labels text may be ~130 KB (256 labels), so only the short ones are
+# kept, 16,384 of them (16 MiB at most); a set of budgeted domains is a rack's and its PDUs'.
+_LABELS_TEXT_KEPT = 1024
+
+
+def _location_parsed(labels_text: str) -> tuple[str, ...]:
     """The domains a node's stored labels (its row's JSON text) put it in, as sorted texts."""
     return tuple(sorted(str(d) for d in domains_of_labels(json.loads(labels_text))))
 
 
-@functools.lru_cache(maxsize=65536)
+_location_kept = functools.lru_cache(maxsize=16384)(_location_parsed)
+
+
+def _location_of(labels_text: str) -> tuple[str, ...]:
+    """_location_parsed, kept for the texts of a usual size."""
+    if len(labels_text) > _LABELS_TEXT_KEPT:
+        return _location_parsed(labels_text)
+    return _location_kept(labels_text)
+
+
+@functools.lru_cache(maxsize=4096)
 def _level_sorted(domains: tuple[str, ...]) -> tuple[str, ...]:
     """snapshot.level_sorted, kept."""
     return tuple(snapshot.level_sorted(domains))
