@@ -437,8 +437,9 @@ class PlacementIndex:
             if base is not None:
                 entry = current[name] = self._entry(indexed, base, counts)
                 ranking.put_in(entry)
-        # A group's nodes moved one by one (take_out and put_in, inline: a whole rack's nodes move when
-        # the model's spread there changes, each plan, and this loop was a third of a batched placement).
+        # A group's nodes moved one by one (take_out and put_in, inline): a whole rack's candidates move
+        # each time the model's spread there changes, and the catch-up was a third of a batched
+        # placement's CPU.
         entries, moved = ranking.entries, ranking.moved
         for group in again:
             spread, cell, rank = spread_of(group.spread, counts), group.step_cell, group.rank
