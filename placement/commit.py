@@ -239,11 +239,7 @@ class _Locked:
             return f"{name}: cordoned meanwhile"
         if not _is_ready(row[3], row[4], now):
             return f"{name}: not ready any more"
-        if isinstance(row[5], str):
-            location = _location_of(row[5])
-        else:
-            location = tuple(sorted(str(d) for d in domains_of_labels(row[5] or {})))
-        if location != tuple(sorted(domains)):
+        if _location_of(row[5] or "{}") != tuple(sorted(domains)):  # the labels as text (CAST in the SQL)
             return f"{name}: its location changed meanwhile"
         for domain in domains:
             if domain in self.held:

@@ -437,10 +437,6 @@ class PlacementIndex:
             if base is not None:
                 entry = current[name] = self._entry(indexed, base, counts)
                 ranking.put_in(entry)
-        # A group's nodes moved one by one (take_out and put_in, inline): a whole rack's candidates move
-        # each time the model's spread there changes, and the catch-up was a third of a batched
-        # placement's CPU.
-        entries, moved = ranking.entries, ranking.moved
         for group in again:
             spread, cell, rank = spread_of(group.spread, counts), group.step_cell, group.rank
             steps: dict[float, int] = {}  # a group's nodes mostly add alike: one step each
@@ -459,15 +455,8 @@ class PlacementIndex:
                 if old[3] == step and old[0][0] == spread:
                     continue  # the rank moves only with the facility (a new epoch)
                 entry = current[name] = ((spread, rank, -step, *tail), draw, added, step, old[4])
-                at = bisect_left(entries, old)
-                del entries[at]
-                if at < moved:
-                    moved = at
-                at = bisect_right(entries, entry)
-                entries.insert(at, entry)
-                if at < moved:
-                    moved = at
-        ranking.moved = moved
+                ranking.take_out(old)
+                ranking.put_in(entry)
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""

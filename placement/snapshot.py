@@ -146,11 +146,10 @@ def gpu_figures(pairs: list | None) -> dict[int, float]:
     return {
         index: float(value)
         for index, value in pairs or ()
-        if type(index) in _JSON_INDEX and type(value) in _JSON_NUMBER
+        if type(index) is int and type(value) in _JSON_NUMBER  # not bool: JSON's true is no card, no watts
     }
 
 
-_JSON_INDEX = frozenset({int, bool})  # as isinstance(index, int) took it: JSON's true is card 1
 _JSON_NUMBER = frozenset({int, float})
 
 
