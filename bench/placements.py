@@ -8,9 +8,11 @@ places one pending replica through ``placement.commit.replica_place`` — the pa
 plan on the index, then lock budgets and nodes, re-check, write shards, book GPUs — until none fits.
 
 Prints placements/s and p50/p99 latency of plan + commit; then the same models placed in batches,
-taking turns (one batch a turn), between runs of the lean single-commit probe (bench/probe.py); then
-one model's 1,000 pending replicas in one call, as reconcile places a model, with its batches' commits
-pipelined and waited for; then the planner alone (bench/planner.py).
+taking turns (one batch a turn), each round of turns in one run of batches as a reconcile places its
+models (``placement.commit.lanes_place``), between runs of the lean single-commit probe
+(bench/probe.py), and the same turns one call a turn beside them; then one model's 1,000 pending
+replicas in one call, as reconcile places a model, with its batches' commits pipelined and waited
+for; then the planner alone (bench/planner.py).
 Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--phases`` for
 where the batched run's time went, step by step; ``--nodes``).
 Prints figures, asserts nothing.
@@ -191,11 +193,14 @@ def place_all(models: list) -> tuple[list[float], float, int, int]:
     return timings, built, conflicts, sum(len(q) for q in queues.values())
 
 
-def place_batched(models: list, batch: int) -> tuple[int, float, int]:
-    """Round-robin over the models, ``batch`` replicas a turn through replicas_place (one transaction
-    each, as a reconcile does on PostgreSQL); until none fits. (placements, wall seconds, left pending)."""
+def place_batched(models: list, batch: int, *, together: bool = True) -> tuple[int, float, int]:
+    """Round-robin over the models, ``batch`` replicas a turn, one transaction a batch (as a reconcile does
+    on PostgreSQL); until none fits. ``together``: each round's turns in one run of batches
+    (``lanes_place``, as a reconcile places its models, one after another: the next model's first batch
+    planned while the last one's commits); else one call a turn, each waiting for its last commit.
+    (placements, wall seconds, left pending)."""
     from placement import snapshot
-    from placement.commit import collector_paused, replicas_place
+    from placement.commit import Lane, collector_paused, lanes_place
     from placement.index import PlacementIndex
 
     with collector_paused():  # as reconcile_all runs
@@ -206,13 +211,20 @@ def place_batched(models: list, batch: int) -> tuple[int, float, int]:
         placed = 0
         open_models = [m.name for m in models]
         while open_models:
-            for name in list(open_models):
+            lanes = {}
+            for name in open_models:
                 turn, queues[name] = queues[name][:batch], queues[name][batch:]
-                outcomes, stopped = replicas_place(replicas=turn, request=requests[name], index=index, batch=batch)
-                nodes = [outcome.plan.nodes for _, outcome in outcomes if outcome.plan is not None]
+                lanes[name] = Lane(turn, requests[name])
+            if together:
+                lanes_place(lanes=list(lanes.values()), index=index, batch=batch)
+            else:
+                for lane in lanes.values():
+                    lanes_place(lanes=[lane], index=index, batch=batch)
+            for name, lane in lanes.items():
+                nodes = [outcome.plan.nodes for _, outcome in lane.tried() if outcome.plan is not None]
                 placed += len(nodes)
                 requests[name] = dataclasses.replace(requests[name], existing=(*requests[name].existing, *nodes))
-                if stopped is not None or not queues[name]:
+                if lane.stopped is not None or not queues[name]:
                     open_models.remove(name)
         return placed, time.perf_counter() - started, sum(len(q) for q in queues.values())
 
@@ -247,6 +259,8 @@ class Phases:
         ("placement.commit", "_Locked", "check", "re-check plans on the locked rows"),
         ("placement.commit", None, "_write_postgresql_batch", "write (one statement a batch)"),
         ("psycopg", "Connection", "commit", "commit"),
+        ("placement.commit", "_InFlight", "finish", "wait for a pipelined write and COMMIT"),
+        ("placement.commit", None, "_marks_write", "write the stops' reasons"),
     )
 
     def __init__(self) -> None:
@@ -412,6 +426,7 @@ def main() -> None:
     count, probe_wall = probe(base, seconds=args.probe_seconds)
     probes = [count / probe_wall]
     rates = []
+    separate = []  # the same turns, one call a turn: what the run of batches saves
     for run in range(args.rounds):
         models = fresh_cluster(args.nodes, args.per_model)
         settled.append(quiet(base))
@@ -427,16 +442,25 @@ def main() -> None:
         )
         if phases is not None:
             phases.print(wall, placed)
+        models = fresh_cluster(args.nodes, args.per_model)
+        quiet(base)
+        placed, wall, _ = place_batched(models, args.batch, together=False)
+        separate.append(placed / wall)
         settled.append(quiet(base))
         count, probe_wall = probe(base, seconds=args.probe_seconds)
         probes.append(count / probe_wall)
     print(f"the server settled before each run in {'; '.join(settled)}")
     ratios = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(rates)]
+    alone = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(separate)]
     print(
-        f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}) "
-        f"{', '.join(f'{r:,.0f}' for r in rates)}/s | lean single-commit probe "
+        f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}), each round of turns in one "
+        f"run {', '.join(f'{r:,.0f}' for r in rates)}/s | lean single-commit probe "
         f"{', '.join(f'{p:,.0f}' for p in probes)}/s (before, between and after) | batched / the faster probe "
         f"beside it = {', '.join(f'{r:.2f}×' for r in ratios)}, median {percentile(ratios, 0.5):.2f}×"
+    )
+    print(
+        f"the same turns one call a turn (each waiting for its last commit): "
+        f"{', '.join(f'{r:,.0f}' for r in separate)}/s, {', '.join(f'{r:.2f}×' for r in alone)} the probe"
     )
     # One model's many pending replicas in one call (a large apply, a lost room's replacements): the
     # batches before the last overlap their commit with the next one's plans, or wait, side by side.

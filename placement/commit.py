@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import gc
 import json
+import logging
 import threading
 import time
 from collections import Counter, defaultdict
@@ -51,6 +52,8 @@ from placement.planner import FacilityView, NoFit, Plan, ReplicaRequest, power_r
 from placement.signals import placement_changed_on_commit
 
 MAX_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 # A replica to place: its model instance, or what a reconcile loads of a pending one.
 Pending = Replica | snapshot.PendingReplica
@@ -655,9 +658,40 @@ class _Pending:
     exclude: set[str] = field(default_factory=set)
     plan: Plan | None = None
     explain: dict[str, Any] | None = None
+    tried: bool = False  # planned once at least: counted against a run's bound on tries
 
 
-@collector_paused()
+@dataclass
+class Lane:
+    """One model's pending replicas in a placement run (:func:`lanes_place`), and what became of them.
+
+    ``outcomes`` has each replica tried, by id; ``stopped`` is the replica nothing fitted (the ones after
+    it were not tried: they ask the same and get the same); ``cut`` says the run's bound on tries came
+    first; ``error`` is what its placement raised (the run stops there: the caller decides the rest).
+    """
+
+    replicas: list[Pending]
+    request: ReplicaRequest
+    outcomes: dict[int, Placement] = field(default_factory=dict)
+    stopped: Pending | None = None
+    cut: bool = False
+    error: Exception | None = None
+    queue: list[_Pending] = field(init=False, repr=False)
+    existing: list[frozenset[str]] = field(init=False, repr=False)  # the model's replicas, as planned
+
+    def __post_init__(self) -> None:
+        self.queue = [_Pending(r) for r in self.replicas]
+        self.existing = list(self.request.existing)
+
+    def tried(self) -> list[tuple[Pending, Placement]]:
+        """Each replica tried with its outcome, in order."""
+        return [(r, self.outcomes[r.pk]) for r in self.replicas if r.pk in self.outcomes]
+
+    def untried(self) -> list[Pending]:
+        """The replicas with no outcome, in order: after the stop, past the bound, or left by an error."""
+        return [r for r in self.replicas if r.pk not in self.outcomes]
+
+
 def replicas_place(
     *,
     replicas: list[Pending],
@@ -666,143 +700,223 @@ def replicas_place(
     now: datetime | None = None,
     batch: int = BATCH,
 ) -> tuple[list[tuple[Pending, Placement]], Pending | None]:
-    """Plan and commit one model's pending replicas in order, up to ``batch`` in each transaction.
+    """Plan and commit one model's pending replicas in order, up to ``batch`` in each transaction
+    (:func:`lanes_place` with one lane). Returns each replica tried with its outcome, in order, and the
+    replica it stopped at, if it did: the one nothing fits (the replicas after it were not tried)."""
+    lane = Lane(replicas, request)
+    lanes_place(lanes=[lane], index=index, now=now, batch=batch)
+    return lane.tried(), lane.stopped
 
-    Returns each replica tried with its outcome, in order, and the replica it stopped at, if it did:
-    the one nothing fits (the replicas after it were not tried: they ask the same and get the same).
-    Each plan is made on the index with the plans before it applied; the batch is checked against
-    the locked rows in one transaction with the guards of the single commit (budgets, then nodes,
+
+@collector_paused()
+def lanes_place(
+    *,
+    lanes: list[Lane],
+    index: PlacementIndex,
+    now: datetime | None = None,
+    batch: int = BATCH,
+    max_tries: int | None = None,
+) -> None:
+    """Plan and commit several models' pending replicas, lane by lane, each lane's in order, up to
+    ``batch`` of one lane in each transaction; at most ``max_tries`` replicas tried in all (the lanes
+    past it are ``cut``). Outcomes go into the lanes.
+
+    Each plan is made on the index with the plans before it applied; the batch is checked against the
+    locked rows in one transaction with the guards of the single commit (budgets, then nodes,
     re-checked, then the guarded writes). A plan that loses is left out and planned again (at most
     MAX_ATTEMPTS times, as one at a time); the others commit. On SQLite, one at a time.
 
-    While a batch's write and COMMIT are on their way (pipeline mode, see _InFlight), the next batch
-    is planned on the index with the sent plans applied. If the sent batch did not all commit, the
-    next batch's plans are taken back and planned again after its outcome, as if they had waited.
+    While a batch's write and COMMIT are on their way (pipeline mode, see _InFlight), the next batch —
+    the same lane's, or the next lane's: a reconcile's models follow one another without a wait — is
+    planned on the index with the sent plans applied. If the sent batch did not all commit, the next
+    batch's plans are taken back and planned again after its outcome, as if they had waited.
+
+    An error is raised as it came, with the lane it came from marked (``Lane.error``); the lanes before
+    it are settled, the ones after it untouched, the index to be built afresh.
     """
     now = now or timezone.now()
     if connection.vendor != "postgresql" or batch <= 1:
-        return _place_one_by_one(replicas, request, index, now)
-    outcomes: dict[int, Placement] = {}
-    queue = [_Pending(r) for r in replicas]
-    existing = list(request.existing)
-    stopped: Pending | None = None
+        _lanes_one_by_one(lanes, index, now, max_tries)
+        return
     # Outside a transaction, a batch with more to plan after it has its write and COMMIT sent in
     # pipeline mode, and the next batch is planned while PostgreSQL works on them (the planner's CPU
     # and the database's overlap). The last batch commits waiting, as there is nothing to overlap.
     overlap = settings.LLMGW_COMMIT_PIPELINE and not connection.in_atomic_block
-    in_flight: tuple[list[_Pending], _InFlight] | None = None
+    in_flight: tuple[Lane, list[_Pending], _InFlight] | None = None
+    # The stops' reasons, written together once nothing is in flight at the end (a reconcile's models
+    # each stop once: a statement and a commit each, a tenth of a run of twenty models' turns).
+    marks: list[tuple[Pending, str, dict[str, Any]]] = []
+    started = 0
+    blame = lanes[0] if lanes else None
+    failing = False
 
-    def stop_at(nofit: NoFit) -> Pending:
-        """The replica first in the queue waits, with why; the ones after it are not tried."""
-        item = queue.pop(0)
+    def can_go(lane: Lane) -> bool:
+        if not lane.queue or lane.stopped is not None:
+            return False
+        return lane.queue[0].tried or max_tries is None or started < max_tries
+
+    def stop_at(lane: Lane, nofit: NoFit) -> None:
+        """The replica first in the lane's queue waits, with why; the ones after it are not tried."""
+        item = lane.queue.pop(0)
         explain = pending_explain(nofit)
         if item.conflicts:
             explain |= {"conflicts": item.conflicts}
-        outcomes[item.replica.pk] = replica_pending(item.replica, nofit.summary, explain)
-        return item.replica
+        replica = item.replica
+        if replica.reason != nofit.summary or replica.explain != explain:
+            marks.append((replica, nofit.summary, explain))
+            replica.reason, replica.explain = nofit.summary, explain
+        lane.outcomes[replica.pk] = Placement(reason=nofit.summary)
+        lane.stopped = replica
 
     try:
-        while (queue or in_flight) and stopped is None:
+        while True:
+            lane = next((candidate for candidate in lanes if can_go(candidate)), None)
+            if lane is None and in_flight is None:
+                break
             planned: list[_Pending] = []
             waiting: NoFit | None = None  # found with a batch in flight: it stands if that batch commits whole
-            while queue and len(planned) < batch:
-                item = queue[0]
-                result = index.plan(
-                    dataclasses.replace(request, existing=tuple(existing)), exclude=frozenset(item.exclude)
-                )
-                if isinstance(result, NoFit):
-                    if planned or in_flight:
-                        # What the batches take may not all commit: plan this one again after them.
-                        waiting = None if planned else result
+            if lane is not None:
+                blame = lane
+                while lane.queue and len(planned) < batch:
+                    item = lane.queue[0]
+                    if not item.tried:
+                        if max_tries is not None and started >= max_tries:
+                            break
+                        item.tried = True
+                        started += 1
+                    result = index.plan(
+                        dataclasses.replace(lane.request, existing=tuple(lane.existing)),
+                        exclude=frozenset(item.exclude),
+                    )
+                    if isinstance(result, NoFit):
+                        if planned or in_flight:
+                            # What the batches take may not all commit: plan this one again after them.
+                            waiting = None if planned else result
+                            break
+                        stop_at(lane, result)
                         break
-                    stopped = stop_at(result)
-                    break
-                queue.pop(0)
-                item.plan = result
-                item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
-                index.apply(result)
-                existing.append(result.nodes)
-                planned.append(item)
+                    lane.queue.pop(0)
+                    item.plan = result
+                    item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
+                    index.apply(result)
+                    lane.existing.append(result.nodes)
+                    planned.append(item)
             if in_flight is not None:
-                sent, flight = in_flight
+                sent_lane, sent, flight = in_flight
                 in_flight = None
+                blame = sent_lane
                 committed = flight.finish()
-                if committed is None or not committed.clean:
+                if planned and (committed is None or not committed.clean):
                     # Not all of it committed: what was planned on top of it is planned again after it.
-                    _take_back(planned, index, now, existing)
-                    queue[:0] = planned
+                    _take_back(planned, index, now, lane)
+                    lane.queue[:0] = planned
                     planned = []
                 if committed is None:
                     # The write met a lost race and the database rolled the batch back: committed again
                     # the waiting way, which finds out which plans lost and plans them again.
-                    queue[:0] = _commit_batch(sent, index, now, outcomes, existing)
+                    sent_lane.queue[:0] = _commit_batch(sent, index, now, sent_lane)
                 else:
-                    queue[:0] = _settle_batch(sent, committed, index, now, outcomes, existing)
+                    sent_lane.queue[:0] = _settle_batch(sent, committed, index, now, sent_lane)
                 if waiting is not None and committed is not None and committed.clean:
-                    stopped = stop_at(waiting)  # the index is as it was planned on: the same answer
+                    stop_at(lane, waiting)  # the index is as it was planned on: the same answer
                     continue
             if not planned:
                 continue
-            if overlap and queue:  # a next batch to plan while this one commits
+            blame = lane
+            if overlap and any(can_go(candidate) for candidate in lanes):  # a next batch to plan meanwhile
                 flight = _InFlight.send(planned, index, now)
                 if flight.committed is None:
-                    in_flight = (planned, flight)
+                    in_flight = (lane, planned, flight)
                 else:  # every plan lost at the check: nothing went out
-                    queue[:0] = _settle_batch(planned, flight.committed, index, now, outcomes, existing)
+                    lane.queue[:0] = _settle_batch(planned, flight.committed, index, now, lane)
             else:
-                queue[:0] = _commit_batch(planned, index, now, outcomes, existing)
+                lane.queue[:0] = _commit_batch(planned, index, now, lane)
+    except Exception as exc:
+        failing = True
+        if blame is not None and blame.error is None:
+            blame.error = exc
+        raise
     finally:
         if in_flight is not None:
             # Whatever stopped the run, a batch on its way is waited for, and what it committed recorded.
-            sent, flight = in_flight
-            committed = flight.finish()
-            if committed is not None:
-                _settle_batch(sent, committed, index, now, outcomes, existing)
-    return [(r, outcomes[r.pk]) for r in replicas if r.pk in outcomes], stopped
+            sent_lane, sent, flight = in_flight
+            try:
+                committed = flight.finish()
+                if committed is not None:
+                    _settle_batch(sent, committed, index, now, sent_lane)
+            except Exception as exc:
+                if sent_lane.error is None:
+                    sent_lane.error = exc
+                raise
+        try:
+            _marks_write(marks)
+        except DatabaseError:
+            if not failing:
+                raise
+            log.warning("the reasons of %d stopped replicas were not written; the next reconcile writes them", len(marks))
+    for lane in lanes:
+        lane.cut = bool(lane.queue) and lane.stopped is None
+
+
+def _marks_write(marks: list[tuple[Pending, str, dict[str, Any]]]) -> None:
+    """Each replica's reason to wait, in one transaction (only pending replicas take it)."""
+    if not marks:
+        return
+    with transaction.atomic():
+        for replica, reason, explain in marks:
+            Replica.objects.filter(pk=replica.pk, state=ReplicaState.PENDING).update(reason=reason, explain=explain)
 
 
 @dataclass
 class Placed:
-    """What replicas_place_all did: replicas tried, placed, and left pending (with their reasons)."""
+    """What lanes_place_all did: replicas tried, placed, and left pending (with their reasons)."""
 
     tried: int = 0
     placed: int = 0
     pending: int = 0
 
 
-def replicas_place_all(
-    *, replicas: list[Pending], request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
-) -> Placed:
-    """replicas_place, then the replicas after one nothing fits marked with its reason (they ask the
-    same and get the same answer), in a few statements rather than one per replica (thousands)."""
-    outcomes, stopped = replicas_place(replicas=replicas, request=request, index=index, now=now)
-    counts = Placed(tried=len(outcomes))
-    for _, outcome in outcomes:
-        if outcome.plan is not None:
-            counts.placed += 1
-        elif not outcome.gone:
-            counts.pending += 1
-    if stopped is not None:
-        tried = {replica.pk for replica, _ in outcomes}
-        later = [replica for replica in replicas if replica.pk not in tried]
-        replicas_pending_mark(later, stopped.reason, stopped.explain)
-        counts.pending += len(later)
+def lanes_rest_mark(lanes: list[Lane]) -> Placed:
+    """The replicas after each lane's stop marked with its reason (they ask the same and get the same
+    answer), in a few statements rather than one per replica (thousands); what the lanes did, counted."""
+    counts = Placed()
+    for lane in lanes:
+        counts.tried += len(lane.outcomes)
+        for outcome in lane.outcomes.values():
+            if outcome.plan is not None:
+                counts.placed += 1
+            elif not outcome.gone:
+                counts.pending += 1
+        if lane.stopped is not None:
+            later = lane.untried()
+            replicas_pending_mark(later, lane.stopped.reason, lane.stopped.explain)
+            counts.pending += len(later)
     return counts
 
 
-def _place_one_by_one(
-    replicas: list[Pending], request: ReplicaRequest, index: PlacementIndex, now: datetime
-) -> tuple[list[tuple[Pending, Placement]], Pending | None]:
-    """replicas_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
-    outcomes = []
-    for replica in replicas:
-        outcome = replica_place(replica=replica, request=request, index=index, now=now)
-        outcomes.append((replica, outcome))
-        if outcome.plan is not None:
-            request = dataclasses.replace(request, existing=(*request.existing, outcome.plan.nodes))
-        elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
-            return outcomes, replica
-    return outcomes, None
+def _lanes_one_by_one(lanes: list[Lane], index: PlacementIndex, now: datetime, max_tries: int | None) -> None:
+    """lanes_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
+    started = 0
+    for lane in lanes:
+        try:
+            while lane.queue:
+                if max_tries is not None and started >= max_tries:
+                    lane.cut = True
+                    break
+                started += 1
+                replica = lane.queue.pop(0).replica
+                request = dataclasses.replace(lane.request, existing=tuple(lane.existing))
+                outcome = lane.outcomes[replica.pk] = replica_place(
+                    replica=replica, request=request, index=index, now=now
+                )
+                if outcome.plan is not None:
+                    lane.existing.append(outcome.plan.nodes)
+                elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
+                    lane.stopped = replica
+                    break
+        except Exception as exc:
+            lane.error = exc
+            raise
 
 
 class _BatchLost(Exception):
@@ -813,13 +927,7 @@ class _BatchLost(Exception):
         self.lost = lost
 
 
-def _commit_batch(
-    planned: list[_Pending],
-    index: PlacementIndex,
-    now: datetime,
-    outcomes: dict[int, Placement],
-    existing: list[frozenset[str]],
-) -> list[_Pending]:
+def _commit_batch(planned: list[_Pending], index: PlacementIndex, now: datetime, lane: Lane) -> list[_Pending]:
     """Commit the planned replicas together, waiting for it; record the outcomes; the ones to plan
     again, in order."""
     names, domains_of, touched = _batch_scope(planned, index)
@@ -841,8 +949,8 @@ def _commit_batch(
                             lost[item.replica.pk] = race
                     raise _BatchLost(lost)
     except _BatchLost:
-        return _settle_batch(planned, _Committed(lost, set(), True), index, now, outcomes, existing)
-    return _settle_batch(planned, _Committed(lost, gone, False), index, now, outcomes, existing)
+        return _settle_batch(planned, _Committed(lost, set(), True), index, now, lane)
+    return _settle_batch(planned, _Committed(lost, gone, False), index, now, lane)
 
 
 def _batch_scope(planned: list[_Pending], index: PlacementIndex) -> tuple[list[str], dict[str, list[str]], list[str]]:
@@ -985,15 +1093,12 @@ def _lost_race(exc: DatabaseError) -> bool:
 
 
 def _settle_batch(
-    planned: list[_Pending],
-    result: _Committed,
-    index: PlacementIndex,
-    now: datetime,
-    outcomes: dict[int, Placement],
-    existing: list[frozenset[str]],
+    planned: list[_Pending], result: _Committed, index: PlacementIndex, now: datetime, lane: Lane
 ) -> list[_Pending]:
-    """Record a batch's outcomes and tell the index what did not happen; the ones to plan again, in order."""
+    """Record a batch's outcomes in its lane and tell the index what did not happen; the ones to plan
+    again, in order."""
     lost, gone, rolled_back = result.lost, result.gone, result.rolled_back
+    outcomes, existing = lane.outcomes, lane.existing
     again: list[_Pending] = []
     refresh: set[str] = set()
     for item in planned:
@@ -1037,7 +1142,7 @@ def _settle_batch(
     return again
 
 
-def _take_back(planned: list[_Pending], index: PlacementIndex, now: datetime, existing: list[frozenset[str]]) -> None:
+def _take_back(planned: list[_Pending], index: PlacementIndex, now: datetime, lane: Lane) -> None:
     """Plans applied to the index but never sent: the index reads their nodes again and the model's
     spread forgets them; each replica keeps its tries and exclusions, to be planned again."""
     if not planned:
@@ -1045,7 +1150,7 @@ def _take_back(planned: list[_Pending], index: PlacementIndex, now: datetime, ex
     nodes: set[str] = set()
     for item in planned:
         nodes |= item.plan.nodes
-        existing.remove(item.plan.nodes)
+        lane.existing.remove(item.plan.nodes)
         item.plan = item.explain = None
     for view in snapshot.node_views(names=nodes, now=now):
         index.update_node(view)

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from llmgw.sqlin import any_of
 from placement import snapshot
-from placement.commit import collector_paused, replicas_place_all
+from placement.commit import Lane, collector_paused, lanes_place, lanes_rest_mark
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -108,40 +108,77 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
 
 def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
     """Place the model's pending replicas, oldest first, in batches through the guarded commit."""
-    pending = snapshot.pending_replicas(model)
-    if not pending:
-        return
-    if run.max_placements is not None:
-        room = max(0, run.max_placements - run.tried)
-        if room < len(pending):
-            run.unfinished = True
-        pending = pending[:room]
-    placed = replicas_place_all(
-        replicas=pending, request=snapshot.replica_request(model), index=run.index, now=run.now
-    )
-    run.tried += placed.tried
-    run.placed += placed.placed
-    run.pending += placed.pending
+    models_place_pending(models=[model], run=run)
 
 
-def model_reconcile(*, model: Model, run: ReconcileRun) -> None:
-    """One model to its desired replicas: scale, move a replica off a draining domain, place what waits."""
+def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
+    """Place the models' pending replicas, model by model and oldest first, in one run of batches
+    through the guarded commit (:func:`placement.commit.lanes_place`: the next model's first batch is
+    planned while the last one's commits). Returns the ids of the models whose placement failed: each
+    is marked with its error, and the models after it go on, on an index built afresh."""
+    failed: set[int] = set()
+    todo = list(models)
+    while todo:
+        lanes: list[tuple[Model, Lane]] = []
+        for model in todo:
+            try:
+                pending = snapshot.pending_replicas(model)
+                if pending:
+                    lanes.append((model, Lane(pending, snapshot.replica_request(model))))
+            except Exception as exc:
+                _model_failed(model, exc, run)
+                failed.add(model.pk)
+        if not lanes:
+            break
+        room = None if run.max_placements is None else max(0, run.max_placements - run.tried)
+        try:
+            lanes_place(lanes=[lane for _, lane in lanes], index=run.index, now=run.now, max_tries=room)
+        except Exception as exc:
+            # The lane it came from is marked; what was planned on top of its batches may not have
+            # happened: the models not done are read again and go on, on an index built afresh.
+            broken = [(model, lane) for model, lane in lanes if lane.error is not None]
+            for model, lane in broken or lanes[:1]:
+                _model_failed(model, lane.error or exc, run)
+                failed.add(model.pk)
+            run.forget_index()
+            lanes = [(model, lane) for model, lane in lanes if model.pk not in failed]
+            again = [model for model, lane in lanes if lane.stopped is None]
+        else:
+            again = []
+            run.unfinished = run.unfinished or any(lane.cut for _, lane in lanes)
+        for model, lane in lanes:
+            try:
+                counts = lanes_rest_mark([lane])
+            except Exception as exc:
+                _model_failed(model, exc, run)
+                failed.add(model.pk)
+                continue
+            run.tried += counts.tried
+            run.placed += counts.placed
+            run.pending += counts.pending
+        todo = [model for model in again if model.pk not in failed]
+    return failed
+
+
+def _model_prepare(*, model: Model, run: ReconcileRun) -> None:
+    """One model's replicas to its desired count, and one step of its drain (what it makes waits, to be
+    placed with the rest)."""
     replicas_scale(model=model, run=run)
     with transaction.atomic():
         # One drain step per model at a time, whichever worker runs it: the model row serialises them
         # (as it does scaling), so two reconciles never make two replacements for one replica.
         if Model.objects.select_for_update().filter(pk=model.pk).exists():
             replicas_drain(model=model, run=run, draining=run.draining)
-    replicas_place_pending(model=model, run=run)
 
 
 @collector_paused()
 def reconcile_all(*, model_names: Iterable[str] | None = None, max_placements: int | None = None) -> ReconcileRun:
     """Every model (or the named ones, in that order) to its desired replicas; idempotent.
 
-    Model by model: one whose reconcile fails (a bad row, a database refusal, a bug) is marked with its
-    error and the others go on; the mark is cleared once it reconciles cleanly. At most
-    `max_placements` placements are tried (the run says `unfinished` when that stopped it).
+    First every model is scaled and takes one drain step, then what waits is placed, model by model,
+    in one run of batches. One model whose reconcile fails (a bad row, a database refusal, a bug) is
+    marked with its error and the others go on; the mark is cleared once it reconciles cleanly. At
+    most `max_placements` placements are tried (the run says `unfinished` when that stopped it).
 
     Safe to run in several processes at once: scaling locks the model row, and every placement goes
     through the guarded commit, so a race costs a replan, never a double booking.
@@ -152,20 +189,32 @@ def reconcile_all(*, model_names: Iterable[str] | None = None, max_placements: i
     else:
         by_name = {m.name: m for m in Model.objects.filter(name__in=list(model_names))}
         models = [by_name[n] for n in model_names if n in by_name]
+    prepared = []
     for model in models:
         try:
-            model_reconcile(model=model, run=run)
+            _model_prepare(model=model, run=run)
         except Exception as exc:
-            # One model's failure is its own: a deadlock or race is retried on the next run, a row the
-            # database refuses (a figure out of range) or a bug stays marked until it places cleanly.
-            log.exception("reconcile of model %s failed; the others go on, it is retried on the next run", model.name)
-            run.failed += 1
-            run.forget_index()  # what it had planned may not have happened: build the index afresh
-            _model_mark(model, _error_text(exc), run.now)
+            _model_failed(model, exc, run)
         else:
-            if model.error:
-                _model_mark(model, "", None)
+            prepared.append(model)
+    failed = models_place_pending(models=prepared, run=run)
+    for model in prepared:
+        if model.error and model.pk not in failed:
+            _model_mark(model, "", None)
     return run
+
+
+def _model_failed(model: Model, exc: BaseException, run: ReconcileRun) -> None:
+    """One model's failure is its own: a deadlock or race is retried on the next run, a row the database
+    refuses (a figure out of range) or a bug stays marked until it places cleanly."""
+    log.error(
+        "reconcile of model %s failed; the others go on, it is retried on the next run",
+        model.name,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    run.failed += 1
+    run.forget_index()  # what it had planned may not have happened: build the index afresh
+    _model_mark(model, _error_text(exc), run.now)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ from django.db import DatabaseError, connection
 
 from agents.models import Node
 from placement import commit, snapshot
-from placement.commit import replicas_place
+from placement.commit import Lane, lanes_place, replicas_place
 from placement.index import PlacementIndex
 from placement.models import GpuBooking, Model, Replica, ReplicaState, Shard
 
@@ -221,3 +221,111 @@ def test_a_model_that_runs_out_behind_a_batch_in_flight_is_told_why_from_one_no_
     assert [r.pk for r, _ in outcomes] == list(
         Replica.objects.filter(model=model, ordinal__lte=5).order_by("ordinal").values_list("pk", flat=True)
     )
+
+
+# -- several models in one run: the next model's first batch is planned while the last one commits ----
+
+
+def lanes_of(*models: Model) -> list[Lane]:
+    return [Lane(snapshot.pending_replicas(m), snapshot.replica_request(m)) for m in models]
+
+
+def test_the_next_models_first_batch_is_planned_while_the_last_ones_commits_and_places_what_waiting_would(
+    join_node, flights, settings
+):
+    cluster(join_node, 8)
+    first, second = make("a", 3), make("b", 3)
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    lanes = lanes_of(first, second)
+    lanes_place(lanes=lanes, index=index, batch=2)
+    assert all(lane.stopped is None and not lane.cut and lane.error is None for lane in lanes)
+    assert [len(lane.tried()) for lane in lanes] == [3, 3]
+    # a's two batches and b's first went out with a next one to plan (b's first behind a's last); b's
+    # last waited.
+    assert flights == [[2, "committed"], [1, "committed"], [2, "committed"]]
+    together = {**{("a", k): v for k, v in nodes_by_ordinal(first).items()},
+                **{("b", k): v for k, v in nodes_by_ordinal(second).items()}}
+    assert len(set(together.values())) == 6 and GpuBooking.objects.count() == 48
+    assert connection.connection.info.transaction_status == 0
+
+    # The same models one call each, every commit waited for: the same nodes for the same replicas.
+    Shard.objects.all().delete()
+    GpuBooking.objects.all().delete()
+    commit.NodeBooking.objects.all().delete()
+    Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
+    settings.LLMGW_COMMIT_PIPELINE = False
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    place(first, batch=2, index=index)
+    place(second, batch=2, index=index)
+    assert {**{("a", k): v for k, v in nodes_by_ordinal(first).items()},
+            **{("b", k): v for k, v in nodes_by_ordinal(second).items()}} == together
+
+
+def test_a_lost_race_in_one_models_last_batch_takes_back_the_next_models_plans_made_on_top_of_it(
+    join_node, flights
+):
+    cluster(join_node, 4)
+    first, second = make("a", 2), make("b", 1)
+    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    place(make("other", 1), batch=2)  # takes n0 after the index was read
+    lanes = lanes_of(first, second)
+
+    lanes_place(lanes=lanes, index=stale, batch=2)
+
+    # a's batch (n0, n1) went out while b's plan (n2) was made on top of it; the write found n0 taken and
+    # rolled back; b's plan was taken back and made again after a's replicas found their nodes.
+    assert flights[0] == [2, "rolled back"]
+    assert GpuBooking.objects.count() == 32
+    assert Shard.objects.filter(node__name="n0").count() == 1
+    assert sorted(nodes_by_ordinal(first).values()) == ["n1", "n2"]
+    assert nodes_by_ordinal(second) == {1: "n3"}
+    conflicts = [c for r in Replica.objects.filter(model=first) for c in r.explain.get("conflicts", [])]
+    assert conflicts == ["n0: GPUs 0-7 were booked meanwhile"]
+    assert not Replica.objects.filter(model=second).first().explain.get("conflicts")
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_a_database_error_in_one_models_batch_marks_its_lane_and_leaves_the_ones_before_it_placed(
+    join_node, flights, monkeypatch
+):
+    cluster(join_node, 6)
+    first, second = make("a", 2), make("b", 2)
+    break_batch(monkeypatch, 2)  # b's batch
+    lanes = lanes_of(first, second)
+    with pytest.raises(DatabaseError, match="division by zero"):
+        lanes_place(lanes=lanes, index=PlacementIndex(snapshot.node_views(), snapshot.facility_view()), batch=2)
+    assert lanes[0].error is None and lanes[1].error is not None
+    assert [outcome.plan is not None for _, outcome in lanes[0].tried()] == [True, True]
+    assert Replica.objects.filter(model=second, state=ReplicaState.PLACED).count() == 0
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_a_bound_on_tries_counts_across_the_models_and_cuts_the_rest(join_node, flights):
+    cluster(join_node, 8)
+    first, second, third = make("a", 2), make("b", 2), make("c", 2)
+    lanes = lanes_of(first, second, third)
+    lanes_place(
+        lanes=lanes, index=PlacementIndex(snapshot.node_views(), snapshot.facility_view()), batch=2, max_tries=3
+    )
+    assert [len(lane.tried()) for lane in lanes] == [2, 1, 0]
+    assert [lane.cut for lane in lanes] == [False, True, True]
+    assert Replica.objects.filter(state=ReplicaState.PLACED).count() == 3
+
+
+def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_next_on_a_fresh_index(
+    join_node, monkeypatch
+):
+    from placement import reconcile
+
+    cluster(join_node, 6)
+    Model.objects.create(name="a", replicas=2, gpus=8)
+    Model.objects.create(name="b", replicas=2, gpus=8)
+    calls = break_batch(monkeypatch, 1)  # a's batch, sent in pipeline mode: b's is planned behind it
+    run = reconcile.reconcile_all()
+    assert calls[0] is True  # strict: sent in pipeline mode
+    assert run.failed == 1
+    assert Model.objects.get(name="a").error.startswith("DataError: division by zero")
+    assert Model.objects.get(name="b").error == ""
+    assert Replica.objects.filter(model__name="b", state=ReplicaState.PLACED).count() == 2
+    assert Replica.objects.filter(model__name="a", state=ReplicaState.PLACED).count() == 0
+    assert connection.connection.info.transaction_status == 0

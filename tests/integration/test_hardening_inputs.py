@@ -118,19 +118,20 @@ def test_a_model_whose_placement_raises_does_not_stop_the_next(monkeypatch, join
     join_node("gpu01")
     Model.objects.create(name="a-broken", replicas=1, gpus=0, cpu_cores=1)
     Model.objects.create(name="b-good", replicas=1, gpus=0, cpu_cores=1)
-    from placement import reconcile
+    from placement.index import PlacementIndex
 
-    real = reconcile.replicas_place_pending
+    real = PlacementIndex.plan
 
-    def place(*, model, run):
-        if model.name == "a-broken":
+    def plan(self, request, **kwargs):
+        if request.model == "a-broken":
             raise ZeroDivisionError("a bug")
-        real(model=model, run=run)
+        return real(self, request, **kwargs)
 
-    monkeypatch.setattr(reconcile, "replicas_place_pending", place)
+    monkeypatch.setattr(PlacementIndex, "plan", plan)
     reconcile_all()
     assert Replica.objects.filter(model__name="b-good", state=ReplicaState.PLACED).count() == 1
-    assert "ZeroDivisionError" in Model.objects.get(name="a-broken").error
+    assert Model.objects.get(name="a-broken").error == "ZeroDivisionError: a bug"
+    assert Model.objects.get(name="b-good").error == ""
 
 
 # -- a request's work is bounded ---------------------------------------------------------------------------
