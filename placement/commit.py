@@ -678,6 +678,7 @@ class Lane:
     error: Exception | None = None
     queue: list[_Pending] = field(init=False, repr=False)
     existing: list[frozenset[str]] = field(init=False, repr=False)  # the model's replicas, as planned
+    holding: bool = field(default=False, init=False, repr=False)  # its no-fit waits on the batch in flight
 
     def __post_init__(self) -> None:
         self.queue = [_Pending(r) for r in self.replicas]
@@ -729,7 +730,9 @@ def lanes_place(
     While a batch's write and COMMIT are on their way (pipeline mode, see _InFlight), the next batch —
     the same lane's, or the next lane's: a reconcile's models follow one another without a wait — is
     planned on the index with the sent plans applied. If the sent batch did not all commit, the next
-    batch's plans are taken back and planned again after its outcome, as if they had waited.
+    batch's plans are taken back and planned again after its outcome, as if they had waited. A lane
+    whose next replica finds that nothing fits behind a batch in flight stops there only once that
+    batch committed whole, and the next lane plans meanwhile.
 
     An error is raised as it came, with the lane it came from marked (``Lane.error``); the lanes before
     it are settled, the ones after it untouched, the index to be built afresh.
@@ -749,9 +752,11 @@ def lanes_place(
     started = 0
     blame = lanes[0] if lanes else None
     failing = False
+    # Lanes whose first replica found nothing fits behind the batch in flight, with that no-fit.
+    holding: list[tuple[Lane, NoFit]] = []
 
     def can_go(lane: Lane) -> bool:
-        if not lane.queue or lane.stopped is not None:
+        if not lane.queue or lane.stopped is not None or lane.holding:
             return False
         return lane.queue[0].tried or max_tries is None or started < max_tries
 
@@ -768,58 +773,73 @@ def lanes_place(
         lane.outcomes[replica.pk] = Placement(reason=nofit.summary)
         lane.stopped = replica
 
+    def plan_batch(lane: Lane, planned: list[_Pending]) -> NoFit | None:
+        """Plan up to ``batch`` of the lane's replicas into ``planned``; the no-fit of its first, if it
+        met one (one met later is planned again after the batch: what the batch takes may not commit)."""
+        nonlocal started
+        while lane.queue and len(planned) < batch:
+            item = lane.queue[0]
+            if not item.tried:
+                if max_tries is not None and started >= max_tries:
+                    break
+                item.tried = True
+                started += 1
+            result = index.plan(
+                dataclasses.replace(lane.request, existing=tuple(lane.existing)), exclude=frozenset(item.exclude)
+            )
+            if isinstance(result, NoFit):
+                return None if planned else result
+            lane.queue.pop(0)
+            item.plan = result
+            item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
+            index.apply(result)
+            lane.existing.append(result.nodes)
+            planned.append(item)
+        return None
+
     try:
         while True:
-            lane = next((candidate for candidate in lanes if can_go(candidate)), None)
-            if lane is None and in_flight is None:
-                break
             planned: list[_Pending] = []
-            waiting: NoFit | None = None  # found with a batch in flight: it stands if that batch commits whole
-            if lane is not None:
+            lane: Lane | None = None
+            while not planned:
+                lane = next((candidate for candidate in lanes if can_go(candidate)), None)
+                if lane is None:
+                    break
                 blame = lane
-                while lane.queue and len(planned) < batch:
-                    item = lane.queue[0]
-                    if not item.tried:
-                        if max_tries is not None and started >= max_tries:
-                            break
-                        item.tried = True
-                        started += 1
-                    result = index.plan(
-                        dataclasses.replace(lane.request, existing=tuple(lane.existing)),
-                        exclude=frozenset(item.exclude),
-                    )
-                    if isinstance(result, NoFit):
-                        if planned or in_flight:
-                            # What the batches take may not all commit: plan this one again after them.
-                            waiting = None if planned else result
-                            break
-                        stop_at(lane, result)
-                        break
-                    lane.queue.pop(0)
-                    item.plan = result
-                    item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
-                    index.apply(result)
-                    lane.existing.append(result.nodes)
-                    planned.append(item)
+                nofit = plan_batch(lane, planned)
+                if nofit is None:
+                    continue
+                if in_flight is None:
+                    stop_at(lane, nofit)
+                else:
+                    # Nothing fits behind a batch in flight: that stands if the batch commits whole, as
+                    # it was planned on; meanwhile the next lane plans (a reconcile's models each end so).
+                    holding.append((lane, nofit))
+                    lane.holding = True
+            if not planned and in_flight is None:
+                break
             if in_flight is not None:
                 sent_lane, sent, flight = in_flight
                 in_flight = None
                 blame = sent_lane
                 committed = flight.finish()
-                if planned and (committed is None or not committed.clean):
+                clean = committed is not None and committed.clean
+                if planned and not clean:
                     # Not all of it committed: what was planned on top of it is planned again after it.
                     _take_back(planned, index, now, lane)
                     lane.queue[:0] = planned
                     planned = []
+                for waiting, nofit in holding:
+                    waiting.holding = False
+                    if clean:
+                        stop_at(waiting, nofit)  # the index was as it was planned on: the same answer
+                holding.clear()
                 if committed is None:
                     # The write met a lost race and the database rolled the batch back: committed again
                     # the waiting way, which finds out which plans lost and plans them again.
                     sent_lane.queue[:0] = _commit_batch(sent, index, now, sent_lane)
                 else:
                     sent_lane.queue[:0] = _settle_batch(sent, committed, index, now, sent_lane)
-                if waiting is not None and committed is not None and committed.clean:
-                    stop_at(lane, waiting)  # the index is as it was planned on: the same answer
-                    continue
             if not planned:
                 continue
             blame = lane

@@ -329,3 +329,65 @@ def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_n
     assert Replica.objects.filter(model__name="b", state=ReplicaState.PLACED).count() == 2
     assert Replica.objects.filter(model__name="a", state=ReplicaState.PLACED).count() == 0
     assert connection.connection.info.transaction_status == 0
+
+
+@pytest.fixture
+def events(monkeypatch):
+    """What the run did, in order: each plan (its model, and whether it fitted) and each flight's finish."""
+    seen: list[str] = []
+    plan, finish = PlacementIndex.plan, commit._InFlight.finish
+
+    def logged_plan(self, request, **kwargs):
+        result = plan(self, request, **kwargs)
+        seen.append(f"plan {request.model}" + ("" if hasattr(result, "shards") else ": no fit"))
+        return result
+
+    def logged_finish(self):
+        committed = finish(self)
+        seen.append("finish: " + ("rolled back" if committed is None else "clean" if committed.clean else "not clean"))
+        return committed
+
+    monkeypatch.setattr(PlacementIndex, "plan", logged_plan)
+    monkeypatch.setattr(commit._InFlight, "finish", logged_finish)
+    return seen
+
+
+def test_a_model_that_runs_out_behind_a_batch_in_flight_lets_the_next_model_plan_before_the_batch_is_waited_for(
+    join_node, events
+):
+    cluster(join_node, 2)
+    full, small = make("a", 3), Model.objects.create(name="b", replicas=1, gpus=0, cpu_cores=1)
+    Replica.objects.create(model=small, ordinal=1)
+    lanes = lanes_of(full, small)
+    lanes_place(lanes=lanes, index=PlacementIndex(snapshot.node_views(), snapshot.facility_view()), batch=2)
+    assert events == ["plan a", "plan a", "plan a: no fit", "plan b", "finish: clean"]
+    waiting = Replica.objects.get(model=full, ordinal=3)
+    assert lanes[0].stopped.pk == waiting.pk
+    assert waiting.state == ReplicaState.PENDING and waiting.reason.startswith("no node fits (2 nodes)")
+    assert Replica.objects.get(model=small).state == ReplicaState.PLACED
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_a_model_waiting_on_a_batch_that_lost_a_race_plans_again_after_it_as_if_it_had_waited(join_node, events):
+    cluster(join_node, 2)
+    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    place(make("other", 1), batch=2)  # takes n0 after the index was read
+    full, small = make("a", 3), Model.objects.create(name="b", replicas=1, gpus=0, cpu_cores=1)
+    Replica.objects.create(model=small, ordinal=1)
+    events.clear()
+    lanes = lanes_of(full, small)
+    lanes_place(lanes=lanes, index=stale, batch=2)
+    # a's batch went out, a's third found no room behind it and waited, b planned on top; the batch lost
+    # n0 and rolled back, so b's plan was taken back and a's no-fit dropped. a's two were committed again
+    # the waiting way (the first excluding n0, now on n1) and its second is the one that waits, as if
+    # every commit had been waited for; its third was never tried.
+    assert events[:5] == ["plan a", "plan a", "plan a: no fit", "plan b", "finish: rolled back"]
+    assert nodes_by_ordinal(full) == {1: "n1"}
+    assert Replica.objects.get(model=full, ordinal=1).explain["conflicts"] == ["n0: GPUs 0-7 were booked meanwhile"]
+    waiting = Replica.objects.get(model=full, ordinal=2)
+    assert lanes[0].stopped.pk == waiting.pk and waiting.reason.startswith("no node fits (2 nodes)")
+    assert Replica.objects.get(model=full, ordinal=3).reason == ""
+    assert [r.pk for r in lanes[0].untried()] == [Replica.objects.get(model=full, ordinal=3).pk]
+    assert Replica.objects.get(model=small).state == ReplicaState.PLACED
+    assert GpuBooking.objects.count() == 16
+    assert connection.connection.info.transaction_status == 0
