@@ -29,15 +29,37 @@ def _secret_key() -> str:
     """SECRET_KEY from the environment, else one made once and kept in the data directory."""
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
-    path = DATA_DIR / "secret_key"
+    return kept_secret_key(DATA_DIR / "secret_key")
+
+
+def kept_secret_key(path: Path) -> str:
+    """The key kept at ``path``, made there by the first process that needs it.
+
+    Processes started together (web processes, workers, beat) all take the first one's key: it is
+    written whole to a file of this process's own, then linked in place, which fails for every process
+    but one, so none reads a file half written or keeps a key the others do not share.
+    """
     try:
-        return path.read_text().strip()
+        key = path.read_text().strip()
     except FileNotFoundError:
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_urlsafe(50)
-        path.write_text(key)
-        path.chmod(0o600)
+        key = ""
+    if key:
         return key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    mine = path.with_name(f".{path.name}.{os.getpid()}")
+    mine.write_text(key)
+    mine.chmod(0o600)
+    try:
+        os.link(mine, path)
+    except FileExistsError:
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+        os.replace(mine, path)  # an empty file left by a crash: this key takes its place
+    finally:
+        mine.unlink(missing_ok=True)
+    return key
 
 
 SECRET_KEY = _secret_key()
