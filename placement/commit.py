@@ -688,6 +688,16 @@ class Lane:
         """Each replica tried with its outcome, in order."""
         return [(r, self.outcomes[r.pk]) for r in self.replicas if r.pk in self.outcomes]
 
+    def counts(self) -> Placed:
+        """The replicas tried, placed, and left pending so far."""
+        counts = Placed(tried=len(self.outcomes))
+        for outcome in self.outcomes.values():
+            if outcome.plan is not None:
+                counts.placed += 1
+            elif not outcome.gone:
+                counts.pending += 1
+        return counts
+
     def untried(self) -> list[Pending]:
         """The replicas with no outcome, in order: after the stop, past the bound, or left by an error."""
         return [r for r in self.replicas if r.pk not in self.outcomes]
@@ -748,7 +758,7 @@ def lanes_place(
     in_flight: tuple[Lane, list[_Pending], _InFlight] | None = None
     # The stops' reasons, written together once nothing is in flight at the end (a reconcile's models
     # each stop once: a statement and a commit each, a tenth of a run of twenty models' turns).
-    marks: list[tuple[Pending, str, dict[str, Any]]] = []
+    marks: list[tuple[Lane, Pending, str, dict[str, Any]]] = []
     started = 0
     blame = lanes[0] if lanes else None
     failing = False
@@ -768,7 +778,7 @@ def lanes_place(
             explain |= {"conflicts": item.conflicts}
         replica = item.replica
         if replica.reason != nofit.summary or replica.explain != explain:
-            marks.append((replica, nofit.summary, explain))
+            marks.append((lane, replica, nofit.summary, explain))
             replica.reason, replica.explain = nofit.summary, explain
         lane.outcomes[replica.pk] = Placement(reason=nofit.summary)
         lane.stopped = replica
@@ -824,22 +834,25 @@ def lanes_place(
                 blame = sent_lane
                 committed = flight.finish()
                 clean = committed is not None and committed.clean
+                if committed is None:
+                    # The write met a lost race and the database rolled the batch back: committed again
+                    # the waiting way, which finds out which plans lost and plans them again.
+                    again = _commit_batch(sent, index, now, sent_lane)
+                else:
+                    again = _settle_batch(sent, committed, index, now, sent_lane)
                 if planned and not clean:
-                    # Not all of it committed: what was planned on top of it is planned again after it.
+                    # Not all of it committed: what was planned on top of it is planned again after it
+                    # (its nodes read again once the sent batch is settled: the index then has it right).
+                    blame = lane
                     _take_back(planned, index, now, lane)
                     lane.queue[:0] = planned
                     planned = []
+                sent_lane.queue[:0] = again
                 for waiting, nofit in holding:
                     waiting.holding = False
                     if clean:
                         stop_at(waiting, nofit)  # the index was as it was planned on: the same answer
                 holding.clear()
-                if committed is None:
-                    # The write met a lost race and the database rolled the batch back: committed again
-                    # the waiting way, which finds out which plans lost and plans them again.
-                    sent_lane.queue[:0] = _commit_batch(sent, index, now, sent_lane)
-                else:
-                    sent_lane.queue[:0] = _settle_batch(sent, committed, index, now, sent_lane)
             if not planned:
                 continue
             blame = lane
@@ -857,23 +870,30 @@ def lanes_place(
             blame.error = exc
         raise
     finally:
-        if in_flight is not None:
-            # Whatever stopped the run, a batch on its way is waited for, and what it committed recorded.
-            sent_lane, sent, flight = in_flight
-            try:
-                committed = flight.finish()
-                if committed is not None:
-                    _settle_batch(sent, committed, index, now, sent_lane)
-            except Exception as exc:
-                if sent_lane.error is None:
-                    sent_lane.error = exc
-                raise
         try:
-            _marks_write(marks)
-        except DatabaseError:
-            if not failing:
-                raise
-            log.warning("the reasons of %d stopped replicas were not written; the next reconcile writes them", len(marks))
+            if in_flight is not None:
+                # Whatever stopped the run, a batch on its way is waited for, and what it committed recorded.
+                sent_lane, sent, flight = in_flight
+                try:
+                    committed = flight.finish()
+                    if committed is not None:
+                        _settle_batch(sent, committed, index, now, sent_lane)
+                except Exception as exc:
+                    failing = True
+                    if sent_lane.error is None:
+                        sent_lane.error = exc
+                    raise
+        finally:
+            try:
+                _marks_write([(replica, reason, explain) for _, replica, reason, explain in marks])
+            except DatabaseError as exc:
+                if not failing:
+                    if marks[0][0].error is None:
+                        marks[0][0].error = exc  # the first of the lanes whose stops it was writing
+                    raise
+                log.warning(
+                    "the reasons of %d stopped replicas were not written; the next reconcile writes them", len(marks)
+                )
     for lane in lanes:
         lane.cut = bool(lane.queue) and lane.stopped is None
 
@@ -901,12 +921,10 @@ def lanes_rest_mark(lanes: list[Lane]) -> Placed:
     answer), in a few statements rather than one per replica (thousands); what the lanes did, counted."""
     counts = Placed()
     for lane in lanes:
-        counts.tried += len(lane.outcomes)
-        for outcome in lane.outcomes.values():
-            if outcome.plan is not None:
-                counts.placed += 1
-            elif not outcome.gone:
-                counts.pending += 1
+        done = lane.counts()
+        counts.tried += done.tried
+        counts.placed += done.placed
+        counts.pending += done.pending
         if lane.stopped is not None:
             later = lane.untried()
             replicas_pending_mark(later, lane.stopped.reason, lane.stopped.explain)

@@ -107,7 +107,8 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
 
 
 def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
-    """Place the model's pending replicas, oldest first, in batches through the guarded commit."""
+    """Place the model's pending replicas, oldest first, in batches through the guarded commit (a
+    failure marks the model with its error, as in reconcile_all)."""
     models_place_pending(models=[model], run=run)
 
 
@@ -117,12 +118,15 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
     planned while the last one's commits). Returns the ids of the models whose placement failed: each
     is marked with its error, and the models after it go on, on an index built afresh."""
     failed: set[int] = set()
-    todo = list(models)
+    # The models to place, each with the replicas left to try (None: all it has pending).
+    todo: list[tuple[Model, set[int] | None]] = [(model, None) for model in models]
     while todo:
         lanes: list[tuple[Model, Lane]] = []
-        for model in todo:
+        for model, left in todo:
             try:
                 pending = snapshot.pending_replicas(model)
+                if left is not None:
+                    pending = [replica for replica in pending if replica.pk in left]
                 if pending:
                     lanes.append((model, Lane(pending, snapshot.replica_request(model))))
             except Exception as exc:
@@ -140,9 +144,19 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             for model, lane in broken or lanes[:1]:
                 _model_failed(model, lane.error or exc, run)
                 failed.add(model.pk)
+                done = lane.counts()  # what it committed before the error stands
+                run.tried += done.tried
+                run.placed += done.placed
+                run.pending += done.pending
             run.forget_index()
             lanes = [(model, lane) for model, lane in lanes if model.pk not in failed]
-            again = [model for model, lane in lanes if lane.stopped is None]
+            # Only what has no outcome yet is tried again (a replica left pending after its lost races
+            # has had its tries).
+            again = [
+                (model, {replica.pk for replica in lane.untried()})
+                for model, lane in lanes
+                if lane.stopped is None and lane.untried()
+            ]
         else:
             again = []
             run.unfinished = run.unfinished or any(lane.cut for _, lane in lanes)
@@ -156,7 +170,7 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             run.tried += counts.tried
             run.placed += counts.placed
             run.pending += counts.pending
-        todo = [model for model in again if model.pk not in failed]
+        todo = [(model, left) for model, left in again if model.pk not in failed]
     return failed
 
 

@@ -317,7 +317,7 @@ def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_n
 ):
     from placement import reconcile
 
-    cluster(join_node, 6)
+    cluster(join_node, 2)  # room for one of the two: b fits only once a's failed plans are forgotten
     Model.objects.create(name="a", replicas=2, gpus=8)
     Model.objects.create(name="b", replicas=2, gpus=8)
     calls = break_batch(monkeypatch, 1)  # a's batch, sent in pipeline mode: b's is planned behind it
@@ -391,3 +391,51 @@ def test_a_model_waiting_on_a_batch_that_lost_a_race_plans_again_after_it_as_if_
     assert Replica.objects.get(model=small).state == ReplicaState.PLACED
     assert GpuBooking.objects.count() == 16
     assert connection.connection.info.transaction_status == 0
+
+
+def test_a_database_error_writing_the_stops_reasons_marks_the_model_that_stopped(join_node, monkeypatch):
+    from placement import reconcile
+
+    cluster(join_node, 2)
+    Model.objects.create(name="a", replicas=1, gpus=8)
+    Model.objects.create(name="b", replicas=3, gpus=8)  # one fits beside a's; its second stops
+
+    def refused(marks):
+        raise DatabaseError("the reasons were refused")
+
+    monkeypatch.setattr(commit, "_marks_write", refused)
+    run = reconcile.reconcile_all()
+    assert Model.objects.get(name="b").error == "DatabaseError: the reasons were refused"
+    assert Model.objects.get(name="a").error == ""
+    assert run.failed == 1 and run.placed == 2  # a's and b's first, committed before the reasons
+    assert Replica.objects.filter(state=ReplicaState.PLACED).count() == 2
+
+
+def test_a_replica_that_has_had_its_tries_is_not_tried_again_when_a_later_model_fails(join_node, monkeypatch):
+    from placement import reconcile
+
+    cluster(join_node, 2)
+    Model.objects.create(name="a", replicas=1, gpus=8)
+    Model.objects.create(name="b", replicas=1, gpus=8)
+    monkeypatch.setattr(commit, "MAX_ATTEMPTS", 1)
+    check = commit._Locked.check
+
+    def a_loses(self, shards, domains_of, facility, now):
+        if shards[0].node == "n0":  # a's plan, first in the name order
+            raise commit.LostRace("n0", "n0: taken meanwhile")
+        return check(self, shards, domains_of, facility, now)
+
+    plan = PlacementIndex.plan
+
+    def b_breaks(self, request, **kwargs):
+        if request.model == "b":
+            raise ZeroDivisionError("a bug")
+        return plan(self, request, **kwargs)
+
+    monkeypatch.setattr(commit._Locked, "check", a_loses)
+    monkeypatch.setattr(PlacementIndex, "plan", b_breaks)
+    run = reconcile.reconcile_all()
+    waiting = Replica.objects.get(model__name="a")
+    assert waiting.reason == "Unschedulable after 1 conflicting attempts: n0: taken meanwhile"
+    assert (run.tried, run.placed, run.pending, run.failed) == (1, 0, 1, 1)
+    assert Model.objects.get(name="b").error == "ZeroDivisionError: a bug"
