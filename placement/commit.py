@@ -678,7 +678,7 @@ class Lane:
     error: Exception | None = None
     queue: list[_Pending] = field(init=False, repr=False)
     existing: list[frozenset[str]] = field(init=False, repr=False)  # the model's replicas, as planned
-    holding: bool = field(default=False, init=False, repr=False)  # its no-fit waits on the batch in flight
+    held: NoFit | None = field(default=None, init=False, repr=False)  # its no-fit, behind the batch in flight
 
     def __post_init__(self) -> None:
         self.queue = [_Pending(r) for r in self.replicas]
@@ -762,11 +762,9 @@ def lanes_place(
     started = 0
     blame = lanes[0] if lanes else None
     failing = False
-    # Lanes whose first replica found nothing fits behind the batch in flight, with that no-fit.
-    holding: list[tuple[Lane, NoFit]] = []
 
     def can_go(lane: Lane) -> bool:
-        if not lane.queue or lane.stopped is not None or lane.holding:
+        if not lane.queue or lane.stopped is not None or lane.held is not None:
             return False
         return lane.queue[0].tried or max_tries is None or started < max_tries
 
@@ -824,8 +822,7 @@ def lanes_place(
                 else:
                     # Nothing fits behind a batch in flight: that stands if the batch commits whole, as
                     # it was planned on; meanwhile the next lane plans (a reconcile's models each end so).
-                    holding.append((lane, nofit))
-                    lane.holding = True
+                    lane.held = nofit
             if not planned and in_flight is None:
                 break
             if in_flight is not None:
@@ -848,11 +845,10 @@ def lanes_place(
                     lane.queue[:0] = planned
                     planned = []
                 sent_lane.queue[:0] = again
-                for waiting, nofit in holding:
-                    waiting.holding = False
-                    if clean:
+                for waiting in lanes:
+                    nofit, waiting.held = waiting.held, None
+                    if nofit is not None and clean:
                         stop_at(waiting, nofit)  # the index was as it was planned on: the same answer
-                holding.clear()
             if not planned:
                 continue
             blame = lane
@@ -909,26 +905,21 @@ def _marks_write(marks: list[tuple[Pending, str, dict[str, Any]]]) -> None:
 
 @dataclass
 class Placed:
-    """What lanes_place_all did: replicas tried, placed, and left pending (with their reasons)."""
+    """What placing a lane did: replicas tried, placed, and left pending (with their reasons)."""
 
     tried: int = 0
     placed: int = 0
     pending: int = 0
 
 
-def lanes_rest_mark(lanes: list[Lane]) -> Placed:
-    """The replicas after each lane's stop marked with its reason (they ask the same and get the same
-    answer), in a few statements rather than one per replica (thousands); what the lanes did, counted."""
-    counts = Placed()
-    for lane in lanes:
-        done = lane.counts()
-        counts.tried += done.tried
-        counts.placed += done.placed
-        counts.pending += done.pending
-        if lane.stopped is not None:
-            later = lane.untried()
-            replicas_pending_mark(later, lane.stopped.reason, lane.stopped.explain)
-            counts.pending += len(later)
+def lane_rest_mark(lane: Lane) -> Placed:
+    """The replicas after the lane's stop marked with its reason (they ask the same and get the same
+    answer), in a few statements rather than one per replica (thousands); what the lane did, counted."""
+    counts = lane.counts()
+    if lane.stopped is not None:
+        later = lane.untried()
+        replicas_pending_mark(later, lane.stopped.reason, lane.stopped.explain)
+        counts.pending += len(later)
     return counts
 
 

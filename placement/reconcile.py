@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from llmgw.sqlin import any_of
 from placement import snapshot
-from placement.commit import Lane, collector_paused, lanes_place, lanes_rest_mark
+from placement.commit import Lane, Placed, collector_paused, lane_rest_mark, lanes_place
 from placement.drain import draining_nodes, replicas_drain
 from placement.index import PlacementIndex
 from placement.models import Model, Replica, ReplicaState, Shard
@@ -69,6 +69,12 @@ class ReconcileRun:
             return
         for view in snapshot.node_views(names=names, now=self.now):
             self._index.update_node(view)
+
+    def counted(self, counts: Placed) -> None:
+        """Add what placing some models did to the run's figures."""
+        self.tried += counts.tried
+        self.placed += counts.placed
+        self.pending += counts.pending
 
     def forget_index(self) -> None:
         """What was planned may not have happened (a failed model): the next need builds the index afresh."""
@@ -144,10 +150,7 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             for model, lane in broken or lanes[:1]:
                 _model_failed(model, lane.error or exc, run)
                 failed.add(model.pk)
-                done = lane.counts()  # what it committed before the error stands
-                run.tried += done.tried
-                run.placed += done.placed
-                run.pending += done.pending
+                run.counted(lane.counts())  # what it committed before the error stands
             run.forget_index()
             lanes = [(model, lane) for model, lane in lanes if model.pk not in failed]
             # Only what has no outcome yet is tried again (a replica left pending after its lost races
@@ -162,14 +165,12 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             run.unfinished = run.unfinished or any(lane.cut for _, lane in lanes)
         for model, lane in lanes:
             try:
-                counts = lanes_rest_mark([lane])
+                counts = lane_rest_mark(lane)
             except Exception as exc:
                 _model_failed(model, exc, run)
                 failed.add(model.pk)
                 continue
-            run.tried += counts.tried
-            run.placed += counts.placed
-            run.pending += counts.pending
+            run.counted(counts)
         todo = [(model, left) for model, left in again if model.pk not in failed]
     return failed
 
