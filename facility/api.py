@@ -7,7 +7,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, netbox, selectors, services
+from facility import feed_selectors, feed_services, netbox, netbox_import, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -111,7 +111,10 @@ class BudgetListView(ApiView):
         data = BudgetSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         budget = services.budget_set(**data.validated_data)
-        return Response({"domain": budget.domain, "cap_watts": budget.cap_watts, "other_watts": budget.other_watts})
+        return Response({
+            "domain": budget.domain, "cap_watts": budget.cap_watts, "other_watts": budget.other_watts,
+            "warning": feed_services.feed_cap_warning(budget),
+        })
 
 
 class BudgetDetailView(ApiView):
@@ -244,7 +247,7 @@ class NetboxImportView(ApiView):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         if "csv" in values:
-            plan = netbox.plan_from_csv(values["csv"])
+            plan = netbox.plan_from_csv(values["csv"], default_utilization=values["default_utilization"])
         else:
             url = values["url"].rstrip("/")
             # The server reaches out only to a NetBox its admins named: a client's body picks no address.
@@ -254,5 +257,8 @@ class NetboxImportView(ApiView):
                     f"url: this server reads only the NetBox its LLMGW_NETBOX_URLS names ({named}); "
                     "send the CSV export instead, or import where the database is", field="url",
                 )
-            plan = netbox.plan_from_api(netbox.netbox_api(url=url, token=values["token"]), site=values["site"])
-        return Response(netbox.netbox_import(plan=plan, dry_run=values["dry_run"]))
+            api = netbox_import.netbox_api(url=url, token=values["token"])
+            plan = netbox_import.plan_from_api(
+                api, site=values["site"], roles=values["roles"], row_from=values["row_from"]
+            )
+        return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"]))

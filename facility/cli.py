@@ -154,6 +154,9 @@ def overview(args) -> int:
     print_table(
         ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD", "SOURCE"], rows
     )
+    for d in data["domains"]:
+        if d.get("cap_warning"):
+            print(f"{d['domain']}: {d['cap_warning']}; the feed's cap holds")
     for source in data.get("sources") or []:
         if not source["up"]:
             print(f"source {source['name']} down: {source['last_error']} (last success {source['last_success_at'] or 'never'})")
@@ -311,6 +314,8 @@ def apply(args) -> int:
         + _feeds_applied(result.get("feeds"))
         + ")"
     )
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
     return 0
 
 
@@ -367,12 +372,16 @@ def release(args) -> int:
 
 def budget_set(args) -> int:
     def local() -> dict:
+        from facility.feed_services import feed_cap_warning
+
         b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
-        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts}
+        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts, "warning": feed_cap_warning(b)}
 
     body = {"domain": args.domain, "cap_watts": args.cap_watts, "other_watts": args.other_watts}
     b = write(args, "POST", "facility/budgets", body, local)
     print(f"{b['domain']}: cap {kw(b['cap_watts'])}, other {kw(b['other_watts'])}")
+    if b.get("warning"):
+        print(f"warning: {b['warning']}; the feed's cap holds")
     return 0
 
 
@@ -417,6 +426,19 @@ def register_feeds(sub) -> None:
     where.add_argument("--csv", help="a CSV export of NetBox power feeds (offline)")
     nb.add_argument("--token-file", help="a file holding the API token (with --url)")
     nb.add_argument("--site", help="only this site (its slug)")
+    nb.add_argument(
+        "--role", action="append", metavar="SLUG",
+        help="label devices of this role as nodes, joined or not (repeat for more; default: the roles of the "
+        "devices already known as nodes)",
+    )
+    nb.add_argument(
+        "--row-from", choices=("location", "group", "none"), default="location",
+        help="a rack's row: the location it stands in when nested in a room (default), its rack group, or none",
+    )
+    nb.add_argument(
+        "--default-utilization", type=float, metavar="PERCENT",
+        help="with --csv: the max utilization of feeds whose export has no such column (NetBox's current view)",
+    )
     nb.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     output_option(nb)
     nb.set_defaults(handler=import_netbox)
@@ -448,8 +470,10 @@ def feeds(args) -> int:
     rows = [
         [
             f["name"],
-            f["text"].removeprefix(f"feed {f['name']} "),
+            f["text"].removeprefix(f"feed {f['name']} ").removesuffix(f" ({f['status']})"),
+            f["status"],
             kw(f["capacity_watts"]),
+            kw(f["load_watts"]),
             kw(f["reserved_watts"]),
             kw(f["measured_watts"]),
             ",".join(f["pdus"]) or "-",
@@ -457,7 +481,22 @@ def feeds(args) -> int:
         ]
         for f in data["feeds"]
     ]
-    print_table(["FEED", "RATING", "CAPACITY", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows)
+    print_table(["FEED", "RATING", "STATUS", "CAPACITY", "LOAD", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows)
+    legs = [
+        [
+            pdu["pdu"],
+            leg["leg"],
+            kw(leg["use_watts"]),
+            "-" if leg["limit_watts"] is None else kw(leg["limit_watts"]),
+            "-" if pdu["imbalance"] is None else f"{pdu['imbalance'] * 100:.0f} %",
+        ]
+        for f in data["feeds"]
+        for pdu in f["legs"]
+        for leg in pdu["legs"]
+    ]
+    if legs:
+        print()
+        print_table(["PDU", "LEG", "LOAD", "LIMIT", "IMBALANCE"], legs)
     return 0
 
 
@@ -469,7 +508,8 @@ def feed_loss(args) -> int:
         return 0
     for item in data["feeds"]:
         count = len(item["violations"])
-        print(f"without feed {item['feed']}: {count} violation{'s' if count != 1 else ''}")
+        head = f"feed {item['feed']} FAILED, now" if item.get("failed") else f"without feed {item['feed']}"
+        print(f"{head}: {count} violation{'s' if count != 1 else ''}")
         for v in item["violations"]:
             print(f"  {v['text']}")
     print(data["text"])
@@ -520,39 +560,66 @@ def import_netbox(args) -> int:
     from llmgw.errors import InvalidInput
 
     if args.csv:
+        if args.role or args.site:
+            raise InvalidInput("--role, --site: only with --url (a CSV export of feeds names no device)", field="role")
         text = _read_utf8(args.csv, "csv")
-        body = {"csv": text, "dry_run": args.dry_run}
+        body = {"csv": text, "dry_run": args.dry_run, "default_utilization": args.default_utilization}
     else:
         if not args.token_file:
             raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
+        if args.default_utilization is not None:
+            raise InvalidInput("--default-utilization: only with --csv (the API gives every feed's)", field="default_utilization")
         token = _read_utf8(args.token_file, "token_file").strip()
-        body = {"url": args.url, "token": token, "site": args.site, "dry_run": args.dry_run}
+        body = {"url": args.url, "token": token, "site": args.site, "dry_run": args.dry_run,
+                "roles": args.role or [], "row_from": args.row_from}
 
     def local() -> dict:
-        from facility import netbox
+        from facility import netbox, netbox_import
 
         if args.csv:
-            plan = netbox.plan_from_csv(text)
+            plan = netbox.plan_from_csv(text, default_utilization=args.default_utilization)
         else:
-            plan = netbox.plan_from_api(netbox.netbox_api(url=args.url, token=token), site=args.site)
-        return netbox.netbox_import(plan=plan, dry_run=args.dry_run)
+            api = netbox_import.netbox_api(url=args.url, token=token)
+            plan = netbox_import.plan_from_api(api, site=args.site, roles=args.role, row_from=args.row_from)
+        return netbox_import.netbox_import(plan=plan, dry_run=args.dry_run)
 
     # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
     result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
     if args.output == "json":
         print_json(result)
         return 0
-    for f in result["feeds_added"]:
-        print(f"+ {f['text']} -> {', '.join(f['pdus'] + f['racks'])}")
-    for f in result["feeds_changed"]:
-        print(f"~ {f['from']['text']} => {f['to']['text']}")
-    for name in result["feeds_removed"]:
-        print(f"- feed {name}")
-    for node, changes in result["labels"].items():
-        print(f"~ node {node}: " + " ".join(f"{k}={v}" for k, v in sorted(changes.items())))
-    changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels"))
-    print(f"{changed} change{'s' if changed != 1 else ''}{' (dry run: nothing written)' if not result['applied'] else ' applied'}")
+    for line in netbox_diff_lines(result):
+        print(line)
     return 0
+
+
+def netbox_diff_lines(result: dict) -> list[str]:
+    """An import's diff as ctl prints it: feeds, labels, caps, then what was skipped or kept."""
+    lines = []
+    for f in result["feeds_added"]:
+        lines.append(f"+ {f['text']} -> {', '.join(f['pdus'] + f['racks'])}")
+    for f in result["feeds_changed"]:
+        lines.append(f"~ {f['from']['text']} => {f['to']['text']}")
+    for name in result["feeds_removed"]:
+        lines.append(f"- feed {name}")
+    for node, changes in result["labels"].items():
+        parts = [f"{k}={v}" if v is not None else f"{k}-" for k, v in sorted(changes.items())]
+        lines.append(f"~ node {node}: " + " ".join(parts))
+    for cap in result.get("caps", []):
+        lines.append(f"~ {cap['text']}")
+    for text in result.get("labels_kept", []):
+        lines.append(f"= {text}")
+    for text in result.get("skipped", []):
+        lines.append(f"! skipped {text}")
+    for text in result.get("notes", []):
+        lines.append(f"note: {text}")
+    changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels")) + len(
+        result.get("caps", []))
+    lines.append(
+        f"{changed} change{'s' if changed != 1 else ''}"
+        f"{' (dry run: nothing written)' if not result['applied'] else ' applied'}"
+    )
+    return lines
 
 
 NETBOX_IMPORT_TIMEOUT_SECONDS = 600

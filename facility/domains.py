@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 
 from llmgw.errors import InvalidInput
 
-LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu")
+# A leg is one phase of a three-phase PDU's feed (``leg:<pdu>.A``): it trips alone, so it is budgeted alone.
+LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu", "leg")
 # keep_within may name any level that contains whole nodes (a PDU is a power tree, not a place).
 KEEP_WITHIN_LEVELS: tuple[str, ...] = ("site", "room", "row", "rack")
 LABEL_PREFIX = "llmgw.io/"
 LOCATION_KEYS: tuple[str, ...] = tuple(LABEL_PREFIX + level for level in LEVELS)
 PDU_KEY = LABEL_PREFIX + "pdu"
+LEG_KEY = LABEL_PREFIX + "leg"
+# Keys whose value lists several domains, comma-separated: a node draws from two PDUs, and legs.
+MULTI_KEYS = frozenset({PDU_KEY, LEG_KEY})
 
 # Matched with fullmatch: `$` would also match before a trailing newline ("r1-01\n").
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
@@ -86,12 +90,12 @@ def validate_label(key: str, value: str) -> None:
             )
         if not isinstance(value, str) or value == "":
             raise DomainError(f"{key}: a value is required (use {key}- to remove it)")
-        parts = value.split(",") if key == PDU_KEY else [value]
+        parts = value.split(",") if key in MULTI_KEYS else [value]
         for part in parts:
             if not _NAME_RE.fullmatch(part) or len(part) > MAX_VALUE_LENGTH:
                 allowed = "letters, digits, '.', '_' and '-'"
-                if key == PDU_KEY:
-                    allowed += " (and ',' between PDUs)"
+                if key in MULTI_KEYS:
+                    allowed += " (and ',' between PDUs)" if key == PDU_KEY else " (and ',' between legs)"
                 raise DomainError(f"{key}={value!r}: a value takes {allowed} only")
         return
     if not _FREE_KEY_RE.fullmatch(key):
@@ -111,7 +115,7 @@ def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:
         value = labels.get(key)
         if not value:
             continue
-        names = value.split(",") if key == PDU_KEY else [value]
+        names = value.split(",") if key in MULTI_KEYS else [value]
         for name in sorted({n.strip() for n in names if n.strip()}):
             found.append(Domain(level, name))
     return tuple(found)

@@ -9,68 +9,119 @@ from django.utils import timezone
 from agents import bookings
 from agents.models import Node
 from facility import feeds as pure
-from facility.domains import LABEL_PREFIX, PDU_KEY, Domain, parse_domain
+from facility import power
+from facility.domains import LABEL_PREFIX, LEG_KEY, PDU_KEY, Domain, parse_domain
 from facility.feed_services import rack_pdus, stored_feeds
 from facility.models import Budget
-from facility.selectors import facility_settings
+from facility.selectors import domain_uses, facility_settings
 from llmgw.errors import NotFound
 
 
-def node_loads(now=None) -> list[pure.NodeLoad]:
-    """Every node's load for feed accounting: reserved (node_watts + placed) and its measured peak.
+def _names(labels: dict, key: str) -> tuple[str, ...]:
+    return tuple(sorted({p.strip() for p in (labels.get(key) or "").split(",") if p.strip()}))
 
-    A node's measured figure counts its node_watts too, as its use does; without a fresh reading it is 0.
+
+def node_loads(now=None) -> list[pure.NodeLoad]:
+    """Every node's load for feed accounting: its use as every domain counts it (node_watts and the
+    larger of placed and its fresh measured peak: :func:`facility.power.node_use_watts`), with reserved
+    (node_watts + placed) and measured (node_watts + peak, 0 without a fresh reading) shown beside it.
     """
     now = now or timezone.now()
-    node_watts = facility_settings().node_watts or 0.0
+    settings = facility_settings()
+    node_watts = settings.node_watts or 0.0
     loads = []
     placed = bookings.placed_watts()
     for node in Node.objects.only("id", "name", "labels", "measured_peak_watts", "sensors_at").order_by("name"):
         labels = node.labels or {}
-        pdus = tuple(sorted({p.strip() for p in (labels.get(PDU_KEY) or "").split(",") if p.strip()}))
         measured = node.fresh_measured_watts(now)
+        on_node = placed.get(node.pk, 0.0)
         loads.append(
             pure.NodeLoad(
                 name=node.name,
                 rack=labels.get(LABEL_PREFIX + "rack") or None,
-                pdus=pdus,
-                reserved_watts=node_watts + placed.get(node.pk, 0.0),
+                pdus=_names(labels, PDU_KEY),
+                use_watts=power.node_use_watts(on_node, measured, settings),
+                reserved_watts=node_watts + on_node,
                 measured_watts=0.0 if measured is None else node_watts + measured,
+                legs=_names(labels, LEG_KEY),
             )
         )
     return loads
 
 
-def feed_row(feed: pure.Feed, racks: list[str], load: tuple[float, float]) -> dict[str, Any]:
+def feed_row(feed: pure.Feed, racks: list[str], load: tuple[float, float, float]) -> dict[str, Any]:
     return {
         "name": feed.name,
         "voltage": feed.voltage,
         "amperage": feed.amperage,
         "phase": feed.phase,
+        "supply": feed.supply,
+        "status": feed.status,
         "max_utilization": feed.max_utilization,
         "capacity_watts": round(feed.capacity_watts, 1),
         "text": feed.text,
         "pdus": list(feed.pdus),
         "racks": racks,
-        "reserved_watts": round(load[0], 1),
-        "measured_watts": round(load[1], 1),
+        "load_watts": round(load[0], 1),
+        "reserved_watts": round(load[1], 1),
+        "measured_watts": round(load[2], 1),
+        "legs": [],
     }
 
 
+def leg_rows(feeds: list[pure.Feed]) -> dict[str, list[dict[str, Any]]]:
+    """Each three-phase PDU's three legs, by PDU, where a node's leg is known: use and limit as every
+    domain's (invariant 8); a leg no node draws from is there at 0 W, as it is on the PDU."""
+    by_pdu = pure.feed_of_pdu(feeds)
+    uses = domain_uses(level="leg")
+    margin = facility_settings().margin
+    known: dict[str, set[str]] = {}
+    for name in uses:
+        parsed = pure.leg_pdu(name)
+        if parsed is not None and parsed[0] in by_pdu and by_pdu[parsed[0]].phase == "three":
+            known.setdefault(parsed[0], set()).add(parsed[1])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for pdu in sorted(known):
+        feed = by_pdu[pdu]
+        for leg in pure.LEGS:
+            name = pure.leg_name(pdu, leg)
+            figure = uses.get(name)
+            cap = figure.cap_watts if figure is not None and figure.cap_watts is not None else (
+                feed.leg_capacity_watts if feed.is_live else 0.0)
+            out.setdefault(pdu, []).append({
+                "leg": leg,
+                "domain": f"leg:{name}",
+                "use_watts": round(figure.use_watts, 1) if figure is not None else 0.0,
+                "cap_watts": round(cap, 1),
+                "limit_watts": round(cap * (1 - margin), 1),
+            })
+    return out
+
+
 def feeds_overview() -> dict[str, Any]:
-    """Every feed: its figures, the PDUs and racks it supplies, its capacity and its load now."""
+    """Every feed: its figures, status, the PDUs and racks it supplies, its load now, and its PDUs' legs."""
     feeds = stored_feeds()
     loads = pure.feed_loads(feeds, node_loads())
     racks_by_pdu: dict[str, set[str]] = {}
     for rack, pdus in rack_pdus().items():
         for pdu in pdus:
             racks_by_pdu.setdefault(pdu, set()).add(rack)
+    legs = leg_rows(feeds)
     rows = []
     for feed in feeds:
         racks = set(feed.racks)
         for pdu in feed.pdus:
             racks |= racks_by_pdu.get(pdu, set())
-        rows.append(feed_row(feed, sorted(racks), loads.get(feed.name, (0.0, 0.0))))
+        row = feed_row(feed, sorted(racks), loads.get(feed.name, (0.0, 0.0, 0.0)))
+        for pdu in feed.pdus:
+            if pdu in legs:
+                imbalance = pure.leg_imbalance(leg["use_watts"] for leg in legs[pdu])
+                row["legs"].append({
+                    "pdu": pdu,
+                    "legs": legs[pdu],
+                    "imbalance": None if imbalance is None else round(imbalance, 3),
+                })
+        rows.append(row)
     return {"feeds": rows}
 
 
@@ -90,27 +141,37 @@ def violation_row(v: pure.Violation) -> dict[str, Any]:
 
 
 def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
-    """For the loss of each feed (or the one named): every PDU, rack and feed past what carries it."""
+    """For the loss of each live feed (or the one named): every PDU, leg, rack and feed past what
+    carries it. A failed feed is lost already: its violations are the present (``failed``: true)."""
     feeds = stored_feeds()
     if feed is not None and feed not in {f.name for f in feeds}:
         raise NotFound(f"feed {feed!r} is not known", field="feed")
     loads = node_loads()
     pdu_caps: dict[str, float] = {}
     pdu_other: dict[str, float] = {}
-    for domain, cap, other in Budget.objects.filter(domain__startswith="pdu:").values_list(
-        "domain", "cap_watts", "other_watts"
-    ):
-        name = parse_domain(domain).name
-        pdu_caps[name] = cap
-        pdu_other[name] = other
+    for budget in Budget.objects.filter(domain__startswith="pdu:"):
+        name = parse_domain(budget.domain).name
+        pdu_caps[name] = budget.effective_cap_watts
+        pdu_other[name] = budget.other_watts
     out = []
     for lost in feeds:
         if feed is not None and lost.name != feed:
             continue
+        if feed is None and lost.status in ("planned", "offline"):
+            continue  # carries nothing: its loss changes nothing
         found = pure.feed_loss(lost, feeds, loads, pdu_caps=pdu_caps, pdu_other_watts=pdu_other)
-        out.append({"feed": lost.name, "violations": [violation_row(v) for v in found]})
+        out.append({
+            "feed": lost.name,
+            "status": lost.status,
+            "failed": lost.status == "failed",
+            "violations": [violation_row(v) for v in found],
+        })
     total = sum(len(f["violations"]) for f in out)
-    return {"feeds": out, "violations": total, "text": f"{total} violation{'s' if total != 1 else ''}"}
+    failed = [f["feed"] for f in out if f["failed"]]
+    text = f"{total} violation{'s' if total != 1 else ''}"
+    if failed:
+        text += f"; feed{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed: running on N−1 now"
+    return {"feeds": out, "violations": total, "text": text}
 
 
 def racks_over(report: dict[str, Any]) -> set[Domain]:

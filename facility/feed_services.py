@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -21,13 +21,14 @@ from agents.node.protocol import value_shown
 from facility import feeds as pure
 from facility.domains import _NAME_RE
 from facility.models import Budget, Feed, Source
+from facility.power import kw
 from facility.signals import facility_changed
 from llmgw.errors import InvalidInput
 
 if TYPE_CHECKING:  # PyYAML is loaded by whoever parses a file, not by every process that starts Django
     from llmgw.yamldoc import Document
 
-FEED_KEYS = ("name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks")
+FEED_KEYS = ("name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks", "status", "supply")
 # Bounds a real circuit stays within: a typo (4150 V, 3200 A) is refused, not turned into a cap.
 VOLTAGE_MAX = 1000
 AMPERAGE_MAX = 4000
@@ -56,6 +57,13 @@ def _names(value: Any, field: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _choice(item: dict, key: str, choices: tuple[str, ...], default: str) -> str:
+    value = item.get(key, default)
+    if value not in choices:
+        raise InvalidInput(f"{key}: must be one of {', '.join(choices)}, not {value_shown(value)}", field=key)
+    return value
+
+
 def feed_check(item: Any) -> pure.Feed:
     """One feed's fields checked, or InvalidInput naming the field (``voltage``, ``pdus`` …)."""
     if not isinstance(item, dict):
@@ -71,18 +79,30 @@ def feed_check(item: Any) -> pure.Feed:
         raise InvalidInput(f"name: {value_shown(name)} is not a feed name (letters, digits, '.', '_', '-')", field="name")
     if item["phase"] not in pure.PHASES:
         raise InvalidInput(f"phase: must be single or three, not {value_shown(item['phase'])}", field="phase")
+    supply = _choice(item, "supply", pure.SUPPLIES, "ac")
+    status = _choice(item, "status", pure.STATUSES, "active")
+    if supply == "dc" and item["phase"] != "single":
+        raise InvalidInput("phase: a DC feed is single (it has no phases)", field="phase")
     pdus = _names(item.get("pdus", []), "pdus")
     racks = _names(item.get("racks", []), "racks")
     if not pdus and not racks:
         raise InvalidInput("pdus: a feed supplies at least one PDU (pdus) or rack (racks)", field="pdus")
+    voltage = item["voltage"]
+    if supply == "dc" and isinstance(voltage, int | float) and not isinstance(voltage, bool) and voltage < 0:
+        # −48 V telecom DC: the magnitude carries the power.
+        voltage = -_number(-voltage, "voltage", 0, VOLTAGE_MAX, "volts")
+    else:
+        voltage = _number(voltage, "voltage", 0, VOLTAGE_MAX, "volts")
     return pure.Feed(
         name=name,
-        voltage=_number(item["voltage"], "voltage", 0, VOLTAGE_MAX, "volts"),
+        voltage=voltage,
         amperage=_number(item["amperage"], "amperage", 0, AMPERAGE_MAX, "amperes"),
         phase=item["phase"],
         max_utilization=_number(item.get("max_utilization", 0.8), "max_utilization", 0, 1, "(a share of the rating)"),
         pdus=pdus,
         racks=racks,
+        status=status,
+        supply=supply,
     )
 
 
@@ -124,6 +144,8 @@ def feeds_replace(*, feeds: Iterable[pure.Feed], source: str) -> dict[str, Any]:
                 "max_utilization": feed.max_utilization,
                 "pdus": list(feed.pdus),
                 "racks": list(feed.racks),
+                "status": feed.status,
+                "supply": feed.supply,
                 "source": source,
             },
         )
@@ -138,7 +160,9 @@ def feeds_replace(*, feeds: Iterable[pure.Feed], source: str) -> dict[str, Any]:
 def stored_feeds() -> list[pure.Feed]:
     """Every feed as the pure kernel takes it."""
     return [
-        pure.Feed(f.name, f.voltage, f.amperage, f.phase, f.max_utilization, tuple(f.pdus), tuple(f.racks))
+        pure.Feed(
+            f.name, f.voltage, f.amperage, f.phase, f.max_utilization, tuple(f.pdus), tuple(f.racks), f.status, f.supply
+        )
         for f in Feed.objects.all()
     ]
 
@@ -150,40 +174,80 @@ def rack_pdus() -> dict[str, set[str]]:
         "node_id", "level", "domain"
     ):
         by_node[node_id][level].append(domain.split(":", 1)[1])
+    return rack_pdus_of(by_node.values())
+
+
+def rack_pdus_of(nodes: Iterable[Mapping[str, Iterable[str]]]) -> dict[str, set[str]]:
+    """Each rack's PDUs from nodes' domains by level (``{"rack": [...], "pdu": [...]}``)."""
     out: dict[str, set[str]] = defaultdict(set)
-    for levels in by_node.values():
+    for levels in nodes:
         for rack in levels.get("rack", []):
             out[rack].update(levels.get("pdu", []))
     return dict(out)
+
+
+def node_legs() -> set[str]:
+    """Every leg a node draws from (its ``llmgw.io/leg`` domains)."""
+    return {d.split(":", 1)[1] for d in NodeDomain.objects.filter(level="leg").values_list("domain", flat=True)}
+
+
+def caps_derived(feeds: list[pure.Feed] | None = None) -> dict[str, pure.DerivedCap]:
+    """The caps the stored feeds (or ``feeds``) give, by domain text."""
+    feeds = stored_feeds() if feeds is None else feeds
+    caps = pure.derived_caps(feeds, rack_pdus(), node_legs()) if feeds else {}
+    return {str(d): c for d, c in caps.items()}
+
+
+def feed_cap_warning(budget: Budget) -> str | None:
+    """``budget 8.0 kW is above feed B2's 2.9 kW``: a written cap its feeds cannot carry, or None."""
+    if budget.source == Source.FEED or budget.feed_cap_watts is None or budget.feed_cap_watts >= budget.cap_watts:
+        return None
+    words = budget.derived_from.split()
+    what = f"feed {words[1]}'s" if len(words) > 1 and words[0] == "feed" else "its feeds'"
+    return f"budget {kw(budget.cap_watts)} is above {what} {kw(budget.feed_cap_watts)}"
+
+
+def feed_cap_warnings() -> list[str]:
+    """Every written budget above what its domain's feeds carry: ``rack:r1: budget 8.0 kW is above …``."""
+    rows = Budget.objects.exclude(source=Source.FEED).filter(feed_cap_watts__isnull=False)
+    return [f"{b.domain}: {w}" for b in rows if (w := feed_cap_warning(b))]
 
 
 @transaction.atomic
 def feed_caps_refresh() -> bool:
     """Rewrite the Budget rows derived from feeds; True when any changed (the caller signals it).
 
-    Budgets people wrote win: a domain with one keeps it. Rows lock budgets only (no node), so this
-    keeps the guarded commit's lock order (budgets first).
+    Budgets people wrote win, but never above the feeds: a written cap above the derived one keeps the
+    derived one beside it (``feed_cap_watts``), which then holds. Rows lock budgets only (no node), so
+    this keeps the guarded commit's lock order (budgets first).
     """
-    feeds = stored_feeds()
-    caps = pure.derived_caps(feeds, rack_pdus()) if feeds else {}
+    caps = caps_derived()
     existing = {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
     changed = False
-    for domain, cap in caps.items():
-        text = str(domain)
+    for text, cap in caps.items():
         row = existing.get(text)
         if row is not None and row.source != Source.FEED:
+            below = cap.cap_watts if cap.cap_watts < row.cap_watts - 1e-6 else None
+            source = cap.source[:300] if below is not None else ""
+            if row.feed_cap_watts != below or row.derived_from != source:
+                Budget.objects.filter(pk=row.pk).update(feed_cap_watts=below, derived_from=source)
+                changed = True
             continue
-        if row is not None and abs(row.cap_watts - cap.cap_watts) < 1e-6 and row.derived_from == cap.source:
+        if row is not None and abs(row.cap_watts - cap.cap_watts) < 1e-6 and row.derived_from == cap.source[:300]:
             continue
         Budget.objects.update_or_create(
             domain=text,
-            defaults={"cap_watts": cap.cap_watts, "source": Source.FEED, "derived_from": cap.source[:300]},
+            defaults={"cap_watts": cap.cap_watts, "source": Source.FEED, "derived_from": cap.source[:300],
+                      "feed_cap_watts": None},
         )
         changed = True
-    wanted = {str(d) for d in caps}
-    stale = [d for d, b in existing.items() if b.source == Source.FEED and d not in wanted]
+    stale = [d for d, b in existing.items() if b.source == Source.FEED and d not in caps]
     if stale:
         Budget.objects.filter(domain__in=stale).delete()
+        changed = True
+    unfed = [b.pk for d, b in existing.items() if b.source != Source.FEED and d not in caps and b.feed_cap_watts is not None]
+    if unfed:
+        Budget.objects.filter(pk__in=unfed).update(feed_cap_watts=None, derived_from="")
         changed = True
     return changed
 

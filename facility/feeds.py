@@ -6,19 +6,27 @@ PDUs. A node plugged into two PDUs on two feeds is dual-fed: either feed must ca
 
 The rules:
 
-- A feed's capacity is V × A × max_utilization, × √3 for three-phase (line-to-line voltage): what
-  NetBox calls a PowerFeed's available power.
+- A feed's capacity is |V| × A × max_utilization, × √3 for three-phase (line-to-line voltage): what
+  NetBox calls a PowerFeed's available power. A DC feed's voltage may be negative (−48 V).
+- Only an ``active`` feed carries anything. A ``planned`` or ``offline`` feed is listed, never counted;
+  a ``failed`` one is a feed lost now: its racks run on what is left (N−1 is the present, not a what-if).
 - A PDU's cap defaults to its feed's capacity. A rack's cap defaults to the **smallest** capacity of
-  the feeds that reach it (each must carry the rack alone) — never their sum. An explicit budget wins.
+  the live feeds that reach it (each must carry the rack alone) — never their sum; a rack reached only
+  by feeds that are not live gets a cap of 0. An explicit budget wins, but never above the feeds.
+- A three-phase feed's leg (NetBox's ``feed_leg`` of the outlet a node is plugged into) carries a third
+  of it: V_LL / √3 × A × utilisation. A leg, not the feed's total, trips its breaker, so each leg a node
+  draws from is a domain (``leg:<pdu>.<A|B|C>``) with that cap.
 - A feed may name racks it supplies directly (NetBox's PowerFeed.rack): they count among the rack's
   feeds, and a node none of whose PDUs is on a feed is carried by its rack's feeds.
-- When a feed is lost, each node it fed is carried by its other PDUs, its load split evenly over
-  them; a node with no PDU left goes dark. A surviving PDU or feed, or a rack's share on a surviving
-  feed, past its capacity is a violation.
+- Load is a domain's use (invariant 8): each node's ``node_watts`` plus the larger of placed and measured,
+  node by node — the same sum ``ctl facility`` and placement make. When a feed is lost, each node it
+  fed is carried by its other PDUs, its load split evenly over them; a node with no PDU left goes dark.
+  A surviving PDU, leg or feed, or a rack's share on a surviving feed, past its capacity is a violation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +35,10 @@ from facility.domains import Domain
 from facility.power import EPSILON_WATTS, kw
 
 PHASES = ("single", "three")
+SUPPLIES = ("ac", "dc")
+# NetBox's PowerFeed statuses; only an active feed carries load.
+STATUSES = ("active", "planned", "offline", "failed")
+LEGS = ("A", "B", "C")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +54,47 @@ class Feed:
     # Racks the feed supplies directly (NetBox's PowerFeed.rack): their nodes, when none of their PDUs
     # is on a feed, are carried by these feeds.
     racks: tuple[str, ...] = ()
+    status: str = "active"
+    supply: str = "ac"
+
+    @property
+    def is_live(self) -> bool:
+        """True when the feed carries load now (NetBox status ``active``)."""
+        return self.status == "active"
 
     @property
     def capacity_watts(self) -> float:
         """What the feed may carry continuously."""
-        watts = self.voltage * self.amperage * self.max_utilization
+        watts = abs(self.voltage) * self.amperage * self.max_utilization
         return watts * math.sqrt(3) if self.phase == "three" else watts
+
+    @property
+    def leg_capacity_watts(self) -> float:
+        """What one leg may carry: a third of a three-phase feed (V_LL / √3 × A × util), else the whole."""
+        if self.phase == "three":
+            return abs(self.voltage) / math.sqrt(3) * self.amperage * self.max_utilization
+        return self.capacity_watts
 
     @property
     def text(self) -> str:
         """``feed A1 415 V 32 A 3φ 80 %``: where a cap came from, as ctl shows it."""
-        phase = "3φ" if self.phase == "three" else "1φ"
+        phase = "DC" if self.supply == "dc" else ("3φ" if self.phase == "three" else "1φ")
+        state = "" if self.is_live else f" ({self.status})"
         return (
             f"feed {self.name} {self.voltage:g} V {self.amperage:g} A {phase} "
-            f"{round(self.max_utilization * 100, 1):g} %"
+            f"{round(self.max_utilization * 100, 1):g} %{state}"
         )
+
+
+def leg_name(pdu: str, leg: str) -> str:
+    """The domain name of a PDU's leg: ``r1-pdu-a.B``."""
+    return f"{pdu}.{leg}"
+
+
+def leg_pdu(name: str) -> tuple[str, str] | None:
+    """``r1-pdu-a.B`` → (``r1-pdu-a``, ``B``); None when the name is not a PDU's leg."""
+    pdu, dot, leg = name.rpartition(".")
+    return (pdu, leg) if dot and pdu and leg in LEGS else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +108,19 @@ class DerivedCap:
 
 @dataclass(frozen=True, slots=True)
 class NodeLoad:
-    """One node's load for feed accounting: its use (node_watts + larger of placed and measured)."""
+    """One node's load for feed accounting.
+
+    ``use_watts`` is its term in every domain's use (:func:`facility.power.node_use_watts`: node_watts
+    plus the larger of placed and measured); reserved and measured are shown beside it.
+    """
 
     name: str
     rack: str | None
     pdus: tuple[str, ...]
-    reserved_watts: float
-    measured_watts: float
+    use_watts: float
+    reserved_watts: float = 0.0
+    measured_watts: float = 0.0
+    legs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +130,11 @@ class Violation:
     feed_lost: str
     domain: Domain | None  # None for a feed's own total
     carrier: str  # the surviving feed or PDU that would carry it
-    reserved_watts: float
-    measured_watts: float
+    load_watts: float
     capacity_watts: float
+    reserved_watts: float = 0.0
+    measured_watts: float = 0.0
     dark_nodes: tuple[str, ...] = ()
-
-    @property
-    def load_watts(self) -> float:
-        return max(self.reserved_watts, self.measured_watts)
 
     @property
     def over_watts(self) -> float:
@@ -108,7 +149,7 @@ class Violation:
                 f"lose power with feed {self.feed_lost} ({names})"
             )
         what = self.domain.label if self.domain else f"feed {self.carrier}"
-        via = "" if self.domain is None or self.domain.level == "pdu" else f" on feed {self.carrier}"
+        via = "" if self.domain is None or self.domain.level in ("pdu", "leg") else f" on feed {self.carrier}"
         return (
             f"{what}{via}: {kw(self.load_watts)} of {kw(self.capacity_watts)} "
             f"without feed {self.feed_lost} ({kw(self.over_watts)} over; reserved "
@@ -117,37 +158,71 @@ class Violation:
 
 
 def feed_of_pdu(feeds: Iterable[Feed]) -> dict[str, Feed]:
-    """Each PDU's feed (a PDU named under two feeds keeps the smaller one: either may be the one)."""
+    """Each PDU's feed: a live one where it has one, the smaller of two (either may be the one)."""
     found: dict[str, Feed] = {}
     for feed in feeds:
         for pdu in feed.pdus:
-            if pdu not in found or feed.capacity_watts < found[pdu].capacity_watts:
+            have = found.get(pdu)
+            if have is None or (not feed.is_live, feed.capacity_watts) < (not have.is_live, have.capacity_watts):
                 found[pdu] = feed
     return found
 
 
-def derived_caps(feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]]) -> dict[Domain, DerivedCap]:
-    """Caps implied by the feeds: each fed PDU's feed capacity, each rack's smallest feed capacity.
+def _not_live_source(feeds: Iterable[Feed]) -> str:
+    return "no live feed (" + ", ".join(f"{f.name} {f.status}" for f in sorted(feeds, key=lambda f: f.name)) + ")"
 
-    ``rack_pdus`` maps a rack's name to the PDUs its nodes are plugged into. A feed naming a rack in
-    ``racks`` reaches it whether or not a node is there yet.
+
+def derived_caps(
+    feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]], legs: Iterable[str] = ()
+) -> dict[Domain, DerivedCap]:
+    """Caps implied by the feeds: each fed PDU's feed capacity, each leg's share of it, each rack's
+    smallest live feed capacity.
+
+    ``rack_pdus`` maps a rack's name to the PDUs its nodes are plugged into; ``legs`` names the legs
+    nodes draw from (``pdu.A``). A feed naming a rack in ``racks`` reaches it whether or not a node is
+    there yet. A domain reached only by feeds that are not live gets a cap of 0: nothing powers it.
     """
     feeds = list(feeds)
     by_pdu = feed_of_pdu(feeds)
     caps: dict[Domain, DerivedCap] = {}
     for pdu, feed in sorted(by_pdu.items()):
-        caps[Domain("pdu", pdu)] = DerivedCap(Domain("pdu", pdu), feed.capacity_watts, feed.text)
+        domain = Domain("pdu", pdu)
+        if feed.is_live:
+            caps[domain] = DerivedCap(domain, feed.capacity_watts, feed.text)
+        else:
+            caps[domain] = DerivedCap(domain, 0.0, _not_live_source([feed]))
+    for name in sorted(set(legs)):
+        parsed = leg_pdu(name)
+        feed = by_pdu.get(parsed[0]) if parsed else None
+        if feed is None:
+            continue
+        domain = Domain("leg", name)
+        if not feed.is_live:
+            caps[domain] = DerivedCap(domain, 0.0, _not_live_source([feed]))
+        elif feed.phase == "three":
+            caps[domain] = DerivedCap(domain, feed.leg_capacity_watts, f"{feed.text}, leg {parsed[1]} (a third)")
+        else:
+            caps[domain] = DerivedCap(domain, feed.capacity_watts, feed.text)
     direct = feeds_of_rack(feeds)
     for rack in sorted(set(rack_pdus) | set(direct)):
         rack_feeds = {by_pdu[p].name: by_pdu[p] for p in rack_pdus.get(rack, ()) if p in by_pdu}
         rack_feeds.update({f.name: f for f in direct.get(rack, ())})
         if not rack_feeds:
             continue
-        smallest = min(rack_feeds.values(), key=lambda f: (f.capacity_watts, f.name))
+        domain = Domain("rack", rack)
+        live = [f for f in rack_feeds.values() if f.is_live]
+        if not live:
+            caps[domain] = DerivedCap(domain, 0.0, _not_live_source(rack_feeds.values()))
+            continue
+        smallest = min(live, key=lambda f: (f.capacity_watts, f.name))
         source = smallest.text
-        if len(rack_feeds) > 1:
-            source += f" (smallest of {len(rack_feeds)} feeds: each carries the rack alone)"
-        caps[Domain("rack", rack)] = DerivedCap(Domain("rack", rack), smallest.capacity_watts, source)
+        if len(live) > 1:
+            source += f" (smallest of {len(live)} feeds: each carries the rack alone)"
+        elif len(rack_feeds) > 1:
+            source += " (" + ", ".join(
+                f"{f.name} {f.status}" for f in sorted(rack_feeds.values(), key=lambda f: f.name) if not f.is_live
+            ) + ": not counted)"
+        caps[domain] = DerivedCap(domain, smallest.capacity_watts, source)
     return caps
 
 
@@ -177,19 +252,31 @@ def _with_rack_outlets(feeds: list[Feed], nodes: Iterable[NodeLoad]) -> tuple[li
         if node.rack in direct and fed.isdisjoint(node.pdus):
             pdus = tuple(_rack_outlet(f.name, node.rack) for f in direct[node.rack])
             outlets.update(pdus)
-            node = NodeLoad(node.name, node.rack, pdus, node.reserved_watts, node.measured_watts)
+            node = dataclasses.replace(node, pdus=pdus, legs=())
         out_nodes.append(node)
-    out_feeds = [
-        Feed(f.name, f.voltage, f.amperage, f.phase, f.max_utilization,
-             f.pdus + tuple(_rack_outlet(f.name, r) for r in f.racks), f.racks)
-        for f in feeds
-    ]
+    out_feeds = [dataclasses.replace(f, pdus=f.pdus + tuple(_rack_outlet(f.name, r) for r in f.racks)) for f in feeds]
     return out_feeds, out_nodes, outlets
 
 
-def _shares(node: NodeLoad, live_pdus: list[str]) -> tuple[float, float]:
-    n = len(live_pdus)
-    return node.reserved_watts / n, node.measured_watts / n
+class _Sum:
+    """Load carried by one thing: use (what is judged), and reserved and measured (shown beside it)."""
+
+    __slots__ = ("use", "reserved", "measured")
+
+    def __init__(self) -> None:
+        self.use = self.reserved = self.measured = 0.0
+
+    def add(self, node: NodeLoad, share: float, other: float = 0.0) -> None:
+        self.use += node.use_watts * share + other
+        self.reserved += node.reserved_watts * share + other
+        self.measured += node.measured_watts * share + other
+
+
+def _down_pdus(feeds: list[Feed], down: set[str]) -> set[str]:
+    """PDUs that have a feed, none of which is up once the feeds named ``down`` are lost."""
+    fed = feed_of_pdu(feeds)
+    up = feed_of_pdu(f for f in feeds if f.is_live and f.name not in down)
+    return set(fed) - set(up)
 
 
 def feed_loss(
@@ -200,20 +287,23 @@ def feed_loss(
     pdu_caps: Mapping[str, float] | None = None,
     pdu_other_watts: Mapping[str, float] | None = None,
 ) -> list[Violation]:
-    """Every PDU, feed and rack that would pass what carries it if ``lost`` failed, worst first.
+    """Every PDU, leg, feed and rack that would pass what carries it if ``lost`` failed, worst first.
 
-    ``pdu_caps`` overrides a PDU's cap (an explicit budget); otherwise its feed's capacity counts.
+    Feeds that are not live are lost already. ``pdu_caps`` lowers a PDU's cap below its feed's (an
+    explicit budget); it never raises it: N−1 judges by the feed.
     """
     feeds, nodes, outlets = _with_rack_outlets(list(feeds), nodes)
     lost = next((f for f in feeds if f.name == lost.name), lost)
-    by_pdu = feed_of_pdu(feeds)
+    by_pdu = feed_of_pdu(f for f in feeds if f.is_live and f.name != lost.name)
     by_name = {f.name: f for f in feeds}
     pdu_caps = dict(pdu_caps or {})
     other = dict(pdu_other_watts or {})
     lost_pdus = set(lost.pdus)
+    down_pdus = _down_pdus(feeds, {lost.name})
 
-    pdu_load: dict[str, list[float]] = {}
-    rack_on_feed: dict[tuple[str, str], list[float]] = {}
+    pdu_load: dict[str, _Sum] = {}
+    leg_load: dict[str, _Sum] = {}
+    rack_on_feed: dict[tuple[str, str], _Sum] = {}
     dark: dict[str | None, list[str]] = {}
     # Only what the loss moves load onto is reported: a PDU already past its cap with both feeds up
     # is the ordinary power report's business, not this one's.
@@ -221,7 +311,7 @@ def feed_loss(
     touched_racks: set[str] = set()
     for node in nodes:
         touched = not lost_pdus.isdisjoint(node.pdus)
-        live = [p for p in node.pdus if p not in lost_pdus]
+        live = [p for p in node.pdus if p not in down_pdus]
         if touched and not live:
             dark.setdefault(node.rack, []).append(node.name)
             continue
@@ -231,67 +321,76 @@ def feed_loss(
             touched_pdus.update(live)
             if node.rack is not None:
                 touched_racks.add(node.rack)
-        reserved, measured = _shares(node, live)
+        share = 1 / len(live)
         for pdu in live:
-            load = pdu_load.setdefault(pdu, [0.0, 0.0])
-            load[0] += reserved
-            load[1] += measured
+            pdu_load.setdefault(pdu, _Sum()).add(node, share)
+            legs = [leg for leg in node.legs if (leg_pdu(leg) or ("",))[0] == pdu]
+            for leg in legs:
+                leg_load.setdefault(leg, _Sum()).add(node, share / len(legs))
             feed = by_pdu.get(pdu)
             if feed is not None and node.rack is not None:
-                share = rack_on_feed.setdefault((node.rack, feed.name), [0.0, 0.0])
-                share[0] += reserved
-                share[1] += measured
+                rack_on_feed.setdefault((node.rack, feed.name), _Sum()).add(node, share)
 
     violations: list[Violation] = []
     for rack, names in sorted(dark.items(), key=lambda kv: kv[0] or ""):
-        violations.append(
-            Violation(
-                lost.name,
-                Domain("rack", rack) if rack else None,
-                lost.name,
-                0.0,
-                0.0,
-                0.0,
-                dark_nodes=tuple(sorted(names)),
-            )
-        )
-    touched_feeds = {by_pdu[p].name for p in touched_pdus if p in by_pdu} - {lost.name}
-    feed_total: dict[str, list[float]] = {}
-    for pdu, (reserved, measured) in pdu_load.items():
-        reserved += other.get(pdu, 0.0)
-        measured += other.get(pdu, 0.0)
+        domain = Domain("rack", rack) if rack else None
+        violations.append(Violation(lost.name, domain, lost.name, 0.0, 0.0, dark_nodes=tuple(sorted(names))))
+
+    def judge(domain: Domain | None, carrier: str, load: _Sum, capacity: float) -> None:
+        if load.use > capacity + EPSILON_WATTS:
+            violations.append(Violation(lost.name, domain, carrier, load.use, capacity, load.reserved, load.measured))
+
+    feed_total: dict[str, _Sum] = {}
+    for pdu, load in sorted(pdu_load.items()):
+        extra = other.get(pdu, 0.0)
+        load.use += extra
+        load.reserved += extra
+        load.measured += extra
         feed = by_pdu.get(pdu)
         if feed is not None:
-            total = feed_total.setdefault(feed.name, [0.0, 0.0])
-            total[0] += reserved
-            total[1] += measured
-        cap = pdu_caps.get(pdu, feed.capacity_watts if feed else None)
-        if pdu in touched_pdus and pdu not in outlets and cap is not None and max(reserved, measured) > cap + EPSILON_WATTS:
-            carrier = feed.name if feed else pdu
-            violations.append(Violation(lost.name, Domain("pdu", pdu), carrier, reserved, measured, cap))
+            total = feed_total.setdefault(feed.name, _Sum())
+            total.use += load.use
+            total.reserved += load.reserved
+            total.measured += load.measured
+        caps = [c for c in (pdu_caps.get(pdu), feed.capacity_watts if feed else None) if c is not None]
+        if pdu in touched_pdus and pdu not in outlets and caps:
+            judge(Domain("pdu", pdu), feed.name if feed else pdu, load, min(caps))
+    for leg, load in sorted(leg_load.items()):
+        feed = by_pdu.get(leg_pdu(leg)[0])
+        if feed is not None and leg_pdu(leg)[0] in touched_pdus:
+            judge(Domain("leg", leg), feed.name, load, feed.leg_capacity_watts)
+    touched_feeds = {by_pdu[p].name for p in touched_pdus if p in by_pdu}
     for name in sorted(touched_feeds):
-        reserved, measured = feed_total.get(name, (0.0, 0.0))
-        capacity = by_name[name].capacity_watts
-        if max(reserved, measured) > capacity + EPSILON_WATTS:
-            violations.append(Violation(lost.name, None, name, reserved, measured, capacity))
-    for (rack, name), (reserved, measured) in sorted(rack_on_feed.items()):
-        if name == lost.name or rack not in touched_racks:
-            continue
-        capacity = by_name[name].capacity_watts
-        if max(reserved, measured) > capacity + EPSILON_WATTS:
-            violations.append(Violation(lost.name, Domain("rack", rack), name, reserved, measured, capacity))
+        judge(None, name, feed_total.get(name, _Sum()), by_name[name].capacity_watts)
+    for (rack, name), load in sorted(rack_on_feed.items()):
+        if rack in touched_racks:
+            judge(Domain("rack", rack), name, load, by_name[name].capacity_watts)
     violations.sort(key=lambda v: (-(len(v.dark_nodes) > 0), -v.over_watts))
     return violations
 
 
-def feed_loads(feeds: Iterable[Feed], nodes: Iterable[NodeLoad]) -> dict[str, tuple[float, float]]:
-    """Each feed's (reserved, measured) load with every feed up: a node's load split over its fed PDUs."""
+def feed_loads(feeds: Iterable[Feed], nodes: Iterable[NodeLoad]) -> dict[str, tuple[float, float, float]]:
+    """Each feed's (use, reserved, measured) load now: a node's load split over its PDUs on live feeds.
+
+    A feed that is not live carries nothing.
+    """
     feeds, nodes, _ = _with_rack_outlets(list(feeds), nodes)
-    by_pdu = feed_of_pdu(feeds)
-    loads = {f.name: [0.0, 0.0] for f in feeds}
+    by_pdu = feed_of_pdu(f for f in feeds if f.is_live)
+    loads = {f.name: _Sum() for f in feeds}
     for node in nodes:
         fed = [by_pdu[p] for p in node.pdus if p in by_pdu]
         for feed in fed:
-            loads[feed.name][0] += node.reserved_watts / len(fed)
-            loads[feed.name][1] += node.measured_watts / len(fed)
-    return {name: (r, m) for name, (r, m) in loads.items()}
+            loads[feed.name].add(node, 1 / len(fed))
+    return {name: (s.use, s.reserved, s.measured) for name, s in loads.items()}
+
+
+def leg_imbalance(loads: Iterable[float]) -> float | None:
+    """How far a PDU's busiest or idlest leg is from the legs' mean, as a share of it (NEMA's unbalance);
+    None with fewer than two legs or no load."""
+    loads = list(loads)
+    if len(loads) < 2:
+        return None
+    mean = sum(loads) / len(loads)
+    if mean <= EPSILON_WATTS:
+        return None
+    return max(abs(x - mean) for x in loads) / mean

@@ -41,6 +41,7 @@ class DomainPowerCollector(Collector):
         yield held
         yield from condition_families()
         yield self._feed_loss()
+        yield from self._feeds()
         yield shed_moves()
 
     def _feed_loss(self) -> Metric:
@@ -55,6 +56,24 @@ class DomainPowerCollector(Collector):
             family.add_metric([item["feed"]], float(len(item["violations"])))
         return family
 
+    def _feeds(self) -> Iterator[Metric]:
+        from facility.feed_selectors import feeds_overview
+
+        failed = GaugeMetricFamily("llmgw_feed_failed", "1 while the feed's status is failed (lost now).",
+                                   labels=["feed"])
+        imbalance = GaugeMetricFamily(
+            "llmgw_pdu_leg_imbalance_ratio",
+            "How far a three-phase PDU's busiest or idlest leg is from its legs' mean, as a share of it.",
+            labels=["pdu", "feed"],
+        )
+        for feed in feeds_overview()["feeds"]:
+            failed.add_metric([feed["name"]], 1.0 if feed["status"] == "failed" else 0.0)
+            for pdu in feed["legs"]:
+                if pdu["imbalance"] is not None:
+                    imbalance.add_metric([pdu["pdu"], feed["name"]], float(pdu["imbalance"]))
+        yield failed
+        yield imbalance
+
     def describe(self) -> Iterator[Metric]:
         for name, _, doc in GAUGES:
             yield GaugeMetricFamily(name, doc, labels=LABELS)
@@ -63,6 +82,8 @@ class DomainPowerCollector(Collector):
             yield GaugeMetricFamily(name, "", labels=labels)
 
         yield GaugeMetricFamily("llmgw_feed_loss_violations", "", labels=["feed"])
+        yield GaugeMetricFamily("llmgw_feed_failed", "", labels=["feed"])
+        yield GaugeMetricFamily("llmgw_pdu_leg_imbalance_ratio", "", labels=["pdu", "feed"])
         yield CounterMetricFamily("llmgw_shed_moves", "", labels=["domain", "outcome"])
 
 

@@ -89,6 +89,10 @@ class Budget(models.Model):
     derived_from = models.CharField(
         max_length=300, blank=True, help_text="For a cap derived from feeds: which (feed A1 415 V 32 A 3φ 80 %)."
     )
+    # A written cap above what the domain's feeds carry: the feeds' cap, which then holds (invariant 11).
+    feed_cap_watts = models.FloatField(
+        null=True, blank=True, help_text="What the domain's feeds carry, when less than the written cap."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -100,7 +104,18 @@ class Budget(models.Model):
     @property
     def source_text(self) -> str:
         """Where the cap came from, as ctl shows it: the feed, or ``budget``."""
-        return self.derived_from if self.source == Source.FEED else "budget"
+        if self.source == Source.FEED:
+            return self.derived_from
+        if self.feed_cap_watts is not None:
+            return f"{self.derived_from} (the budget's {self.cap_watts / 1000:.1f} kW is above it)"
+        return "budget"
+
+    @property
+    def effective_cap_watts(self) -> float:
+        """The cap placement holds to: the written one, never above what the feeds carry."""
+        if self.feed_cap_watts is not None and self.feed_cap_watts < self.cap_watts:
+            return self.feed_cap_watts
+        return self.cap_watts
 
     def clean(self) -> None:
         _clean_domain_field(self)
@@ -263,9 +278,16 @@ class Feed(models.Model):
     """A power feed: a circuit from a panel, held to a share of its rating, supplying PDUs or racks."""
 
     name = models.CharField(max_length=100, unique=True)
-    voltage = models.FloatField(validators=[MinValueValidator(1.0)])
+    voltage = models.FloatField(help_text="Volts (line-to-line on three-phase); a DC feed may be negative (-48).")
     amperage = models.FloatField(validators=[MinValueValidator(0.1)])
     phase = models.CharField(max_length=8, choices=[("single", "single-phase"), ("three", "three-phase")])
+    supply = models.CharField(max_length=2, choices=[("ac", "AC"), ("dc", "DC")], default="ac")
+    status = models.CharField(
+        max_length=8,
+        choices=[("active", "active"), ("planned", "planned"), ("offline", "offline"), ("failed", "failed")],
+        default="active",
+        help_text="Only an active feed carries load; a failed one is lost now (N−1).",
+    )
     max_utilization = models.FloatField(
         default=0.8, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
         help_text="Share of the rating carried continuously (0.8: the 80 % rule).",

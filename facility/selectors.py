@@ -12,6 +12,7 @@ from agents.models import Node, NodeDomain, measured_window_seconds
 from facility import power
 from facility.domains import LEVELS, Domain, parse_domain
 from facility.evaluation import effective_conditions
+from facility.feed_services import feed_cap_warning
 from facility.models import Budget, ConditionEvent, FacilitySettings, Hold, SourceStatus
 
 
@@ -25,7 +26,7 @@ def facility_settings() -> power.FacilitySettings:
 def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
     """Every budget (of ``rows`` when read already) as the pure kernel takes it."""
     return {
-        parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.cap_watts, b.other_watts)
+        parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.effective_cap_watts, b.other_watts)
         for b in (Budget.objects.all() if rows is None else rows)
     }
 
@@ -40,6 +41,7 @@ def facility_overview() -> dict[str, Any]:
     budget_by_domain = budgets(budget_rows)
     # Where each cap came from: a feed (`feed A1 415 V 32 A 3φ 80 %`) or a written `budget`.
     cap_sources = {b.domain: b.source_text for b in budget_rows}
+    cap_warnings = {b.domain: w for b in budget_rows if (w := feed_cap_warning(b))}
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
@@ -70,6 +72,7 @@ def facility_overview() -> dict[str, Any]:
                 "measured_watts": None if figure.measured_watts is None else round(figure.measured_watts, 1),
                 "cap_watts": figure.cap_watts,
                 "cap_source": cap_sources.get(text),
+                "cap_warning": cap_warnings.get(text),
                 "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
                 "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
                 "over_limit": figure.is_over_limit,
@@ -97,6 +100,29 @@ def facility_overview() -> dict[str, Any]:
         "domains": rows,
         "sources": source_statuses(),
     }
+
+
+def domain_uses(*, level: str) -> dict[str, power.DomainPower]:
+    """Every domain of one level that has nodes or a budget, by name: its figures as the overview's."""
+    settings = facility_settings()
+    now = timezone.now()
+    members: dict[str, list[int]] = defaultdict(list)
+    for node_id, domain in NodeDomain.objects.filter(level=level).values_list("node_id", "domain"):
+        members[domain].append(node_id)
+    budget_by_domain = budgets(list(Budget.objects.filter(domain__startswith=f"{level}:")))
+    ids = {i for group in members.values() for i in group}
+    placed = bookings.placed_watts(sorted(ids))
+    figures = {
+        n.pk: power.NodePower(placed.get(n.pk, 0.0), n.fresh_measured_watts(now))
+        for n in Node.objects.filter(pk__in=ids).only("id", "measured_peak_watts", "sensors_at")
+    }
+    out = {}
+    for text in sorted(set(members) | {str(d) for d in budget_by_domain}):
+        domain = parse_domain(text)
+        out[domain.name] = power.domain_power(
+            domain, [figures[i] for i in members.get(text, [])], budget_by_domain.get(domain), settings
+        )
+    return out
 
 
 def domain_figures(*, domain: str) -> power.DomainPower:

@@ -149,6 +149,9 @@ class DomainRowSerializer(serializers.Serializer):
     cap_source = serializers.CharField(
         allow_null=True, help_text="where the cap came from: `budget`, or the feed (`feed A1 415 V 32 A 3φ 80 %`)"
     )
+    cap_warning = serializers.CharField(
+        allow_null=True, help_text="a written cap above its feeds': `budget 8.0 kW is above feed B2's 2.9 kW`"
+    )
     limit_watts = serializers.FloatField(allow_null=True)
     other_watts = serializers.FloatField(allow_null=True)
     over_limit = serializers.BooleanField()
@@ -203,6 +206,9 @@ class BudgetBodySerializer(serializers.Serializer):
     domain = serializers.CharField()
     cap_watts = serializers.FloatField()
     other_watts = serializers.FloatField()
+    warning = serializers.CharField(
+        allow_null=True, required=False, help_text="the cap is above what the domain's feeds carry: theirs holds"
+    )
 
 
 class HistoryQuerySerializer(StrictSerializer):
@@ -231,18 +237,40 @@ class DomainHistorySerializer(serializers.Serializer):
     points = HistoryPointSerializer(many=True)
 
 
+class FeedLegSerializer(serializers.Serializer):
+    leg = serializers.ChoiceField(choices=["A", "B", "C"])
+    domain = serializers.CharField(help_text="leg:<pdu>.<leg>")
+    use_watts = serializers.FloatField(help_text="its nodes' use, as every domain's")
+    cap_watts = serializers.FloatField(allow_null=True, help_text="V_LL / √3 × A × max_utilization")
+    limit_watts = serializers.FloatField(allow_null=True)
+
+
+class FeedPduLegsSerializer(serializers.Serializer):
+    pdu = serializers.CharField()
+    legs = FeedLegSerializer(many=True)
+    imbalance = serializers.FloatField(
+        allow_null=True, help_text="the busiest or idlest leg's distance from the legs' mean, as a share of it"
+    )
+
+
 class FeedRowSerializer(serializers.Serializer):
     name = serializers.CharField()
-    voltage = serializers.FloatField()
+    voltage = serializers.FloatField(help_text="a DC feed's may be negative (-48)")
     amperage = serializers.FloatField()
     phase = serializers.ChoiceField(choices=["single", "three"])
+    supply = serializers.ChoiceField(choices=["ac", "dc"])
+    status = serializers.ChoiceField(
+        choices=["active", "planned", "offline", "failed"], help_text="only an active feed carries load"
+    )
     max_utilization = serializers.FloatField()
-    capacity_watts = serializers.FloatField(help_text="V × A × max_utilization (× √3 three-phase)")
+    capacity_watts = serializers.FloatField(help_text="|V| × A × max_utilization (× √3 three-phase)")
     text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
     pdus = serializers.ListField(child=serializers.CharField())
     racks = serializers.ListField(child=serializers.CharField(), help_text="named, or reached through its PDUs")
+    load_watts = serializers.FloatField(help_text="its nodes' use (node_watts + larger of placed and measured)")
     reserved_watts = serializers.FloatField()
     measured_watts = serializers.FloatField()
+    legs = FeedPduLegsSerializer(many=True, help_text="its three-phase PDUs' legs, where outlets' legs are known")
 
 
 class FeedsSerializer(serializers.Serializer):
@@ -251,7 +279,7 @@ class FeedsSerializer(serializers.Serializer):
 
 class ViolationSerializer(serializers.Serializer):
     feed_lost = serializers.CharField()
-    domain = serializers.CharField(allow_null=True, help_text="the rack or PDU; null for a feed's own total")
+    domain = serializers.CharField(allow_null=True, help_text="the rack, PDU or leg; null for a feed's own total")
     carrier = serializers.CharField(help_text="the surviving feed (or PDU) that would carry it")
     reserved_watts = serializers.FloatField()
     measured_watts = serializers.FloatField()
@@ -264,6 +292,8 @@ class ViolationSerializer(serializers.Serializer):
 
 class FeedLossItemSerializer(serializers.Serializer):
     feed = serializers.CharField(help_text="the feed lost")
+    status = serializers.ChoiceField(choices=["active", "planned", "offline", "failed"])
+    failed = serializers.BooleanField(help_text="lost already: its violations are the present")
     violations = ViolationSerializer(many=True)
 
 
@@ -375,6 +405,9 @@ class FacilityAppliedSerializer(serializers.Serializer):
     removed = serializers.IntegerField(help_text="budgets removed (an earlier file's, no longer named)")
     removed_domains = serializers.ListField(child=serializers.CharField())
     feeds = FeedsAppliedSerializer(required=False, help_text="only when the file has feeds:")
+    warnings = serializers.ListField(
+        child=serializers.CharField(), help_text="budgets above what their feeds carry (the feeds' cap holds)"
+    )
 
 
 class NetboxImportSerializer(StrictSerializer):
@@ -392,6 +425,18 @@ class NetboxImportSerializer(StrictSerializer):
     site = TextField(max_length=100, required=False, allow_null=True, default=None,
                      help_text="only this site's slug (with url)")
     dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")
+    roles = serializers.ListField(
+        child=TextField(max_length=100), required=False, default=list, max_length=50,
+        help_text="label devices of these role slugs as nodes (default: the roles of devices known as nodes)",
+    )
+    row_from = serializers.ChoiceField(
+        choices=["location", "group", "none"], required=False, default="location",
+        help_text="a rack's row: its nested location, its rack group, or none",
+    )
+    default_utilization = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=100,
+        help_text="with csv: the max utilization (%) of feeds whose export has no such column",
+    )
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -402,6 +447,10 @@ class NetboxImportSerializer(StrictSerializer):
         for key in ("token", "site"):
             if "csv" in attrs and attrs.get(key) is not None:
                 raise serializers.ValidationError({key: ["only with url: a CSV import reads no NetBox"]})
+        if "csv" in attrs and attrs.get("roles"):
+            raise serializers.ValidationError({"roles": ["only with url: a CSV export of feeds names no device"]})
+        if "url" in attrs and attrs.get("default_utilization") is not None:
+            raise serializers.ValidationError({"default_utilization": ["only with csv: the API gives every feed's"]})
         return attrs
 
 
@@ -409,6 +458,14 @@ class NetboxFeedTextSerializer(serializers.Serializer):
     text = serializers.CharField(help_text="feed A1 415 V 32 A 3φ 80 %")
     pdus = serializers.ListField(child=serializers.CharField())
     racks = serializers.ListField(child=serializers.CharField())
+    status = serializers.ChoiceField(choices=["active", "planned", "offline", "failed"])
+
+
+class NetboxCapChangeSerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    from_watts = serializers.FloatField(allow_null=True, help_text="null: no cap before")
+    to_watts = serializers.FloatField(allow_null=True, help_text="null: no cap any more")
+    text = serializers.CharField(help_text="rack R-B02: no cap any more (was 5.9 kW)")
 
 
 class NetboxFeedSerializer(NetboxFeedTextSerializer):
@@ -430,6 +487,13 @@ class NetboxImportedSerializer(serializers.Serializer):
     feeds_changed = NetboxFeedChangeSerializer(many=True)
     feeds_removed = serializers.ListField(child=serializers.CharField(), help_text="the import's own, no longer listed")
     labels = serializers.DictField(
-        child=serializers.DictField(child=serializers.CharField()), help_text="node → the location labels it gets"
+        child=serializers.DictField(child=serializers.CharField(allow_null=True)),
+        help_text="node → its location labels that change (null: removed, NetBox no longer gives it)",
     )
+    caps = NetboxCapChangeSerializer(many=True, help_text="every cap the feeds give that changes or disappears")
+    labels_kept = serializers.ListField(
+        child=serializers.CharField(), help_text="an operator's label kept where NetBox says otherwise"
+    )
+    skipped = serializers.ListField(child=serializers.CharField(), help_text="NetBox objects not taken, and why")
+    notes = serializers.ListField(child=serializers.CharField(), help_text="planned, offline and failed feeds")
     applied = serializers.BooleanField(help_text="false: a dry run, nothing written")

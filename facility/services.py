@@ -16,7 +16,7 @@ from django.utils import timezone
 from agents.node.protocol import value_shown
 from facility import feed_services, power
 from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
-from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY, DomainError, parse_domain
+from facility.domains import LABEL_PREFIX, LEVELS, MULTI_KEYS, DomainError, parse_domain
 from facility.models import (
     Budget,
     ConditionEvent,
@@ -287,6 +287,7 @@ def facility_apply(
     result = {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
     if feeds_result is not None:
         result["feeds"] = feeds_result
+    result["warnings"] = feed_services.feed_cap_warnings()
     return result
 
 
@@ -318,8 +319,12 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
     budget, _ = Budget.objects.update_or_create(
-        domain=domain, defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": ""}
+        domain=domain,
+        defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": "", "feed_cap_watts": None},
     )
+    # A written cap above what the domain's feeds carry keeps the feeds' cap beside it (and says so).
+    feed_services.feed_caps_refresh()
+    budget.refresh_from_db()
     facility_changed_send()
     return budget
 
@@ -498,7 +503,7 @@ def location_warnings(*, node_name: str, changes: dict[str, str | None]) -> list
     for key, value in changes.items():
         if value is None or not key.startswith(LABEL_PREFIX) or key.removeprefix(LABEL_PREFIX) not in LEVELS:
             continue
-        values = value.split(",") if key == PDU_KEY else [value]
+        values = value.split(",") if key in MULTI_KEYS else [value]
         for name in values:
             domain = f"{key.removeprefix(LABEL_PREFIX)}:{name.strip()}"
             if domain in current:

@@ -135,7 +135,9 @@ def _locked_state(
     if touched:
         where, params = sql_in("domain", touched)
         cursor.execute(
-            f"SELECT domain, cap_watts, other_watts FROM {Budget._meta.db_table} "
+            # The effective cap (Budget.effective_cap_watts): a written cap never above the feeds'.
+            f"SELECT domain, CASE WHEN feed_cap_watts IS NOT NULL AND feed_cap_watts < cap_watts "
+            f"THEN feed_cap_watts ELSE cap_watts END, other_watts FROM {Budget._meta.db_table} "
             f"WHERE {where} ORDER BY domain{lock}",
             params,
         )

@@ -1,33 +1,63 @@
-"""A stand-in NetBox: /api/dcim/{sites,locations,racks,power-panels,power-feeds,devices}/ answering the
-documented JSON (``count``/``next``/``previous``/``results``, ``limit``/``offset`` pagination, filters
-by ``site`` slug, a token required), from lists of objects a test builds."""
+"""A stand-in NetBox that replays what a real one answered (tests/fixtures/netbox/<version>/<snapshot>/).
+
+It serves /api/status/ and /api/dcim/<endpoint>/ as NetBox does: ``count``/``next``/``previous``/
+``results``, ``limit``/``offset`` pagination, the ``site`` (slug) and ``slug`` filters, a token required
+(``Token …`` or ``Bearer …``), and any other path NetBox's HTML 404 page, as a wrong ``--url`` gets.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-ENDPOINTS = ("sites", "locations", "racks", "power-panels", "power-feeds", "devices")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "netbox"
 # Small pages, so every listing takes several requests.
 PAGE = 3
 
 
-def _site_of(kind: str, obj: dict[str, Any]) -> str | None:
+def recorded(snapshot: str = "base", version: str | None = None) -> dict[str, Any]:
+    """A recorded NetBox: endpoint (``power-feeds``) → its objects, ``status`` → /api/status/'s answer,
+    and ``_404`` → the HTML page it answers for a path that is not its API's."""
+    root = FIXTURES / (version or newest_version())
+    out: dict[str, Any] = {}
+    for path in sorted((root / snapshot).glob("*.json")):
+        name = path.stem.removeprefix("dcim_")
+        out[name] = json.loads(path.read_text())
+    page = root / snapshot / "wrong-url-404.html"
+    if page.exists():
+        out["_404"] = page.read_text()
+    return out
+
+
+def newest_version() -> str:
+    versions = [p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name[:1].isdigit()]
+    return max(versions, key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+
+
+def _site_of(kind: str, obj: dict[str, Any], data: dict[str, Any]) -> str | None:
+    def by_id(endpoint: str, ref: Any) -> dict[str, Any]:
+        wanted = ref.get("id") if isinstance(ref, dict) else None
+        return next((o for o in data.get(endpoint, []) if o.get("id") == wanted), {})
+
     if kind == "sites":
-        return obj["slug"]
+        return obj.get("slug")
     if kind == "power-feeds":
-        return obj["power_panel"]["site"]["slug"]
-    return obj.get("site", {}).get("slug")
+        panel = obj.get("power_panel") or {}
+        return (panel.get("site") or by_id("power-panels", panel).get("site") or {}).get("slug")
+    if kind in ("power-ports", "power-outlets"):
+        return (by_id("devices", obj.get("device")).get("site") or {}).get("slug")
+    return (obj.get("site") or {}).get("slug")
 
 
 class FakeNetbox:
     """``with FakeNetbox(data, token) as nb:`` serves ``data`` (endpoint → objects) at ``nb.url``."""
 
-    def __init__(self, data: dict[str, list[dict[str, Any]]], token: str = "t0ken"):
-        self.data = {k: data.get(k, []) for k in ENDPOINTS}
+    def __init__(self, data: dict[str, Any], token: str = "t0ken"):
+        self.data = data
         self.token = token
         self.requests: list[str] = []
         fake = self
@@ -38,16 +68,20 @@ class FakeNetbox:
 
             def do_GET(self):
                 fake.requests.append(self.path)
-                if self.headers.get("Authorization") != f"Token {fake.token}":
-                    return self._send(403, {"detail": "Invalid token"})
                 url = urlparse(self.path)
                 parts = url.path.strip("/").split("/")
-                if len(parts) != 3 or parts[:2] != ["api", "dcim"] or parts[2] not in ENDPOINTS:
+                if parts[:1] != ["api"] or not (parts == ["api", "status"] or (len(parts) == 3 and parts[1] == "dcim")):
+                    return self._page(404, fake.data.get("_404", "<!DOCTYPE html><html><body>Page not found</body></html>"))
+                if self.headers.get("Authorization") not in (f"Token {fake.token}", f"Bearer {fake.token}"):
+                    return self._send(403, {"detail": "Invalid token"})
+                if parts == ["api", "status"]:
+                    return self._send(200, fake.data.get("status", {}))
+                if parts[2] not in fake.data:
                     return self._send(404, {"detail": "Not found."})
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 objs = fake.data[parts[2]]
                 if "site" in query:
-                    objs = [o for o in objs if _site_of(parts[2], o) == query["site"]]
+                    objs = [o for o in objs if _site_of(parts[2], o, fake.data) == query["site"]]
                 if "slug" in query:
                     objs = [o for o in objs if o.get("slug") == query["slug"]]
                 limit = int(query.get("limit") or 0) or PAGE
@@ -69,6 +103,15 @@ class FakeNetbox:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                self.send_header("API-Version", "4.6")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _page(self, status: int, text: str) -> None:
+                data = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

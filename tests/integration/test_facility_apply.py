@@ -34,8 +34,8 @@ def budgets() -> dict[str, tuple[float, float]]:
 
 
 def test_apply_sets_settings_and_budgets_and_is_idempotent():
-    assert facility_apply(text=GOOD) == {"created": 2, "updated": 0, "removed": 0, "removed_domains": []}
-    assert facility_apply(text=GOOD) == {"created": 0, "updated": 2, "removed": 0, "removed_domains": []}
+    assert facility_apply(text=GOOD) == {"created": 2, "updated": 0, "removed": 0, "removed_domains": [], "warnings": []}
+    assert facility_apply(text=GOOD) == {"created": 0, "updated": 2, "removed": 0, "removed_domains": [], "warnings": []}
     assert budgets() == {"rack:r12-07": (16000, 800), "pdu:r12-07-a": (7400, 0)}
     settings = FacilitySettings.load()
     assert (settings.margin, settings.gpu_watts, settings.cpu_core_watts, settings.node_watts) == (0.1, 700, 10, 350)
@@ -63,7 +63,7 @@ def test_the_file_owns_the_rows_it_names_and_leaves_others_alone():
             "domain: pdu:r12-07-a",
             "domain: pdu-r12-07-a",
             "server.yaml line 10: facility.budgets[1].domain: 'pdu-r12-07-a' is not a domain: write level:name, "
-            "with level one of site, room, row, rack, pdu",
+            "with level one of site, room, row, rack, pdu, leg",
         ),
         (
             "node_watts: 350",

@@ -126,17 +126,17 @@ def test_feed_loss_lists_exactly_the_racks_an_independent_calculation_finds(caps
         rack = f"r{r}"
         feeds.append(f"    - {{name: A{r}, voltage: 415, amperage: 12, phase: three, pdus: [{rack}-a]}}")
         feeds.append(f"    - {{name: B{r}, voltage: 415, amperage: 12, phase: three, pdus: [{rack}-b]}}")
-        total_reserved = total_measured = 0.0
+        total = 0.0
         for n in range(2):
             name = f"{rack}n{n}"
             join_node(name, rack=rack, pdu=f"{rack}-a,{rack}-b")
             placed = rng.choice([0, 1400, 2800, 4200, 5600])
             measured = rng.choice([None, 700, 3000, 6000])
             _load(name, placed, measured)
-            total_reserved += 350 + placed
-            total_measured += 0 if measured is None else 350 + measured
-        # The whole rack on one surviving feed: over when either figure passes one feed's capacity.
-        if max(total_reserved, total_measured) > cap:
+            total += 350 + max(placed, measured or 0)
+        # The whole rack on one surviving feed: over when its use, added node by node as `ctl facility`
+        # adds it, passes one feed's capacity.
+        if total > cap:
             expected.add(rack)
     services.facility_apply(text="facility:\n  node_watts: 350\n  feeds:\n" + "\n".join(feeds) + "\n")
     report = feed_loss_report()
@@ -169,11 +169,12 @@ def test_feeds_listing_ctl_and_api(capsys, join_node, admin_client):
     _load("gpu01", 2000, None)
     services.facility_apply(text=PAIR)
     code, out, _ = run(capsys, "facility", "feeds")
-    assert out.splitlines()[0].split()[:3] == ["FEED", "RATING", "CAPACITY"]
-    assert out.splitlines()[1].split()[:8] == ["A1", "415", "V", "32", "A", "3φ", "80", "%"]
+    assert out.splitlines()[0].split()[:5] == ["FEED", "RATING", "STATUS", "CAPACITY", "LOAD"]
+    assert out.splitlines()[1].split()[:11] == ["A1", "415", "V", "32", "A", "3φ", "80", "%", "active", "18.4", "kW"]
     body = admin_client.get("/api/v1/facility/feeds").json()
     a1 = body["feeds"][0]
     assert (a1["name"], a1["racks"], a1["reserved_watts"]) == ("A1", ["r1"], 1175.0)  # (350 + 2000) / 2
+    assert (a1["status"], a1["supply"], a1["load_watts"]) == ("active", "ac", 1175.0)
     loss = admin_client.get("/api/v1/facility/feed-loss?feed=B1").json()
     assert loss["violations"] == 0 and loss["feeds"][0]["feed"] == "B1"
     assert admin_client.get("/api/v1/facility/feed-loss?feed=nope").status_code == 404

@@ -80,7 +80,7 @@ def test_an_unknown_token_is_refused(anon_api):
          "inventory.gpus[1].index: two GPUs with index 0"),
         (lambda hb: hb["labels"].__setitem__("llmgw.io/rak", "r1"),
          "labels: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are llmgw.io/site, llmgw.io/room, "
-         "llmgw.io/row, llmgw.io/rack, llmgw.io/pdu"),
+         "llmgw.io/row, llmgw.io/rack, llmgw.io/pdu, llmgw.io/leg"),
         (lambda hb: hb.__setitem__("interval_seconds", 60),
          "interval_seconds: must be between 0.1 and 10 seconds, got 60"),
         (lambda hb: hb.__setitem__("replicas", [{"id": 1, "state": "sleeping"}]),

@@ -39,7 +39,7 @@ def test_misspelt_key_is_refused_with_the_valid_keys_and_nothing_applied(join_no
         services.labels_set(node_name="gpu01", changes={"llmgw.io/row": "12", "llmgw.io/rak": "r2"})
     assert exc.value.message == (
         "labels: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are llmgw.io/site, llmgw.io/room, "
-        "llmgw.io/row, llmgw.io/rack, llmgw.io/pdu"
+        "llmgw.io/row, llmgw.io/rack, llmgw.io/pdu, llmgw.io/leg"
     )
     assert "llmgw.io/row" not in Node.objects.get(name="gpu01").labels
 
@@ -101,7 +101,7 @@ def test_a_pdu_hold_holds_every_node_on_it(join_node):
 def test_hold_needs_a_parsable_domain_and_a_reason():
     with pytest.raises(InvalidInput) as exc:
         hold_create(domain="shelf:s1", reason="x")
-    assert exc.value.message == "domain: 'shelf:s1': unknown level 'shelf'; levels are site, room, row, rack, pdu"
+    assert exc.value.message == "domain: 'shelf:s1': unknown level 'shelf'; levels are site, room, row, rack, pdu, leg"
     with pytest.raises(InvalidInput) as exc:
         hold_create(domain="rack:r1", reason="  ")
     assert exc.value.field == "reason"

@@ -24,7 +24,9 @@ def _rack(site: str, i: int) -> str:
 
 def netbox_data() -> dict[str, list[dict]]:
     """2 sites, 8 racks, 16 feeds: site sto1's feeds are cabled to PDUs, sto2's feed their racks."""
-    data: dict[str, list[dict]] = {k: [] for k in ("sites", "locations", "racks", "power-panels", "power-feeds", "devices")}
+    data: dict[str, list[dict]] = {
+        k: [] for k in ("sites", "locations", "racks", "power-panels", "power-feeds", "power-ports", "power-outlets", "devices")
+    }
     ids = iter(range(1, 10_000))
     for s, (site, room) in enumerate(SITES.items()):
         site_ref = {"id": next(ids), "name": site.upper(), "slug": site}
@@ -47,12 +49,18 @@ def netbox_data() -> dict[str, list[dict]]:
                     "phase": {"value": "three-phase" if s == 0 else "single-phase", "label": "x"},
                     "max_utilization": 80 if side == "A" else 90,
                     "status": {"value": "active"},
-                    "connected_endpoints": (
-                        [{"id": next(ids), "device": {"id": 1, "name": f"{rack['name']}-{side.lower()}"}, "name": "PSU1"}]
-                        if s == 0 else None
-                    ),
                 }
                 data["power-feeds"].append(feed)
+                if s == 0:  # cabled to the input of a PDU in the rack
+                    pdu = {"id": next(ids), "name": f"{rack['name']}-{side.lower()}", "site": site_ref,
+                           "rack": {"id": rack["id"], "name": rack["name"]}}
+                    data["devices"].append(pdu)
+                    port = {"id": next(ids), "device": {"id": pdu["id"], "name": pdu["name"]}, "name": "input",
+                            "link_peers_type": "dcim.powerfeed", "link_peers": [{"id": feed["id"], "name": feed["name"]}]}
+                    data["power-ports"].append(port)
+                    data["power-outlets"].append({"id": next(ids), "device": port["device"], "name": "1",
+                                                  "power_port": {"id": port["id"]}, "feed_leg": None,
+                                                  "link_peers": [], "link_peers_type": None})
             for n in range(2):
                 data["devices"].append({
                     "id": next(ids), "name": f"{rack['name']}-n{n}", "site": site_ref, "location": loc_ref,
@@ -104,7 +112,7 @@ def test_a_netbox_import_sets_what_a_hand_written_server_yaml_would(tmp_path, ca
         assert not Feed.objects.exists() and not StoreLabel.objects.exists()  # the dry run wrote nothing
         assert ctl(["facility", "import", "netbox", "--url", nb.url, "--token-file", str(token)]) == 0
         out = capsys.readouterr().out
-        assert out.splitlines()[-1] == "32 changes applied"
+        assert out.splitlines()[-1] == "48 changes applied"  # 16 feeds, 16 nodes labelled, 16 caps
         assert any("offset=" in r for r in nb.requests)  # it followed the pages
     imported = state()
     assert len([d for d in imported[0] if d.startswith("rack:")]) == 8

@@ -126,7 +126,7 @@ def test_a_cluster_file_reads_into_node_specs():
          "gpu_memory_gib, gpu_power_limit_watts, gpu_max_sm_clock_mhz, cpu_cores, memory_gib, fabric, labels"),
         ("      llmgw.io/rack: r12-07\n", "      llmgw.io/rak: r12-07\n",
          "cluster.yaml line 11: nodes[0].labels.llmgw.io/rak: unknown label key 'llmgw.io/rak': the llmgw.io/ "
-         "keys are llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu"),
+         "keys are llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu, llmgw.io/leg"),
         ("  - name: sim02\n", "  - name: sim01\n", "cluster.yaml line 14: nodes[1].name: sim01 is declared twice "
          "in this file"),
         ("    gpu_power_limit_watts: 700\n", "    gpu_power_limit_watts: -700\n",

@@ -133,7 +133,7 @@ def test_workdir_and_sys_root_must_exist(tmp_path: Path):
         (
             MINIMAL + "labels:\n  llmgw.io/rak: r12-07\n",
             "agent.yaml line 5: labels.llmgw.io/rak: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are "
-            "llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu",
+            "llmgw.io/site, llmgw.io/room, llmgw.io/row, llmgw.io/rack, llmgw.io/pdu, llmgw.io/leg",
         ),
         (
             MINIMAL + "labels:\n  llmgw.io/rack: r12 07\n",
