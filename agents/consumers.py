@@ -8,7 +8,9 @@ rendering reads the database, and Channels runs each handler in a thread for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 
 from asgiref.sync import async_to_sync
@@ -22,6 +24,8 @@ from agents.models import Node
 from agents.node.protocol import is_node_name
 from llmgw.jsonguard import json_depth_exceeds
 from llmgw.permissions import can_read
+
+log = logging.getLogger(__name__)
 
 # A page shows at most one page of rows; a client naming more is cut here.
 MAX_SHOWN = 500
@@ -42,7 +46,27 @@ def page_message(text_data: str | None) -> dict:
 
 
 class ReaderConsumer(WebsocketConsumer):
-    """A console socket: only for a user who may read; joins `groups()` and leaves them on close."""
+    """A console socket, only for a user who may read: joins `groups_to_join()`, leaves them however it ends.
+
+    Leaving is not left to `disconnect()`: a consumer ends without reading the disconnect when a handler
+    raises, and one does whenever the page went away while it rendered (uvicorn's send raises
+    ClientDisconnected), or when connect fails after joining, or when the server cancels it. A member left
+    behind stays in the group until the layer expires it (a day on channels-redis), each live update
+    queued for it until its channel is full, logged "over capacity" at every send from then on.
+    """
+
+    # Leaving a group waits at most this long for the layer (Redis down): the socket's end never hangs on it.
+    LEAVE_SECONDS = 5.0
+
+    async def __call__(self, scope, receive, send):
+        self.joined: list[str] = []
+        self.left = False
+        self.membership = asyncio.Lock()  # a join in flight is done before the leave, never after it
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Shielded: a cancelled socket (the server's shutdown) still leaves.
+            await asyncio.shield(self.leave_groups())
 
     def groups_to_join(self) -> list[str]:
         raise NotImplementedError
@@ -51,14 +75,28 @@ class ReaderConsumer(WebsocketConsumer):
         if not can_read(self.scope.get("user")):
             self.close(code=4403)
             return
-        self.joined = self.groups_to_join()
-        for group in self.joined:
-            async_to_sync(self.channel_layer.group_add)(group, self.channel_name)
+        for group in self.groups_to_join():
+            async_to_sync(self.join_group)(group)
         self.accept()
 
-    def disconnect(self, code: int) -> None:
-        for group in getattr(self, "joined", []):
-            async_to_sync(self.channel_layer.group_discard)(group, self.channel_name)
+    async def join_group(self, group: str) -> None:
+        async with self.membership:
+            if self.left:  # the socket ended while connect ran in its thread
+                return
+            self.joined.append(group)  # before the add: should the add fail half-way, the leave still tries
+            await self.channel_layer.group_add(group, self.channel_name)
+
+    async def leave_groups(self) -> None:
+        """Leave every group joined; once only (the end of the socket, whatever it was)."""
+        async with self.membership:
+            self.left = True
+            joined, self.joined = self.joined, []
+            for group in joined:
+                try:
+                    leave = self.channel_layer.group_discard(group, self.channel_name)
+                    await asyncio.wait_for(leave, self.LEAVE_SECONDS)
+                except Exception:  # the layer is down: its expiry drops the member in the end
+                    log.warning("socket %s did not leave group %s", self.channel_name, group, exc_info=True)
 
 
 class NodesConsumer(ReaderConsumer):
