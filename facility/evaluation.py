@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from agents.models import Node, NodeDomain, measured_fresh_seconds
 from facility import conditions as cond
+from facility import sources
 from facility.domains import Domain, parse_domain
 from facility.models import (
     ConditionEvent,
@@ -47,6 +48,7 @@ from facility.sources import (
     poll_prometheus,
     static_readings,
 )
+from llmgw import outbound
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ def _prometheus(config: SourcesConfig, now: datetime, client: Any) -> dict[Domai
     if own_client:
         import httpx
 
-        client = httpx.Client(timeout=5.0)
+        client = httpx.Client(timeout=sources.PROMETHEUS_DEADLINE_SECONDS)
     try:
         poll = poll_prometheus(source.url, list(source.signals), client=client, now=now.timestamp())
     finally:
@@ -203,7 +205,9 @@ def gather_readings(*, now: datetime, client: Any = None) -> dict[Domain, dict[s
     if config.prometheus is not None:
         try:
             parts.append(_prometheus(config, now, client))
-        except Exception as exc:  # a source that is down is a fact, never a crash
+        except Exception as exc:  # a source that is down is a fact, never a crash; a time limit goes on
+            if outbound.is_time_limit(exc):
+                raise
             log.warning("prometheus source failed: %s", exc)
             _status("prometheus", None, now, error=f"{type(exc).__name__}: {exc}"[:2000])
     if config.static:

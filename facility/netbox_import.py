@@ -8,6 +8,7 @@ that changes or disappears (``rack R-B02: no cap any more (was 5.9 kW)``). Appli
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -22,25 +23,48 @@ from facility.models import Budget, Feed, Source
 from facility.netbox import ENDPOINTS, MANAGED_KEYS, NetboxPlan, plan_from_objects
 from facility.power import kw
 from facility.signals import facility_changed
+from llmgw import outbound
 from llmgw.errors import InvalidInput
 
 SET_BY = "netbox"
-# Each request to NetBox: past this, the import is refused naming the URL (never a request left hanging).
+# Each request to NetBox, and the whole read: past either, the import is refused naming the URL (never a
+# request left hanging, nor one trickling its answer).
 NETBOX_TIMEOUT_SECONDS = 30
+NETBOX_TOTAL_SECONDS = 300
+# One page of NetBox's answer (50 objects of a few KB by default).
+NETBOX_MAX_BYTES = 32 * 1024 * 1024
 
 
 # -- reading NetBox -----------------------------------------------------------------------------------------
 
 
-def netbox_api(*, url: str, token: str) -> Any:
-    """A pynetbox client for the NetBox at ``url``, each request bounded by NETBOX_TIMEOUT_SECONDS."""
+def netbox_api(*, url: str, token: str, total_seconds: float = NETBOX_TOTAL_SECONDS) -> Any:
+    """A pynetbox client for the NetBox at ``url``: each request within NETBOX_TIMEOUT_SECONDS and
+    NETBOX_MAX_BYTES, every request together within ``total_seconds``."""
     import pynetbox
     import requests
 
+    ends_at = time.monotonic() + total_seconds
+
     class BoundedSession(requests.Session):
         def request(self, *args, **kwargs):
-            kwargs.setdefault("timeout", NETBOX_TIMEOUT_SECONDS)
-            return super().request(*args, **kwargs)
+            left = min(NETBOX_TIMEOUT_SECONDS, ends_at - time.monotonic())
+            if left <= 0:
+                raise requests.Timeout(f"the import's {total_seconds:g} s were spent")
+            kwargs["timeout"] = left
+            kwargs["stream"] = True
+            response = super().request(*args, **kwargs)
+            try:
+                body = outbound.read_within(
+                    lambda n: response.raw.read1(n, decode_content=True),
+                    deadline_at=time.monotonic() + left, max_bytes=NETBOX_MAX_BYTES, what="NetBox's answer",
+                )
+            except outbound.OutboundError as exc:
+                response.close()
+                raise requests.Timeout(str(exc)) from None
+            response._content = body  # read whole within the bounds; .json() and .text read it from here
+            response._content_consumed = True
+            return response
 
     api = pynetbox.api(url.rstrip("/"), token=token)
     api.http_session = BoundedSession()

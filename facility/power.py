@@ -233,8 +233,8 @@ def would_pass_limit(use_after_watts: float, limit_watts: float) -> bool:
 
 
 def kw(watts: float) -> str:
-    """``14200`` → ``14.2 kW``."""
-    return f"{watts / 1000:.1f} kW"
+    """``14200`` → ``14.2 kW``; never ``-0.0 kW`` (a budget of -0, a use of -1e-12 after subtracting)."""
+    return f"{round(watts / 1000, 1) + 0.0:.1f} kW"
 
 
 def margin_text(margin: float) -> str:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from facility.conditions import INLET, SIGNALS, SLOWDOWN_MARGIN, THROTTLE_SHARE, Reading
 from facility.domains import LEVELS, Domain, DomainError, parse_domain
+from llmgw import outbound
 
 _DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
 # A query result beyond these is a mistake, not a measurement.
@@ -130,20 +132,43 @@ def readings_from_vector(
     return readings, errors
 
 
-def poll_prometheus(url: str, signals: list[QuerySignal], *, client: Any, now: float) -> Poll:
-    """Run each query against ``url`` (an httpx.Client-like ``client``); never raises for a bad answer."""
+# One poll of every query together: past this the source is down for this round, never placement's wait.
+PROMETHEUS_DEADLINE_SECONDS = 5.0
+# A query's answer: a vector of a few thousand series is well below it.
+PROMETHEUS_MAX_BYTES = 8 * 1024 * 1024
+
+
+def poll_prometheus(
+    url: str, signals: list[QuerySignal], *, client: Any, now: float,
+    deadline_seconds: float = PROMETHEUS_DEADLINE_SECONDS,
+) -> Poll:
+    """Run each query against ``url`` (an httpx.Client-like ``client``), all within ``deadline_seconds``
+    and each answer within PROMETHEUS_MAX_BYTES; never raises for a bad or slow answer (a task's time
+    limit still goes through)."""
     poll = Poll()
     base = url.rstrip("/")
+    deadline_at = time.monotonic() + deadline_seconds
     for signal in signals:
+        left = deadline_at - time.monotonic()
         try:
-            response = client.get(f"{base}/api/v1/query", params={"query": signal.query})
-            body = response.json()
+            if left <= 0:
+                raise outbound.OutboundError(f"not asked: the poll's {deadline_seconds:g} s were spent")
+            answer = outbound.get(
+                client, f"{base}/api/v1/query", params={"query": signal.query},
+                deadline_seconds=left, max_bytes=PROMETHEUS_MAX_BYTES,
+            )
+            body = answer.json()
+        except outbound.OutboundError as exc:
+            poll.errors.append(f"{signal.signal}: {exc}")
+            continue
         except Exception as exc:  # a source that is down is a fact, never a crash
+            if outbound.is_time_limit(exc):
+                raise
             poll.errors.append(f"{signal.signal}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
-        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+        if answer.status != 200 or not isinstance(body, dict) or body.get("status") != "success":
             error = body.get("error") if isinstance(body, dict) else None
-            poll.errors.append(f"{signal.signal}: HTTP {response.status_code} {str(error or '')[:200]}".rstrip())
+            poll.errors.append(f"{signal.signal}: HTTP {answer.status} {str(error or '')[:200]}".rstrip())
             continue
         data = body.get("data") or {}
         found, errors = readings_from_vector(signal, data.get("result"), now=now)
@@ -197,6 +222,9 @@ class Scenario:
 
 MAX_TRACKS = 1000
 MAX_POINTS = 10_000
+# A scenario is read again at each evaluation: all its tracks together stay within these.
+MAX_TOTAL_POINTS = 100_000
+MAX_TOTAL_DOMAINS = 20_000
 
 
 def parse_scenario(data: Any) -> Scenario:
@@ -215,10 +243,22 @@ def parse_scenario(data: Any) -> Scenario:
     if not isinstance(raw_tracks, list) or not raw_tracks or len(raw_tracks) > MAX_TRACKS:
         raise ValueError(f"tracks: a list of 1 to {MAX_TRACKS} tracks")
     tracks: list[Track] = []
+    total_points = total_domains = 0
     for i, raw in enumerate(raw_tracks):
         where = f"tracks.{i}"
         if not isinstance(raw, Mapping):
             raise ValueError(f"{where}: a track has domains, signal and points")
+        for key, limit in (("points", MAX_TOTAL_POINTS), ("domains", MAX_TOTAL_DOMAINS)):
+            items = raw.get(key)
+            count = len(items) if isinstance(items, list) else 1
+            if key == "points":
+                total_points += count
+                total = total_points
+            else:
+                total_domains += count
+                total = total_domains
+            if total > limit:
+                raise ValueError(f"{where}.{key}: more than {limit:,} {key} in all the tracks together")
         unknown = set(raw) - {"domains", "signal", "points", "stale_after"}
         if unknown:
             raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown key")

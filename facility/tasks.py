@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
+
+# Each periodic task ends before its next run: a round that would overrun is cut (the next one starts
+# afresh; the state is in the database).
+HISTORY_SOFT_LIMIT = settings.HISTORY_INTERVAL_SECONDS * 0.9
+CONDITIONS_SOFT_LIMIT = settings.CONDITIONS_INTERVAL_SECONDS * 0.9
 
 
-@shared_task(name="facility.tasks.history_record", ignore_result=True)
+@shared_task(name="facility.tasks.history_record", ignore_result=True, soft_time_limit=HISTORY_SOFT_LIMIT,
+             time_limit=settings.HISTORY_INTERVAL_SECONDS)
 def history_record() -> None:
     """Write the minute's power history points, roll up quarters and prune (facility.history)."""
     from facility.history import history_record as record
@@ -13,7 +20,8 @@ def history_record() -> None:
     record()
 
 
-@shared_task(name="facility.tasks.evaluate_conditions", ignore_result=True)
+@shared_task(name="facility.tasks.evaluate_conditions", ignore_result=True,
+             soft_time_limit=CONDITIONS_SOFT_LIMIT, time_limit=settings.CONDITIONS_INTERVAL_SECONDS)
 def evaluate_conditions() -> None:
     """Poll the facility sources and judge every domain's condition; a change asks for a reconcile."""
     from facility.evaluation import conditions_evaluate

@@ -25,4 +25,7 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: Text
 
 
 def kw(watts: float | None) -> str:
-    return "-" if watts is None else f"{watts / 1000:.1f} kW"
+    """facility.power.kw for a figure that may be missing (``-``)."""
+    from facility.power import kw as in_kw
+
+    return "-" if watts is None else in_kw(watts)

@@ -1,8 +1,11 @@
 """YAML documents with line numbers, so an error in a file names the line as well as the field.
 
-The one reader of the files people write: server.yaml, models.yaml, the simulator's cluster file and
-agent.yaml. Every refusal reads the same: `FILE line N: path: what is wrong`. Pure: no Django (the node
-agent reads agent.yaml with it).
+The one reader of every YAML llmgw takes: server.yaml, models.yaml, the facility scenarios, the
+simulator's cluster file, agent.yaml, and the same files sent to the API. It is bounded before any
+work is done on the input: the text's size is checked before it is parsed (a file's size before it is
+read), the parsed tree's values and depth before anything is built from it (an alias repeats a whole
+subtree), and an integer's digits before Python turns it into a number. Every refusal reads the same:
+`FILE line N: path: what is wrong`. Pure: no Django (the node agent reads agent.yaml with it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ Path = tuple[str | int, ...]
 # (minutes of a web worker, for a file sent to the API); nesting past Python's stack is no file a person writes.
 MAX_VALUES = 500_000
 MAX_DEPTH = 64
+# A file people write is far below this (a 10,000-node cluster file is ~1 MB): larger is refused unread.
+MAX_CHARS = 2_000_000
+# An integer of more digits is no figure a file holds (Python refuses past 4,300 with a ValueError).
+MAX_INT_DIGITS = 30
+_INT_TAG = "tag:yaml.org,2002:int"
 
 
 class DuplicateKey(Exception):
@@ -33,10 +41,11 @@ class DuplicateKey(Exception):
 
 
 class TooLarge(Exception):
-    def __init__(self, message: str, line: int | None = None):
+    def __init__(self, message: str, line: int | None = None, path: Path = ()):
         super().__init__(message)
         self.message = message
         self.line = line
+        self.path = path
 
 
 def _walk(node: yaml.Node, path: Path, lines: dict[Path, int], count: list[int]) -> None:
@@ -48,7 +57,13 @@ def _walk(node: yaml.Node, path: Path, lines: dict[Path, int], count: list[int])
     if len(path) > MAX_DEPTH:
         raise TooLarge(f"nested deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
     lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag == _INT_TAG and sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
+            raise TooLarge(
+                f"{dotted(path) or 'value'}: an integer of more than {MAX_INT_DIGITS} digits", node.start_mark.line + 1,
+                path,
+            )
+    elif isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
@@ -110,34 +125,42 @@ def is_whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_text(path) -> str:
-    """A file given on the command line (or LLMGW_CONFIG), or InvalidInput saying why it cannot be read."""
+def read_text(path, *, max_chars: int = MAX_CHARS) -> str:
+    """A file given on the command line (or LLMGW_CONFIG), or InvalidInput saying why it cannot be read.
+
+    Its size is looked at before it is read: a file larger than ``max_chars`` bytes is refused unread.
+    """
     from pathlib import Path
 
     try:
-        return Path(path).read_text()
+        size = Path(path).stat().st_size
+        if size > max_chars:
+            raise InvalidInput(f"{path}: {size:,} bytes; a file llmgw reads is at most {max_chars:,}")
+        with open(path, encoding="utf-8") as handle:
+            return handle.read(max_chars + 1)
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path}: not UTF-8 text") from None
 
 
-def load_documents(text: str, filename: str) -> list[Document]:
-    """Every document of a YAML stream, or InvalidInput naming the line where it does not parse."""
+def load_documents(text: str, filename: str, *, max_chars: int = MAX_CHARS) -> list[Document]:
+    """Every document of a YAML stream, or InvalidInput naming the line where it does not parse or what
+    bound it passes. Parsed once: each document's tree is walked (bounded) before its data is built."""
     import yaml
 
+    if len(text) > max_chars:
+        raise InvalidInput(f"{filename}: {len(text):,} characters; a file llmgw reads is at most {max_chars:,}")
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-        datas = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidInput(f"{filename}{where}: not valid YAML: {problem}") from exc
+        raise _not_yaml(filename, exc) from exc
     except RecursionError:
         raise InvalidInput(f"{filename}: not valid YAML: nested deeper than {MAX_DEPTH} levels") from None
     docs = []
     count = [0]  # values of every document together
-    for node, data in zip(nodes, datas, strict=True):
-        if node is None or data is None:  # an empty document, such as after a trailing ---
+    for node in nodes:
+        if node is None:  # an empty document, such as after a trailing ---
             continue
         lines: dict[Path, int] = {}
         try:
@@ -148,6 +171,30 @@ def load_documents(text: str, filename: str) -> list[Document]:
             ) from None
         except TooLarge as big:
             where = f" line {big.line}" if big.line else ""
-            raise InvalidInput(f"{filename}{where}: {big.message}") from None
+            raise InvalidInput(f"{filename}{where}: {big.message}", field=dotted(big.path) or None) from None
+        try:
+            data = yaml.SafeLoader("").construct_document(node)
+        except yaml.YAMLError as exc:
+            raise _not_yaml(filename, exc) from exc
+        except (ValueError, OverflowError) as exc:  # a value the constructor cannot make (a date out of range)
+            line = node.start_mark.line + 1
+            raise InvalidInput(f"{filename} line {line}: not a value YAML can hold: {exc}") from None
+        if data is None:
+            continue
         docs.append(Document(data, lines, filename))
     return docs
+
+
+def _not_yaml(filename: str, exc: Exception) -> InvalidInput:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" line {mark.line + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return InvalidInput(f"{filename}{where}: not valid YAML: {problem}")
+
+
+def load_one(text: str, filename: str, *, what: str = "file") -> Document:
+    """The one document a file holds (an empty file is an empty mapping's document), bounded as above."""
+    docs = load_documents(text, filename)
+    if len(docs) > 1:
+        raise docs[1].error((), f"a {what} is one YAML document; remove the second")
+    return docs[0] if docs else Document({}, {(): 1}, filename)

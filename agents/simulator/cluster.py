@@ -10,7 +10,7 @@ from typing import Any
 from agents.node.protocol import SM_CLOCK_MHZ_MAX, is_node_name, node_name_problem
 from facility.domains import DomainError, validate_label
 from llmgw.errors import InvalidInput
-from llmgw.yamldoc import is_number, is_whole_number, load_documents
+from llmgw.yamldoc import is_number, is_whole_number, load_documents, read_text
 
 NODE_KEYS = (
     "name",
@@ -108,9 +108,9 @@ def load_cluster_file(path: str | Path) -> list[dict[str, Any]]:
     """load_cluster on a file; a missing file is an InvalidInput too."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read the cluster file: {exc.strerror}", field="file") from exc
+        text = read_text(path)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, field="file") from exc
     return load_cluster(text, path.name)
 
 

@@ -63,7 +63,7 @@ def test_vector_to_readings_keeps_the_worse_series_and_skips_nan():
 
 
 class _Down:
-    def get(self, *_a, **_k):
+    def stream(self, *_a, **_k):
         raise ConnectionRefusedError("connection refused")
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import httpx
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from llmgw.management import LlmgwCommand
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 
@@ -85,7 +87,7 @@ def ensure_free(addrport: str) -> None:
             ) from exc
 
 
-class Command(BaseCommand):
+class Command(LlmgwCommand):
     help = "Load the demo facility (2 rooms, 8 racks, 32 nodes) and serve the console at http://127.0.0.1:8000"
 
     def add_arguments(self, parser):

@@ -6,7 +6,9 @@ import logging
 import threading
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from llmgw.management import LlmgwCommand
 
 log = logging.getLogger("llmgw.serve")
 
@@ -43,7 +45,7 @@ def periodic_round() -> None:
     reconcile()
 
 
-class Command(BaseCommand):
+class Command(LlmgwCommand):
     help = (
         "Serve the console, the API (/api/v1), the live updates and /metrics (ASGI, uvicorn). Applies "
         "LLMGW_CONFIG first; without REDIS_URL it also runs the periodic reconcile in-process."

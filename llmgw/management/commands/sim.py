@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from agents.simulator.client import run_nodes, run_round
 from agents.simulator.cluster import DEFAULT_INTERVAL_SECONDS, load_cluster_file
 from agents.simulator.nodes import DEFAULT_READY_DELAY_SECONDS, SimNode
 from llmgw.errors import InvalidInput
+from llmgw.management import LlmgwCommand
 
 
 def sim_tokens(specs: list[Mapping[str, Any]], tokens_file: str | None = None) -> dict[str, str]:
@@ -47,7 +48,7 @@ def sim_nodes(
     ]
 
 
-class Command(BaseCommand):
+class Command(LlmgwCommand):
     help = (
         "Simulated agents for the nodes of a cluster file, through the real heartbeat API (sim up -f FILE); "
         "or a facility scenario replayed into the simulated source (sim facility -f SCENARIO [--speed N])."
@@ -114,16 +115,16 @@ class Command(BaseCommand):
 
     def replay_facility(self, file: str, speed: float) -> None:
         """Start replaying a scenario into the simulated source; the periodic evaluation reads it from now."""
-        import yaml
-
         from facility.services import scenario_start
         from facility.sources import parse_scenario
-        from llmgw.yamldoc import read_text
+        from llmgw.yamldoc import load_one, read_text
 
         try:
-            data = yaml.safe_load(read_text(file))
+            data = load_one(read_text(file), file, what="scenario").data
             run = scenario_start(data=data, speed=speed)
-        except (InvalidInput, yaml.YAMLError) as exc:
+        except InvalidInput as exc:
+            raise CommandError(exc.message) from exc
+        except ValueError as exc:
             raise CommandError(f"{file}: {exc}") from exc
         minutes = parse_scenario(data).duration / 60 / speed
         self.stdout.write(
