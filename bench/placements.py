@@ -255,12 +255,14 @@ class Phases:
         ("placement.snapshot", None, "node_views", "read nodes for the index"),
         ("placement.index", "PlacementIndex", "plan", "plan (index)"),
         ("placement.index", "PlacementIndex", "apply", "apply plans to the index"),
-        ("placement.commit", None, "_locked_state", "lock budgets and nodes, read use"),
-        ("placement.commit", "_Locked", "check", "re-check plans on the locked rows"),
-        ("placement.commit", None, "_write_postgresql_batch", "write (one statement a batch)"),
+        # Patched where each is called from (a function imported into a module is looked up there).
+        ("placement.commit.batches", None, "_locked_state", "lock budgets and nodes, read use"),
+        ("placement.commit.writes", None, "_locked_state", "lock budgets and nodes, read use"),
+        ("placement.commit.recheck", "_Locked", "check", "re-check plans on the locked rows"),
+        ("placement.commit.batches", None, "_write_postgresql_batch", "write (one statement a batch)"),
         ("psycopg", "Connection", "commit", "commit"),
-        ("placement.commit", "_InFlight", "finish", "wait for a pipelined write and COMMIT"),
-        ("placement.commit", None, "_marks_write", "write the stops' reasons"),
+        ("placement.commit.batches", "_InFlight", "finish", "wait for a pipelined write and COMMIT"),
+        ("placement.commit.run", None, "_marks_write", "write the stops' reasons"),
     )
 
     def __init__(self) -> None:
@@ -294,7 +296,7 @@ class Phases:
 
     def print(self, wall: float, placed: int) -> None:
         print(f"where the batched run's {wall:.2f} s went (wall time in each step, {placed} placements):")
-        for *_, label in self.STEPS:
+        for label in dict.fromkeys(label for *_, label in self.STEPS):
             if label in self.seconds:
                 seconds = self.seconds[label]
                 print(f"  {label:36} {seconds * 1000:7.0f} ms  {seconds / wall:4.0%}  "

@@ -12,7 +12,7 @@ class PlacementConfig(AppConfig):
         from facility.signals import conditions_evaluated, facility_changed
         from placement import receivers
         from placement.selectors import all_assignments, booked_gpus, placed_watts
-        from placement.signals import placement_changed
+        from placement.signals import placement_changed, reconcile_requested
 
         facility_changed.connect(receivers.reconcile_on_change, dispatch_uid="placement-reconcile-on-facility")
         nodes_changed.connect(receivers.reconcile_on_change, dispatch_uid="placement-reconcile-on-nodes")
@@ -27,4 +27,34 @@ class PlacementConfig(AppConfig):
         readings.register_capping_provider(capping_blocks)
         conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")
+        reconcile_requested.connect(receivers.reconcile_on_request, dispatch_uid="placement-reconcile-on-request")
+        plugins_from_config()
         # (Its collector for /metrics is registered by llmgw.apps, with the other interfaces.)
+
+
+def plugins_from_config() -> None:
+    """Load the placement plugins LLMGW_CONFIG names and the `llmgw.plugins` entry points, once a process.
+
+    A file that does not parse loads none of its plugins (serve refuses it, saying why); a plugin that
+    fails to load is reported and skipped.
+    """
+    import logging
+
+    from django.conf import settings
+
+    from placement.plugins import REGISTRY, plugins_load
+
+    if REGISTRY.loaded or getattr(plugins_from_config, "done", False):
+        return
+    plugins_from_config.done = True
+    names: list[str] = []
+    if settings.LLMGW_CONFIG:
+        from facility.services import plugins_configured
+        from llmgw.errors import InvalidInput
+        from llmgw.yamldoc import read_text
+
+        try:
+            names = plugins_configured(read_text(settings.LLMGW_CONFIG), settings.LLMGW_CONFIG)
+        except InvalidInput as exc:
+            logging.getLogger(__name__).warning("placement plugins not loaded: %s", exc.message)
+    plugins_load(REGISTRY, names)

@@ -58,6 +58,7 @@ from placement.planner import (
     unavailable_reason,
     why_text,
 )
+from placement.plugins import REGISTRY
 
 # Rankings kept (one per model and profile, the least recently planned dropped first), and the changes
 # kept for them to catch up on (a ranking further behind is made afresh).
@@ -461,7 +462,8 @@ class PlacementIndex:
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
-        if profile.nodes > 1 or not self._nodes:
+        # A loaded plugin's rule has no incremental form here: the plain path, so the two stay equal.
+        if profile.nodes > 1 or not self._nodes or REGISTRY.has_external:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
         walk, start = ranking.walk, 0

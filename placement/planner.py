@@ -47,6 +47,7 @@ from facility.power import (
     shard_draw_watts,
     would_pass_limit,
 )
+from placement.plugins import REGISTRY, Filter, Scorer, external_keys, external_rejection, external_why
 from placement.selector import Selector
 
 # The levels a model's replicas are spread across.
@@ -298,6 +299,30 @@ def order_key(
     )
 
 
+# The built-in scorers, in the order their keys rank (see order_key); a loaded scorer takes its place
+# among them by its `order`. Their words are why_text's.
+BUILTIN_SCORERS = (
+    Scorer("spread", None, None, 10, "fewest of the model's replicas in the node's racks and PDUs", builtin=True),
+    Scorer("condition", None, None, 20, "ok before warm (under enforce mode)", builtin=True),
+    Scorer("headroom", None, None, 30, "more of the rack's power limit left after the shard, in tenths", builtin=True),
+    Scorer("tokens-per-joule", None, None, 40, "the model's measured tokens per joule on the node's GPU model",
+           builtin=True),
+    Scorer("weights", None, None, 50, "nodes that hold the model's weights", builtin=True),
+    Scorer("pack", None, None, 60, "bin packing: fewest GPUs left free", builtin=True),
+)
+
+
+def plugin_key(key: OrderKey, node: NodeView, request: ReplicaRequest) -> tuple:
+    """``key`` with the loaded scorers' keys in their places (by ``order``); ``key`` itself without any."""
+    if not REGISTRY.external_scorers:
+        return key
+    parts = [(scorer.order, value) for scorer, value in zip(BUILTIN_SCORERS, key[:-1], strict=True)]
+    extra = external_keys(REGISTRY, node, request)
+    parts += [(scorer.order, extra[scorer.id]) for scorer in REGISTRY.external_scorers]
+    parts.sort(key=lambda part: part[0])
+    return (*(value for _, value in parts), key[-1])
+
+
 def efficiency_step(node: NodeView, profile: Profile) -> int:
     """The model's measured tokens per joule on the node's GPU model, in hundredths (0: not measured), so
     noise in the figures does not reorder cards that serve alike."""
@@ -339,38 +364,87 @@ def unavailable_reason(node: NodeView, held: str | None) -> str | None:
     return held
 
 
+def _ready(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    return None if node.ready else "not ready"
+
+
+def _cordoned(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    return "cordoned" if node.cordoned else None
+
+
+def _held(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    return held
+
+
+def _excluded(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    return "excluded (lost a race)" if node.name in exclude else None
+
+
+def _selector(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.selector is not None:
+        unmet = profile.selector.first_unmet(node.labels)
+        if unmet is not None:
+            return f"needs {unmet}"
+    return None
+
+
+def _gpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
+        return f"gpu: {profile.gpus} requested, {len(node.free_gpus)} free"
+    return None
+
+
+def _cpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.cpu_cores > 0 and profile.cpu_cores > node.cpu_cores_free:
+        return f"cpu: {profile.cpu_cores} requested, {node.cpu_cores_free} free"
+    return None
+
+
+def _memory(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.memory_gib > 0 and profile.memory_gib > node.memory_gib_free + EPSILON_GIB:
+        return f"memory: {_amount(profile.memory_gib)} GiB requested, {_amount(node.memory_gib_free)} GiB free"
+    return None
+
+
+def _fabric(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.nodes > 1:
+        if not node.fabric:
+            return f"no fabric (a {profile.nodes}-node replica stays inside one)"
+        if profile.keep_within and not node.labels.get(LABEL_PREFIX + profile.keep_within):
+            return f"no {LABEL_PREFIX}{profile.keep_within} label (keep_within: {profile.keep_within})"
+    return None
+
+
+# The built-in filters before power, in the order they are checked. Built-ins take (node, profile, held,
+# exclude): the index asks them without a request, with the node's hold worked out once.
+BUILTIN_FILTERS = (
+    Filter("ready", _ready, "a node whose heartbeats stopped takes nothing", builtin=True),
+    Filter("cordoned", _cordoned, "a cordoned node takes nothing new", builtin=True),
+    Filter("held", _held, "a held domain (or a hot one under enforce) takes nothing new", builtin=True),
+    Filter("excluded", _excluded, "a node this replica lost a race for is not tried again", builtin=True),
+    Filter("selector", _selector, "the profile's node_selector", builtin=True),
+    Filter("gpu", _gpus, "free GPUs", builtin=True),
+    Filter("cpu", _cpus, "free cores", builtin=True),
+    Filter("memory", _memory, "free memory", builtin=True),
+    Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True),
+)
+_BASE = tuple(f.reject for f in BUILTIN_FILTERS)
+
+
 def base_rejection(
     node: NodeView,
     profile: Profile,
     held: str | None,
     exclude: frozenset[str],
 ) -> str | None:
-    """The first filter before power that turns the node down, or None when it passes them all.
+    """The first built-in filter before power that turns the node down, or None when it passes them all.
 
     ``held`` is the node's :func:`held_reason`, worked out by the caller (the index keeps it).
     """
-    unavailable = unavailable_reason(node, held)
-    if unavailable is not None:
-        return unavailable
-    if node.name in exclude:
-        return "excluded (lost a race)"
-    if profile.selector is not None:
-        unmet = profile.selector.first_unmet(node.labels)
-        if unmet is not None:
-            return f"needs {unmet}"
-    if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
-        return f"gpu: {profile.gpus} requested, {len(node.free_gpus)} free"
-    if profile.cpu_cores > 0 and profile.cpu_cores > node.cpu_cores_free:
-        return f"cpu: {profile.cpu_cores} requested, {node.cpu_cores_free} free"
-    if profile.memory_gib > 0 and profile.memory_gib > node.memory_gib_free + EPSILON_GIB:
-        return (
-            f"memory: {_amount(profile.memory_gib)} GiB requested, {_amount(node.memory_gib_free)} GiB free"
-        )
-    if profile.nodes > 1:
-        if not node.fabric:
-            return f"no fabric (a {profile.nodes}-node replica stays inside one)"
-        if profile.keep_within and not node.labels.get(LABEL_PREFIX + profile.keep_within):
-            return f"no {LABEL_PREFIX}{profile.keep_within} label (keep_within: {profile.keep_within})"
+    for reject in _BASE:
+        reason = reject(node, profile, held, exclude)
+        if reason is not None:
+            return reason
     return None
 
 
@@ -500,14 +574,27 @@ def why_text(
         parts.append("warm, and no ok node fits")
     if step < FULL_HEADROOM:
         parts.append(f"leaves {step * 100 // HEADROOM_STEPS} % of its rack's limit free or more")
+    profile = request.profile
+    efficiency = efficiency_step(node, profile)
+    if efficiency:
+        parts.append(f"serves {efficiency / 100:g} tokens/J on {node.labels.get('gpu.model')}")
     if request.model in node.weights:
         parts.append("holds the weights")
-    profile = request.profile
     if profile.gpus > 0:
         parts.append(f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free")
     else:
         parts.append(f"runs {_plural(node.replicas, 'replica')} already")
+    if REGISTRY.external_scorers:
+        parts += external_why(REGISTRY, node, request)
     return "; ".join(parts)
+
+
+def _step_of(key: tuple) -> int:
+    """The headroom step in an order key (built-in position 2, negated), with plugins' keys among them."""
+    if not REGISTRY.external_scorers:
+        return -key[2]
+    orders = sorted([s.order for s in BUILTIN_SCORERS] + [s.order for s in REGISTRY.external_scorers])
+    return -key[orders.index(30)]
 
 
 def reasons_grouped(rejections: Mapping[str, str], counts: Mapping[str, int] | None = None) -> str:
@@ -559,6 +646,7 @@ def plan_replica(
     if request.profile.nodes > 1:
         return _plan_multi(request, nodes, facility, exclude, counts, use)
     profile = request.profile
+    plugged = REGISTRY.has_external
     rejections: dict[str, str] = {}
     ranked: list[tuple[OrderKey, str, str]] = []
     best: tuple[OrderKey, NodeView, float | None, int, int, tuple[str, ...]] | None = None
@@ -566,9 +654,15 @@ def plan_replica(
         draw = draw_of(node, profile, facility.settings)
         refusal, rank, notes = condition_verdict(node.domains, facility.conditions)
         held = held_reason(node, facility.holds) or refusal
-        reason = base_rejection(node, profile, held, exclude) or power_rejection(node, draw, facility, use)
+        reason = (
+            base_rejection(node, profile, held, exclude)
+            or (external_rejection(REGISTRY, node, request) if plugged else None)
+            or power_rejection(node, draw, facility, use)
+        )
         step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
         key = order_key(node, profile, request.model, spread_of(node.domains, counts), rank, step)
+        if plugged:
+            key = plugin_key(key, node, request)
         if reason is not None:
             rejections[node.name] = reason
             if has_cards_for(node, profile):
@@ -611,13 +705,13 @@ def _plan_multi(
         verdicts[node.name] = verdict = condition_verdict(node.domains, facility.conditions)
         draw = draw_of(node, profile, facility.settings)
         step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
-        keys[node.name] = order_key(
-            node, profile, request.model, spread_of(node.domains, counts), verdict[1], step
+        keys[node.name] = plugin_key(
+            order_key(node, profile, request.model, spread_of(node.domains, counts), verdict[1], step), node, request
         )
     groups: dict[tuple[str, str], list[NodeView]] = {}
     for node in nodes:
         held = held_reason(node, facility.holds) or verdicts[node.name][0]
-        reason = base_rejection(node, profile, held, exclude)
+        reason = base_rejection(node, profile, held, exclude) or external_rejection(REGISTRY, node, request)
         if reason is not None:
             rejections[node.name] = reason
             continue
@@ -676,7 +770,7 @@ def _plan_multi(
     return Plan(
         shards=tuple(shard_for(node, profile, draw) for node, draw in chosen),
         why=f"{wanted} nodes in {where}; {first.name}: "
-        + why_text(first, request, counts, first_key[1], -first_key[2]),
+        + why_text(first, request, counts, verdicts[first.name][1], _step_of(first_key)),
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
         notes=notes,
     )
@@ -733,3 +827,9 @@ def gpus_text(indices: Iterable[int]) -> str:
     if run:
         parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(parts)
+
+
+for _item in (*BUILTIN_FILTERS,):
+    REGISTRY.add_filter(_item)
+for _item in BUILTIN_SCORERS:
+    REGISTRY.add_scorer(_item)

@@ -14,6 +14,16 @@ from placement.reports import shard_states_report
 log = logging.getLogger(__name__)
 
 
+def reconcile_on_request(*, after: float | None = None, **_: Any) -> None:
+    """placement.signals.reconcile_requested: the task, sent now (on commit) or ``after`` seconds."""
+    from placement.tasks import reconcile_after, request_reconcile
+
+    if after is None:
+        request_reconcile()
+    else:
+        reconcile_after(after)
+
+
 def reconcile_on_change(*, heartbeat: bool = False, **_: Any) -> None:
     """A budget, hold, settings or node change: reconcile once the change commits."""
     if heartbeat and inprocess.running():

@@ -76,6 +76,6 @@ def shard_states_report(*, node, states: Iterable[Mapping[str, Any]], now) -> No
             Node.objects.filter(pk=node.pk).update(weights=node.weights)
     if replacement_ready_after:
         # A drain's replacement is up: the old replica stops once it has been ready long enough.
-        from placement.tasks import reconcile_after
+        from placement.signals import reconcile_request
 
-        reconcile_after(max(replacement_ready_after) + 1)
+        reconcile_request(after=max(replacement_ready_after) + 1)

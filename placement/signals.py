@@ -24,3 +24,14 @@ def placement_changed_on_commit(nodes: Iterable[str] | None = None) -> None:
 
     named = None if nodes is None else sorted(set(nodes))
     transaction.on_commit(lambda: placement_changed.send(sender=placement_changed, nodes=named))
+
+
+# A reconcile is wanted (once the current transaction commits; ``after``: in that many seconds, as when a
+# drain's replacement has been ready long enough). Sent by the services and reports, which never import
+# the task layer; placement.receivers sends the task.
+reconcile_requested = Signal()
+
+
+def reconcile_request(after: float | None = None) -> None:
+    """Ask for a reconcile: :data:`reconcile_requested`, handled by placement.receivers."""
+    reconcile_requested.send(sender=reconcile_requested, after=after)

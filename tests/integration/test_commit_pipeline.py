@@ -8,9 +8,10 @@ from django.db import DatabaseError, connection
 
 from agents.models import Node
 from placement import commit, snapshot
-from placement.commit import Lane, lanes_place, replicas_place
+from placement.commit import Lane, batches, lanes_place, recheck, replicas_place, single, writes
+from placement.commit import run as commit_run
 from placement.index import PlacementIndex
-from placement.models import GpuBooking, Model, Replica, ReplicaState, Shard
+from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -25,7 +26,7 @@ def _postgresql():
 def flights(monkeypatch):
     """Every batch sent in pipeline mode, and what its finish said (None: rolled back by a lost race)."""
     seen: list[list] = []
-    send, finish = commit._InFlight.send.__func__, commit._InFlight.finish
+    send, finish = batches._InFlight.send.__func__, batches._InFlight.finish
 
     def spy_send(cls, planned, index, now):
         flight = send(cls, planned, index, now)
@@ -38,8 +39,8 @@ def flights(monkeypatch):
         self.record[1] = "rolled back" if committed is None else "committed"
         return committed
 
-    monkeypatch.setattr(commit._InFlight, "send", classmethod(spy_send))
-    monkeypatch.setattr(commit._InFlight, "finish", spy_finish)
+    monkeypatch.setattr(batches._InFlight, "send", classmethod(spy_send))
+    monkeypatch.setattr(batches._InFlight, "finish", spy_finish)
     return seen
 
 
@@ -84,7 +85,7 @@ def test_the_batches_before_the_last_go_out_in_pipeline_mode_and_place_what_wait
     # The same, each commit waited for: the same nodes for the same replicas.
     Shard.objects.all().delete()
     GpuBooking.objects.all().delete()
-    commit.NodeBooking.objects.all().delete()
+    NodeBooking.objects.all().delete()
     Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
     settings.LLMGW_COMMIT_PIPELINE = False
     flights.clear()
@@ -121,7 +122,7 @@ def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_
 
 def break_batch(monkeypatch, number: int) -> list[bool]:
     """The `number`th batch write divides by zero, on the server; each write's `strict`, in order."""
-    write = commit._batch_write
+    write = batches._batch_write
     calls: list[bool] = []
 
     def broken(*args, strict=False, **kwargs):
@@ -131,7 +132,8 @@ def break_batch(monkeypatch, number: int) -> list[bool]:
             sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)
         return sql, params
 
-    monkeypatch.setattr(commit, "_batch_write", broken)
+    monkeypatch.setattr(batches, "_batch_write", broken)
+    monkeypatch.setattr(writes, "_batch_write", broken)
     return calls
 
 
@@ -251,7 +253,7 @@ def test_the_next_models_first_batch_is_planned_while_the_last_ones_commits_and_
     # The same models one call each, every commit waited for: the same nodes for the same replicas.
     Shard.objects.all().delete()
     GpuBooking.objects.all().delete()
-    commit.NodeBooking.objects.all().delete()
+    NodeBooking.objects.all().delete()
     Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
     settings.LLMGW_COMMIT_PIPELINE = False
     index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
@@ -335,7 +337,7 @@ def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_n
 def events(monkeypatch):
     """What the run did, in order: each plan (its model, and whether it fitted) and each flight's finish."""
     seen: list[str] = []
-    plan, finish = PlacementIndex.plan, commit._InFlight.finish
+    plan, finish = PlacementIndex.plan, batches._InFlight.finish
 
     def logged_plan(self, request, **kwargs):
         result = plan(self, request, **kwargs)
@@ -348,7 +350,7 @@ def events(monkeypatch):
         return committed
 
     monkeypatch.setattr(PlacementIndex, "plan", logged_plan)
-    monkeypatch.setattr(commit._InFlight, "finish", logged_finish)
+    monkeypatch.setattr(batches._InFlight, "finish", logged_finish)
     return seen
 
 
@@ -403,7 +405,7 @@ def test_a_database_error_writing_the_stops_reasons_marks_the_model_that_stopped
     def refused(marks):
         raise DatabaseError("the reasons were refused")
 
-    monkeypatch.setattr(commit, "_marks_write", refused)
+    monkeypatch.setattr(commit_run, "_marks_write", refused)
     run = reconcile.reconcile_all()
     assert Model.objects.get(name="b").error == "DatabaseError: the reasons were refused"
     assert Model.objects.get(name="a").error == ""
@@ -417,8 +419,9 @@ def test_a_replica_that_has_had_its_tries_is_not_tried_again_when_a_later_model_
     cluster(join_node, 2)
     Model.objects.create(name="a", replicas=1, gpus=8)
     Model.objects.create(name="b", replicas=1, gpus=8)
-    monkeypatch.setattr(commit, "MAX_ATTEMPTS", 1)
-    check = commit._Locked.check
+    monkeypatch.setattr(single, "MAX_ATTEMPTS", 1)
+    monkeypatch.setattr(batches, "MAX_ATTEMPTS", 1)
+    check = recheck._Locked.check
 
     def a_loses(self, shards, domains_of, facility, now):
         if shards[0].node == "n0":  # a's plan, first in the name order
@@ -432,7 +435,7 @@ def test_a_replica_that_has_had_its_tries_is_not_tried_again_when_a_later_model_
             raise ZeroDivisionError("a bug")
         return plan(self, request, **kwargs)
 
-    monkeypatch.setattr(commit._Locked, "check", a_loses)
+    monkeypatch.setattr(recheck._Locked, "check", a_loses)
     monkeypatch.setattr(PlacementIndex, "plan", b_breaks)
     run = reconcile.reconcile_all()
     waiting = Replica.objects.get(model__name="a")

@@ -78,7 +78,7 @@ def test_runs_in_two_threads_overlapping_leave_it_on_after_the_last(collector_on
 def test_runs_that_keep_overlapping_still_collect_now_and_then(collector_on, monkeypatch):
     import weakref
 
-    import placement.commit as commit
+    import placement.commit.gc_pause as commit
 
     class Cyclic:
         pass

@@ -1,0 +1,286 @@
+"""Batches of plans committed together, and the pipeline that plans the next batch while the last one's
+write and COMMIT are in flight (psycopg pipeline mode); a batch that does not commit whole takes back
+what was planned on top of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import DatabaseError, connection, transaction
+
+from placement import snapshot
+from placement.commit.lanes import Lane, Planned
+from placement.commit.locks import _locked_state
+from placement.commit.outcomes import LostRace, Placement
+from placement.commit.recheck import _Locked
+from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
+from placement.commit.writes import LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
+from placement.index import PlacementIndex
+from placement.models import ReplicaState
+from placement.planner import FacilityView
+from placement.signals import placement_changed_on_commit
+
+
+def _lanes_one_by_one(lanes: list[Lane], index: PlacementIndex, now: datetime, max_tries: int | None) -> None:
+    """lanes_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
+    started = 0
+    for lane in lanes:
+        try:
+            while lane.queue:
+                if max_tries is not None and started >= max_tries:
+                    lane.cut = True
+                    break
+                started += 1
+                replica = lane.queue.pop(0).replica
+                request = dataclasses.replace(lane.request, existing=tuple(lane.existing))
+                outcome = lane.outcomes[replica.pk] = replica_place(
+                    replica=replica, request=request, index=index, now=now
+                )
+                if outcome.plan is not None:
+                    lane.existing.append(outcome.plan.nodes)
+                elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
+                    lane.stopped = replica
+                    break
+        except Exception as exc:
+            lane.error = exc
+            raise
+
+
+class _BatchLost(Exception):
+    """The batch statement found lost races: roll it all back; these are the plans that lost."""
+
+    def __init__(self, lost: dict[int, LostRace]):
+        super().__init__(f"{len(lost)} lost")
+        self.lost = lost
+
+
+def _commit_batch(planned: list[Planned], index: PlacementIndex, now: datetime, lane: Lane) -> list[Planned]:
+    """Commit the planned replicas together, waiting for it; record the outcomes; the ones to plan
+    again, in order."""
+    names, domains_of, touched = _batch_scope(planned, index)
+    facility = index.facility
+    lost: dict[int, LostRace] = {}
+    gone: set[int] = set()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
+            lost, writes = _checked(planned, locked, domains_of, facility, now)
+            if writes:
+                ids = {name: row[1] for name, row in locked.nodes.items()}
+                gone, raced = _write_postgresql_batch(cursor, writes, ids, now, touched)
+                if raced:
+                    by_node = {race.node: race for race in raced}
+                    for item in planned:
+                        race = next((by_node[n] for n in sorted(item.plan.nodes) if n in by_node), None)
+                        if race is not None:
+                            lost[item.replica.pk] = race
+                    raise _BatchLost(lost)
+    except _BatchLost:
+        return _settle_batch(planned, _Committed(lost, set(), True), index, now, lane)
+    return _settle_batch(planned, _Committed(lost, gone, False), index, now, lane)
+
+
+def _batch_scope(planned: list[Planned], index: PlacementIndex) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """The batch's nodes (sorted), each one's domains, and every domain they touch (sorted)."""
+    names = sorted({s.node for item in planned for s in item.plan.shards})
+    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    return names, domains_of, sorted({d for ds in domains_of.values() for d in ds})
+
+
+def _checked(
+    planned: list[Planned], locked: _Locked, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime
+) -> tuple[dict[int, LostRace], list[tuple[int, list, dict]]]:
+    """The plans checked in turn against the locked rows: the ones that lost, and the writes of the rest."""
+    lost: dict[int, LostRace] = {}
+    writes = []
+    for item in planned:
+        shards = sorted(item.plan.shards, key=lambda s: s.node)
+        try:
+            locked.check(shards, domains_of, facility, now)
+        except LostRace as race:
+            lost[item.replica.pk] = race
+            continue
+        writes.append((item.replica.pk, shards, item.explain))
+    return lost, writes
+
+
+@dataclass
+class _Committed:
+    """What a batch's transaction did: the plans that lost (with the race), the replicas gone, and
+    whether it rolled back as a whole (a lost race found by the write)."""
+
+    lost: dict[int, LostRace]
+    gone: set[int]
+    rolled_back: bool
+
+    @property
+    def clean(self) -> bool:
+        """Every plan committed: what was planned on top of them stands."""
+        return not (self.lost or self.gone or self.rolled_back)
+
+
+class _InFlight:
+    """A batch whose write and COMMIT went out in pipeline mode, unanswered yet: the caller plans the
+    next batch meanwhile, touching nothing of the database, then asks ``finish``.
+
+    The transaction is begun by hand (the connection stays in autocommit for Django): BEGIN, the locks
+    and the read, answered, then the checks, then the strict write and COMMIT sent together. A lost
+    race found by the write aborts the transaction, so the COMMIT behind it rolls back.
+    """
+
+    def __init__(self) -> None:
+        self.committed: _Committed | None = None  # known at once: nothing was sent
+        self._stack = ExitStack()
+        self._cursor = None
+        self._lost: dict[int, LostRace] = {}
+        self._writes: list[tuple[int, list, dict]] = []
+        self._ids: dict[str, int] = {}
+        self._rolled_back = False  # the write's lost race came back while it was being sent
+
+    @classmethod
+    def send(cls, planned: list[Planned], index: PlacementIndex, now: datetime) -> _InFlight:
+        flight = cls()
+        names, domains_of, touched = _batch_scope(planned, index)
+        facility = index.facility
+        connection.ensure_connection()
+        cursor = connection.cursor()
+        try:
+            cursor.execute("BEGIN")
+            locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
+            flight._lost, flight._writes = _checked(planned, locked, domains_of, facility, now)
+            if not flight._writes:
+                cursor.execute("COMMIT")
+                cursor.close()
+                flight.committed = _Committed(flight._lost, set(), False)
+                return flight
+            flight._ids = {name: row[1] for name, row in locked.nodes.items()}
+            flight._stack.enter_context(connection.connection.pipeline())
+            with connection.wrap_database_errors:
+                cursor.execute(*_batch_write(flight._writes, flight._ids, now, touched, strict=True))
+                connection.connection.execute("COMMIT")
+        except DatabaseError as exc:
+            flight._abandon()
+            cursor.close()
+            if _lost_race(exc):
+                # The write's answer was back before the COMMIT went out (psycopg reads what has come
+                # back as it sends): the race is known now rather than at finish, and rolled back all
+                # the same.
+                flight._rolled_back = True
+                return flight
+            raise
+        except BaseException:
+            flight._abandon()
+            cursor.close()
+            raise
+        flight._cursor = cursor
+        return flight
+
+    def finish(self) -> _Committed | None:
+        """What committed; None when the write found a lost race (the database rolled it all back)."""
+        if self.committed is not None:
+            return self.committed
+        if self._rolled_back:
+            return None
+        try:
+            with connection.wrap_database_errors:
+                self._stack.close()  # the pipeline's sync: the write's answer and the COMMIT's
+        except DatabaseError as exc:
+            self._abandon()
+            self._cursor.close()
+            if _lost_race(exc):
+                return None
+            raise
+        finally:
+            self._stack = ExitStack()
+        with connection.wrap_database_errors:
+            row = self._cursor.fetchone()
+        self._cursor.close()
+        gone, raced = _batch_written(row, self._writes, self._ids)
+        if raced:  # the strict statement raises first; a row saying otherwise is a fault of this code
+            raise RuntimeError(f"a strict batch committed with lost races: {raced}")
+        self.committed = _Committed(self._lost, gone, False)
+        return self.committed
+
+    def _abandon(self) -> None:
+        """Out of pipeline mode, and the transaction begun by hand rolled back."""
+        try:
+            self._stack.close()
+        except Exception:  # noqa: BLE001 - the error that brought us here is the one to raise
+            pass
+        from psycopg.pq import TransactionStatus  # PostgreSQL only, as this class is
+
+        pg = connection.connection
+        if pg is not None and not pg.closed and pg.info.transaction_status != TransactionStatus.IDLE:
+            pg.execute("ROLLBACK")
+
+
+def _lost_race(exc: DatabaseError) -> bool:
+    """Whether the database refused a strict batch write for a lost race (placement_lost_race())."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOST_RACE
+
+
+def _settle_batch(
+    planned: list[Planned], result: _Committed, index: PlacementIndex, now: datetime, lane: Lane
+) -> list[Planned]:
+    """Record a batch's outcomes in its lane and tell the index what did not happen; the ones to plan
+    again, in order."""
+    lost, gone, rolled_back = result.lost, result.gone, result.rolled_back
+    outcomes, existing = lane.outcomes, lane.existing
+    again: list[Planned] = []
+    refresh: set[str] = set()
+    for item in planned:
+        pk = item.replica.pk
+        race = lost.get(pk)
+        if rolled_back or race is not None or pk in gone:
+            # Its plan is not in the database: the index forgets it, and so does the model's spread.
+            refresh |= item.plan.nodes
+            existing.remove(item.plan.nodes)
+        if pk in gone:
+            outcomes[pk] = Placement(gone=True)
+        elif race is not None:
+            refresh |= race.refresh
+            item.conflicts.append(race.reason)
+            item.exclude.add(race.node)
+            if item.attempt >= MAX_ATTEMPTS:
+                reason = f"Unschedulable after {MAX_ATTEMPTS} conflicting attempts: {'; '.join(item.conflicts)}"
+                explain = {"summary": reason, "conflicts": item.conflicts, "rejections": []}
+                outcomes[pk] = replica_pending(item.replica, reason, explain)
+            else:
+                item.attempt += 1
+                again.append(item)
+        elif rolled_back:
+            again.append(item)  # it lost nothing: planned again as it was, with the others' news
+        else:
+            item.replica.state = ReplicaState.PLACED
+            item.replica.reason, item.replica.explain = "", item.explain
+            outcomes[pk] = Placement(plan=item.plan)
+    # Only the nodes given shards have new assignments: the heartbeats' map reads just their entries
+    # again (a lost room's thousands of replacements would otherwise send it all to the database, and
+    # every heartbeat of a served process down the full path meanwhile, once per batch).
+    placed = {
+        name for item in planned if outcomes.get(item.replica.pk, Placement()).plan is not None
+        for name in item.plan.nodes
+    }
+    if placed:
+        placement_changed_on_commit(nodes=placed)
+    if refresh:
+        for view in snapshot.node_views(names=refresh, now=now):
+            index.update_node(view)
+    return again
+
+
+def _take_back(planned: list[Planned], index: PlacementIndex, now: datetime, lane: Lane) -> None:
+    """Plans applied to the index but never sent: the index reads their nodes again and the model's
+    spread forgets them; each replica keeps its tries and exclusions, to be planned again."""
+    if not planned:
+        return
+    nodes: set[str] = set()
+    for item in planned:
+        nodes |= item.plan.nodes
+        lane.existing.remove(item.plan.nodes)
+        item.plan = item.explain = None
+    for view in snapshot.node_views(names=nodes, now=now):
+        index.update_node(view)

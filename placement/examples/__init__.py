@@ -1,0 +1,1 @@
+"""Example placement plugins (docs: README, "Placement plugins")."""

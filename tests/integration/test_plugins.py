@@ -1,0 +1,105 @@
+"""Placement plugins: a filter and a scorer from another package change placement, appear in explain's
+`why:` and rejections, and one that raises is reported and skipped; the index stays equal to the plain
+path with them on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from placement import selectors, services
+from placement.plugins import REGISTRY, Filter, Scorer, plugins_load
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EXAMPLE = "placement.examples.rack_affinity"
+
+
+@pytest.fixture(autouse=True)
+def _only_builtins():
+    REGISTRY.remove_external()
+    yield
+    REGISTRY.remove_external()
+
+
+def cluster(join_node) -> None:
+    join_node("n1", rack="r1", labels={"affinity.llmgw.io/models": "other"})
+    join_node("n2", rack="r2")
+    join_node("n3", rack="r3", labels={"affinity.llmgw.io/models": "m"})
+
+
+def apply(name: str, replicas: int) -> None:
+    services.model_apply(data={"kind": "Model", "name": name, "replicas": replicas, "profile": {"gpus": 8}})
+
+
+def test_without_the_plugin_the_name_decides(join_node):
+    cluster(join_node)
+    apply("m", 1)
+    assert selectors.replica_rows(model="m")[0]["nodes"] == ["n1"]
+
+
+def test_a_plugins_filter_and_scorer_change_placement_and_explain(join_node):
+    assert plugins_load(REGISTRY, [EXAMPLE], entry_points=False) == [EXAMPLE]
+    cluster(join_node)
+    apply("m", 1)
+    (placed,) = selectors.model_explain("m")["replicas"]
+    assert placed["nodes"] == ["n3"]  # kept for m: first, before spreading's tie and the name
+    assert placed["why"].endswith("kept for m (rack-affinity)")
+    apply("x", 3)  # n1 is kept for another model, n3 for m: one replica of x fits, on n2
+    explain = selectors.model_explain("x")
+    assert [r["nodes"] for r in explain["replicas"] if r["nodes"]] == [["n2"]]
+    pending = [r for r in explain["replicas"] if not r["nodes"]][0]
+    assert {"node": "n1", "reason": "rack-affinity: kept for other"} in pending["rejections"]
+    assert pending["summary"].startswith("no node fits (3 nodes)")
+
+
+def test_a_plugin_that_raises_is_reported_and_skipped(join_node, caplog):
+    def boom(node, request):
+        raise ZeroDivisionError("division by zero")
+
+    REGISTRY.add_filter(Filter("boom", boom))
+    REGISTRY.add_scorer(Scorer("boom", boom, boom))
+    cluster(join_node)
+    with caplog.at_level(logging.WARNING, logger="placement.plugins"):
+        apply("m", 3)
+    assert len([r for r in selectors.replica_rows(model="m") if r["nodes"]]) == 3  # placement went on
+    assert REGISTRY.errors == ["plugin boom raised ZeroDivisionError: division by zero"]
+    assert "plugin boom raised ZeroDivisionError: division by zero; it is skipped" in caplog.text
+
+
+def test_plugins_load_from_server_yaml_and_a_bad_one_is_skipped(tmp_path):
+    from facility.services import plugins_configured
+
+    text = f"placement:\n  plugins: [{EXAMPLE}, no.such.plugin]\nfacility:\n  margin: 0.1\n"
+    names = plugins_configured(text, "server.yaml")
+    assert names == [EXAMPLE, "no.such.plugin"]
+    assert plugins_load(REGISTRY, names, entry_points=False) == [EXAMPLE]
+    assert REGISTRY.errors == ["plugin no.such.plugin raised ModuleNotFoundError: No module named 'no'"]
+    from facility.services import facility_apply
+    from llmgw.errors import InvalidInput
+
+    assert facility_apply(text=text)["warnings"] == [
+        "placement.plugins: loaded from LLMGW_CONFIG when a server process starts, not by applying it"]
+    with pytest.raises(InvalidInput, match=r"server.yaml line 2: placement.plugins\[0\]: 'rm -rf' is not a dotted path"):
+        facility_apply(text="placement:\n  plugins: ['rm -rf']\n")
+
+
+def test_the_index_equals_the_plain_path_with_a_plugin_on(join_node):
+    from django.utils import timezone
+
+    from placement import snapshot
+    from placement.index import PlacementIndex
+    from placement.planner import plan_replica
+
+    plugins_load(REGISTRY, [EXAMPLE], entry_points=False)
+    cluster(join_node)
+    for i in range(4, 12):
+        join_node(f"n{i}", rack=f"r{i % 3}", labels={"affinity.llmgw.io/models": "m"} if i % 2 else {})
+    apply("m", 0)
+    from placement.models import Model
+
+    request = snapshot.replica_request(Model.objects.get(name="m"))
+    views = snapshot.node_views(now=timezone.now())
+    facility = snapshot.facility_view()
+    assert PlacementIndex(views, facility).plan(request) == plan_replica(request, views, facility)
