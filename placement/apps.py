@@ -49,8 +49,8 @@ def plugins_from_config() -> None:
     plugins_from_config.done = True
     names: list[str] = []
     if settings.LLMGW_CONFIG:
-        from facility.services import plugins_configured
         from llmgw.errors import InvalidInput
+        from llmgw.plugin_names import plugins_configured
         from llmgw.yamldoc import read_text
 
         try:

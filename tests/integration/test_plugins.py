@@ -69,7 +69,7 @@ def test_a_plugin_that_raises_is_reported_and_skipped(join_node, caplog):
 
 
 def test_plugins_load_from_server_yaml_and_a_bad_one_is_skipped(tmp_path):
-    from facility.services import plugins_configured
+    from llmgw.plugin_names import plugins_configured
 
     text = f"placement:\n  plugins: [{EXAMPLE}, no.such.plugin]\nfacility:\n  margin: 0.1\n"
     names = plugins_configured(text, "server.yaml")
