@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export LLMGW_DATA_DIR ?= $(CURDIR)/var
 
-.PHONY: demo test lint venv bench clean
+.PHONY: demo test test-quick docs lint venv bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/test.sh
+
+# The loop a developer runs every few minutes: everything but the servers, workers, browsers and fuzzing.
+test-quick: $(STAMP)
+	bash scripts/test.sh -m "not slow" -q
+
+# The docs site (docs/, reference pages written from the code) into build/docs.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	bash scripts/bench.sh

@@ -9,9 +9,20 @@ from typing import Any, TextIO
 
 
 def print_json(data: Any, out: TextIO | None = None) -> None:
+    """``data`` as JSON; a float as its shortest text to 10 significant digits (11.3, not 11.299999999999997)."""
     out = out or sys.stdout
-    json.dump(data, out, indent=2, default=str)
+    json.dump(_rounded(data), out, indent=2, default=str)
     out.write("\n")
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.10g}") if value == value and abs(value) != float("inf") else value
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None) -> None:

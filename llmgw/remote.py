@@ -111,6 +111,9 @@ def remote_from(server: str | None) -> Remote | None:
     url = server or os.environ.get("LLMGW_URL")
     if not url:
         return None
+    if not url.startswith(("http://", "https://")):
+        where = "--server" if server else "LLMGW_URL"
+        raise InvalidInput(f"{where}: {url!r} has no scheme; write http://{url} (or https://)", field="server")
     return Remote(url, token_load())
 
 

@@ -53,6 +53,9 @@ echo "== ruff"
 "$BIN/ruff" check .
 echo "== lint-imports"
 "$BIN/lint-imports"
+echo "== docs (mkdocs build --strict; the reference pages written from the code)"
+NO_MKDOCS_2_WARNING=1 LLMGW_DATA_DIR=$(mktemp -d) "$BIN/mkdocs" build --strict --quiet || {
+  echo "make test: the docs do not build cleanly (mkdocs build --strict)" >&2; exit 1; }
 echo "== migrations"
 LLMGW_DATA_DIR=$(mktemp -d) "$BIN/llmgw" makemigrations --check --dry-run >/dev/null || {
   echo "make test: a model changed without its migration (llmgw makemigrations)" >&2; exit 1; }

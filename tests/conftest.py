@@ -18,6 +18,24 @@ def pytest_configure(config) -> None:
         settings.DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c deadlock_timeout=10s"
 
 
+# The modules whose tests take longest (whole servers, workers, browsers, fuzzing): marked `slow`, so
+# `make test-quick` leaves them out and `make test` runs them after the quick ones.
+SLOW_MODULES = frozenset({
+    "test_schema_fuzz", "test_rehearsal", "test_drain_workers", "test_embedded_default", "test_worker",
+    "test_concurrency", "test_agent_process", "test_agent_end_to_end", "test_ctl_remote", "test_dependencies_down",
+    "test_bounded_inputs", "test_deploy_units",
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in SLOW_MODULES or "/browser/" in str(item.fspath):
+            item.add_marker(pytest.mark.slow)
+    # The quick ones first: a failure shows in minutes, not at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
 @pytest.fixture
 def make_user(db):
     from llmgw.users import token_create

@@ -8,6 +8,19 @@ class LlmgwCommand(BaseCommand):
     traceback (``--traceback`` still shows one)."""
 
     _from_command_line = False
+    # Django's own options (--settings, --pythonpath, --traceback …): accepted, not listed in --help, which
+    # teaches the command's own.
+    DJANGO_OPTIONS = ("--version", "--verbosity", "--settings", "--pythonpath", "--traceback", "--no-color",
+                      "--force-color", "--skip-checks")
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        import argparse
+
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        for action in parser._actions:
+            if any(option in self.DJANGO_OPTIONS for option in action.option_strings):
+                action.help = argparse.SUPPRESS
+        return parser
 
     def run_from_argv(self, argv):
         self._from_command_line = True  # call_command (tests, other code) still gets the CommandError
