@@ -23,6 +23,13 @@ The file::
       restart_backoff_seconds: 1
       restart_backoff_max_seconds: 300
     sys_root: /
+    bmc:                                  # the chassis' power from its BMC, through Redfish (optional)
+      redfish: https://10.0.0.17          # the BMC's Redfish service (/redfish/v1 may be given or not)
+      credentials_file: /etc/llmgw/bmc    # one line: user:password
+      verify_tls: true                    # check the BMC's certificate (false: self-signed BMCs)
+      ca_file: /etc/llmgw/bmc-ca.pem      # the CA that signed it (optional; default requests' bundle)
+      chassis: 1U                         # the chassis' Id; optional when the BMC has one chassis
+      deadline_seconds: 5                 # all of one read, less than interval_seconds (default half of it, at most 5)
 """
 
 from __future__ import annotations
@@ -62,6 +69,19 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True)
+class BmcSettings:
+    """Where the node's BMC answers Redfish and how to talk to it: the chassis' power is read there."""
+
+    redfish: str  # the service's base URL: scheme://host[:port], without /redfish/v1
+    username: str
+    password: str = field(repr=False)
+    verify_tls: bool = True
+    ca_file: str | None = None  # the CA bundle its certificate is checked against (None: requests' own)
+    chassis: str | None = None
+    deadline_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """One node's agent: where the control plane is, who this node is, where it stands."""
 
@@ -73,6 +93,7 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     sys_root: str = "/"
+    bmc: BmcSettings | None = None
     path: str | None = None
 
     @property
@@ -96,7 +117,11 @@ TOP_KEYS = (
     "labels",
     "runtime",
     "sys_root",
+    "bmc",
 )
+BMC_KEYS = ("redfish", "credentials_file", "verify_tls", "ca_file", "chassis", "deadline_seconds")
+# A BMC answers in hundreds of milliseconds to seconds; a read that takes longer is a BMC that is down.
+MAX_BMC_DEADLINE_SECONDS = 5.0
 RUNTIME_KEYS = (
     "port_range",
     "grace_seconds",
@@ -178,6 +203,8 @@ def _parse(text: str, path: str) -> AgentConfig:
     if not isinstance(sys_root, str) or not os.path.isdir(sys_root):
         raise doc.error(("sys_root",), f"an existing directory, got {sys_root!r}")
 
+    bmc = _bmc(doc, top.get("bmc"), Path(path).resolve().parent, interval)
+
     return AgentConfig(
         server=server,
         node=name,
@@ -187,6 +214,7 @@ def _parse(text: str, path: str) -> AgentConfig:
         labels=labels,
         runtime=runtime,
         sys_root=sys_root,
+        bmc=bmc,
         path=path,
     )
 
@@ -214,6 +242,83 @@ def _token(doc: Document, top: dict[str, Any], base_dir: Path) -> str:
             raise doc.error(("token_file",), f"{str(resolved)!r} is empty")
         return token
     raise doc.error(("token",), "required (or token_file); get one with `llmgw ctl node token <node>`")
+
+
+def _bmc(doc: Document, given: Any, base_dir: Path, interval: float) -> BmcSettings | None:
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise doc.error(
+            ("bmc",),
+            "a mapping: redfish and credentials_file, and optionally verify_tls, ca_file, chassis, deadline_seconds",
+        )
+    doc.check_keys(("bmc",), given, BMC_KEYS, "bmc")
+    if "redfish" not in given:
+        raise doc.error(("bmc", "redfish"), "required: the BMC's Redfish URL, e.g. https://10.0.0.17")
+    url = given["redfish"]
+    match = re.fullmatch(r"(https?://[^\s/?#]+)(?:/redfish/v1)?/*", url) if isinstance(url, str) else None
+    if match is None:
+        raise doc.error(
+            ("bmc", "redfish"), f"an http:// or https:// URL of the BMC (e.g. https://10.0.0.17), got {url!r}"
+        )
+    if "credentials_file" not in given:
+        raise doc.error(("bmc", "credentials_file"), "required: a file holding the BMC's user:password")
+    username, password = _bmc_credentials(doc, given["credentials_file"], base_dir)
+    verify = given.get("verify_tls", True)
+    if not isinstance(verify, bool):
+        raise doc.error(("bmc", "verify_tls"), f"true or false, got {verify!r}")
+    ca_file = given.get("ca_file")
+    if ca_file is not None:
+        if not isinstance(ca_file, str) or not ca_file:
+            raise doc.error(("bmc", "ca_file"), f"a file of CA certificates (PEM), got {ca_file!r}")
+        ca_file = str(base_dir / ca_file)
+        if not os.path.isfile(ca_file):
+            raise doc.error(("bmc", "ca_file"), f"{ca_file!r} is not a file")
+        if not verify:
+            raise doc.error(("bmc", "ca_file"), "a CA file checks the BMC's certificate: remove verify_tls: false")
+    chassis = given.get("chassis")
+    if chassis is not None and (
+        not isinstance(chassis, str) or not re.fullmatch(r"[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}", chassis)
+    ):
+        raise doc.error(("bmc", "chassis"), f"the chassis' Id as its BMC names it (e.g. 1U), got {chassis!r}")
+    deadline = min(MAX_BMC_DEADLINE_SECONDS, interval / 2)
+    if "deadline_seconds" in given:
+        deadline = given["deadline_seconds"]
+        if not is_number(deadline) or deadline <= 0:
+            raise doc.error(("bmc", "deadline_seconds"), f"a number of seconds, more than 0, got {deadline!r}")
+        if deadline >= interval:
+            raise doc.error(
+                ("bmc", "deadline_seconds"),
+                f"less than interval_seconds ({interval:g} s): a BMC read ends before the next heartbeat, "
+                f"got {deadline}",
+            )
+        deadline = float(deadline)
+    return BmcSettings(
+        redfish=match.group(1),
+        username=username,
+        password=password,
+        verify_tls=verify,
+        ca_file=ca_file,
+        chassis=chassis,
+        deadline_seconds=deadline,
+    )
+
+
+def _bmc_credentials(doc: Document, given: Any, base_dir: Path) -> tuple[str, str]:
+    where = ("bmc", "credentials_file")
+    if not isinstance(given, str) or not given:
+        raise doc.error(where, f"a file path, got {given!r}")
+    resolved = base_dir / given  # a relative path is taken from the config file's folder
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise doc.error(where, f"cannot read {str(resolved)!r}: {reason}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    username, colon, password = (lines[0].strip() if len(lines) == 1 else "").partition(":")
+    if not colon or not username or not password:
+        raise doc.error(where, f"{str(resolved)!r} must hold one line, user:password")
+    return username, password
 
 
 def _labels(doc: Document, given: Any) -> dict[str, str]:

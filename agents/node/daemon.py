@@ -51,6 +51,14 @@ class Reader(Protocol):
     # Optional: `apply_capping(capping: Capping | None)`, GPU capping (agents.node.sensors.SensorReader).
 
 
+class PowerSource(Protocol):
+    """What the agent needs from agents.node.sensors.bmc.BmcPower: its sensors now, never waited on."""
+
+    def sensors(self) -> dict: ...
+    def wait(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class StopSignal(Protocol):
     """threading.Event's two methods the loop uses."""
 
@@ -63,11 +71,14 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def build_heartbeat(config: AgentConfig, reader: Reader, runtime: Runtime | None) -> dict:
+def build_heartbeat(
+    config: AgentConfig, reader: Reader, runtime: Runtime | None, bmc: PowerSource | None = None
+) -> dict:
     """The heartbeat body: who this node is, what it holds, what its sensors read, its replicas.
 
     A sensor reader that fails leaves its part empty: the heartbeat still goes out, since a node
-    that stops beating over a bad reading would be taken for dead.
+    that stops beating over a bad reading would be taken for dead. The BMC (agent.yaml bmc:) adds the
+    chassis' power from its last read, which ended before this heartbeat or is reported down.
     """
     try:
         inventory = dict(reader.inventory())
@@ -81,6 +92,11 @@ def build_heartbeat(config: AgentConfig, reader: Reader, runtime: Runtime | None
     except Exception:
         logger.exception("reading the sensors failed; sending the heartbeat without them")
         sensors = {}
+    if bmc is not None:
+        try:
+            sensors.update(bmc.sensors())
+        except Exception:
+            logger.exception("reading the BMC failed; sending the heartbeat without it")
     replicas = []
     if runtime is not None:
         replicas = [{key: state[key] for key in REPLICA_FIELDS} for state in runtime.states()]
@@ -123,12 +139,14 @@ class Agent:
         client: httpx.Client | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        bmc: PowerSource | None = None,
     ) -> None:
         if not config.server or not config.token:
             raise ValueError("the agent needs a server and a token to send heartbeats")
         self.config = config
         self.reader = reader
         self.runtime = runtime
+        self.bmc = bmc
         self.interval = config.interval_seconds
         self.failures = 0  # heartbeats in a row the server did not answer (or answered 5xx)
         self._rng = rng or random.Random()
@@ -159,7 +177,7 @@ class Agent:
         # The interval in force, which the control plane may have changed, is the one it must
         # count missed heartbeats against.
         config = dataclasses.replace(self.config, interval_seconds=self.interval)
-        body = build_heartbeat(config, self.reader, self.runtime)
+        body = build_heartbeat(config, self.reader, self.runtime, self.bmc)
         url = self.config.heartbeat_url
         try:
             response = self.send(body)
@@ -337,6 +355,8 @@ agent.yaml:
   labels: {llmgw.io/rack: r12-07, llmgw.io/pdu: "r12-07-a,r12-07-b"}
   runtime: {port_range: [8100, 8199], grace_seconds: 30, health_path: /health,
             workdir: /var/lib/llmgw, restart_backoff_seconds: 1, restart_backoff_max_seconds: 300}
+  bmc: {redfish: https://10.0.0.17, credentials_file: /etc/llmgw/bmc, verify_tls: true, chassis: 1U}
+      the node's draw from its BMC (Redfish) in place of GPU + CPU readings; down: back to them
 
 A sensor the machine lacks is left out of the heartbeat, never sent as 0. A control plane that
 does not answer is retried with backoff (up to 6 intervals, with jitter); a refused heartbeat
@@ -426,17 +446,28 @@ def main(argv: Sequence[str], *, reader_factory: Callable[[str], Reader] | None 
         return 2
 
     reader = (reader_factory or _default_reader)(sys_root)
+    bmc = _bmc(config)
     try:
         if args.dry_run and not args.config:
             config = dataclasses.replace(config, node=_hostname(reader) or config.node)
         if args.once:
-            return _once(config, reader, dry_run=args.dry_run, sample_seconds=args.sample_seconds)
-        return _forever(config, reader)
+            return _once(config, reader, dry_run=args.dry_run, sample_seconds=args.sample_seconds, bmc=bmc)
+        return _forever(config, reader, bmc=bmc)
     finally:
         try:
             reader.close()
+            if bmc is not None:
+                bmc.close()
         except Exception:
             logger.exception("closing the sensor reader failed")
+
+
+def _bmc(config: AgentConfig) -> PowerSource | None:
+    if config.bmc is None:
+        return None
+    from agents.node.sensors.bmc import BmcPower  # the Redfish client is loaded only where a BMC is set
+
+    return BmcPower(config.bmc)
 
 
 def _hostname(reader: Reader) -> str | None:
@@ -448,7 +479,13 @@ def _hostname(reader: Reader) -> str | None:
     return hostname if isinstance(hostname, str) and hostname else None
 
 
-def _once(config: AgentConfig, reader: Reader, *, dry_run: bool, sample_seconds: float) -> int:
+def _once(
+    config: AgentConfig, reader: Reader, *, dry_run: bool, sample_seconds: float, bmc: PowerSource | None = None
+) -> int:
+    if bmc is not None:
+        # One heartbeat only: it waits for the BMC's first read (within its deadline), as a loop's next beat would.
+        bmc.sensors()
+        bmc.wait()
     if sample_seconds > 0:
         # The first read primes the RAPL counters; the heartbeat's own read gives CPU power.
         try:
@@ -457,11 +494,11 @@ def _once(config: AgentConfig, reader: Reader, *, dry_run: bool, sample_seconds:
             logger.exception("reading the sensors failed")
         time.sleep(sample_seconds)
     if dry_run:
-        print(json.dumps(build_heartbeat(config, reader, None), indent=2))
+        print(json.dumps(build_heartbeat(config, reader, None, bmc), indent=2))
         return 0
     agent = Agent(config, reader, Runtime(config.runtime))
     try:
-        response = agent.send(build_heartbeat(config, reader, None))
+        response = agent.send(build_heartbeat(config, reader, None, bmc))
     except httpx.HTTPError as exc:
         print(f"llmgw agent: cannot reach {config.heartbeat_url}: {exc}", file=sys.stderr)
         return 1
@@ -480,9 +517,9 @@ def _once(config: AgentConfig, reader: Reader, *, dry_run: bool, sample_seconds:
     return 0
 
 
-def _forever(config: AgentConfig, reader: Reader) -> int:
+def _forever(config: AgentConfig, reader: Reader, *, bmc: PowerSource | None = None) -> int:
     runtime = Runtime(config.runtime)
-    agent = Agent(config, reader, runtime)
+    agent = Agent(config, reader, runtime, bmc=bmc)
     stop = _StopFlag()
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

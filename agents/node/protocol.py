@@ -169,12 +169,23 @@ def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict) -> Non
 
 
 GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts"})
-INVENTORY_KEYS = frozenset({"gpus", "cpu_cores", "memory_gib", "hostname", "fabric"})
+INVENTORY_KEYS = frozenset({"gpus", "cpu_cores", "memory_gib", "hostname", "fabric", "gpu_topology"})
 GPU_SENSOR_KEYS = frozenset(
     {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "slowdown_temperature_celsius",
      "power_watts", "power_limit_watts", "throttle_reasons"}
 )
 SENSOR_KEYS = frozenset({"gpus", "cpu_temperature_celsius", "inlet_temperature_celsius", "cpu_power_watts"})
+# The node's whole draw from its BMC (agents.node.sensors.bmc): the figure, where it comes from, and the BMC's
+# state as a source. `node_power_watts` and `power_source: "bmc"` come together, while the BMC is up;
+# `bmc` is {"state": "up", "resource": "EnvironmentMetrics" | "PowerSubsystem" | "Power"} or
+# {"state": "down", "reason": "…"} (the node's draw is then its GPUs' and CPUs' readings).
+BMC_SENSOR_KEYS = frozenset({"node_power_watts", "power_source", "bmc"})
+BMC_KEYS = frozenset({"state", "reason", "resource"})
+BMC_STATES = ("up", "down")
+BMC_RESOURCES = ("EnvironmentMetrics", "PowerSubsystem", "Power")
+POWER_SOURCES = ("bmc",)
+NODE_POWER_WATTS_MAX = 200_000  # a chassis may hold several nodes (a blade enclosure), never a hall
+MAX_BMC_REASON_LENGTH = 300
 REPLICA_KEYS = frozenset({"id", "state", "port", "pid", "restarts", "message"})
 HEARTBEAT_KEYS = frozenset(
     {"node", "agent_version", "interval_seconds", "inventory", "labels", "sensors", "replicas"}
@@ -213,12 +224,81 @@ def _inventory(raw: Any) -> dict[str, Any]:
     for key in ("hostname", "fabric"):
         if inv.get(key) is not None:
             out[key] = _text(inv[key], f"inventory.{key}", MAX_NAME_LENGTH)
+    if inv.get("gpu_topology") is not None:
+        out["gpu_topology"] = _gpu_topology(inv["gpu_topology"])
     return out
+
+
+# -- GPU topology ------------------------------------------------------------------------------------------
+#
+# `inventory.gpu_topology` says how the node's GPUs are wired, as `nvidia-smi topo -m` prints it:
+#
+#     "gpu_topology": {
+#       "links": [["X", "NV4", "PIX", …], ["NV4", "X", …], …],   # n × n, row and column i: the GPU of index i
+#       "numa":  [0, 0, 1, 1, …]                                  # each GPU's NUMA node; -1: the platform has one
+#     }
+#
+# A link is the closest path between two GPUs: "NV<n>" (n NVLinks, direct or through NVSwitches), else the
+# PCIe path: "PIX" (one PCIe switch), "PXB" (several switches), "PHB" (a PCIe host bridge), "NODE" (host
+# bridges of one NUMA node), "SYS" (across NUMA nodes). "X" on the diagonal and nowhere else; the matrix is
+# symmetric. null (a link or a node) is unknown: the agent could not read it.
+
+TOPOLOGY_PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+TOPOLOGY_KEYS = frozenset({"links", "numa"})
+NVLINKS_MAX = 64  # links between two GPUs: 18 on Hopper, 36 in NVML's newest bound
+NUMA_NODE_MAX = 1023  # the kernel's largest MAX_NUMNODES is 1024
+_NVLINK = re.compile(r"NV([1-9][0-9]?)")
+
+
+def _topology_link(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        nvlink = _NVLINK.fullmatch(value)
+        if value in TOPOLOGY_PCIE_LINKS or (nvlink and int(nvlink.group(1)) <= NVLINKS_MAX):
+            return value
+    raise HeartbeatError(
+        field, f"unknown link {_shown(value)}; links are NV1…NV{NVLINKS_MAX}, {', '.join(TOPOLOGY_PCIE_LINKS)} or null"
+    )
+
+
+def _gpu_topology(raw: Any) -> dict[str, list]:
+    f = "inventory.gpu_topology"
+    topology = _mapping(raw, f)
+    _only(topology, f, TOPOLOGY_KEYS)
+    for key in ("links", "numa"):
+        if topology.get(key) is None:
+            raise HeartbeatError(f"{f}.{key}", "is required")
+    rows = _list(topology["links"], f"{f}.links", MAX_GPUS)
+    size = len(rows)
+    links: list[list[str | None]] = []
+    for i, row in enumerate(rows):
+        row = _list(row, f"{f}.links[{i}]", MAX_GPUS)
+        if len(row) != size:
+            raise HeartbeatError(f"{f}.links[{i}]", f"must have {size} entries, one a GPU, got {len(row)}")
+        checked: list[str | None] = []
+        for j, value in enumerate(row):
+            where = f"{f}.links[{i}][{j}]"
+            if i == j:
+                if value != "X":
+                    raise HeartbeatError(where, f"a GPU's link to itself is 'X', got {_shown(value)}")
+                checked.append("X")
+                continue
+            link = _topology_link(value, where)
+            if j < i and link != links[j][i]:
+                raise HeartbeatError(where, f"{_shown(link)}, but links[{j}][{i}] says {_shown(links[j][i])}")
+            checked.append(link)
+        links.append(checked)
+    nodes = _list(topology["numa"], f"{f}.numa", MAX_GPUS)
+    if len(nodes) != size:
+        raise HeartbeatError(f"{f}.numa", f"one entry a GPU: {size} GPUs in links, {len(nodes)} nodes")
+    numa = [None if n is None else _integer(n, f"{f}.numa[{i}]", -1, NUMA_NODE_MAX) for i, n in enumerate(nodes)]
+    return {"links": links, "numa": numa}
 
 
 def _sensors(raw: Any) -> dict[str, Any]:
     s = _mapping(raw, "sensors")
-    _only(s, "sensors", SENSOR_KEYS | SENSOR_THROUGHPUT_KEYS)
+    _only(s, "sensors", SENSOR_KEYS | SENSOR_THROUGHPUT_KEYS | BMC_SENSOR_KEYS)
     out: dict[str, Any] = {}
     if s.get("gpus") is not None:
         gpus = []
@@ -255,7 +335,48 @@ def _sensors(raw: Any) -> dict[str, Any]:
         out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, CPU_WATTS_MAX, "W")
     if s.get("replicas") is not None:
         out["replicas"] = _replica_throughput(s["replicas"])
+    _bmc_sensors(s, out)
     return out
+
+
+def _bmc_sensors(s: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """The BMC's keys of the sensors (BMC_SENSOR_KEYS), checked into `out`."""
+    watts, source = s.get("node_power_watts"), s.get("power_source")
+    if (watts is None) != (source is None):
+        missing = "power_source" if source is None else "node_power_watts"
+        raise HeartbeatError(f"sensors.{missing}", "is required with " + (
+            "node_power_watts: where the figure comes from" if source is None else "power_source"
+        ))
+    if watts is not None:
+        out["node_power_watts"] = _number(watts, "sensors.node_power_watts", 0, NODE_POWER_WATTS_MAX, "W")
+        if not isinstance(source, str) or source not in POWER_SOURCES:
+            raise HeartbeatError(
+                "sensors.power_source", f"unknown source {_shown(source)}; sources are {', '.join(POWER_SOURCES)}"
+            )
+        out["power_source"] = source
+    if s.get("bmc") is None:
+        return
+    f = "sensors.bmc"
+    bmc = _mapping(s["bmc"], f)
+    _only(bmc, f, BMC_KEYS)
+    state = bmc.get("state")
+    if not isinstance(state, str) or state not in BMC_STATES:
+        raise HeartbeatError(f"{f}.state", f"must be one of {', '.join(BMC_STATES)}, not {_shown(state)}")
+    checked: dict[str, Any] = {"state": state}
+    if state == "down":
+        if bmc.get("reason") is None:
+            raise HeartbeatError(f"{f}.reason", "is required when the BMC is down")
+        checked["reason"] = _text(bmc["reason"], f"{f}.reason", MAX_BMC_REASON_LENGTH)
+        if watts is not None:
+            raise HeartbeatError("sensors.node_power_watts", "comes from the BMC, which is down")
+    elif bmc.get("reason") is not None:
+        raise HeartbeatError(f"{f}.reason", "only when the BMC is down")
+    if bmc.get("resource") is not None:
+        resource = bmc["resource"]
+        if not isinstance(resource, str) or resource not in BMC_RESOURCES:
+            raise HeartbeatError(f"{f}.resource", f"must be one of {', '.join(BMC_RESOURCES)}, not {_shown(resource)}")
+        checked["resource"] = resource
+    out["bmc"] = checked
 
 
 def _labels(raw: Any) -> dict[str, str]:

@@ -23,7 +23,8 @@ REPLICA = {
 class ControlPlane:
     """A tiny stand-in for the heartbeat endpoint: records requests, answers from a script."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: each request is recorded with its reading (`at`), the sender's clock when it sent it."""
         self.requests: list[dict] = []
         self.script: list[tuple[int, object]] = []
         self.answer: object = {"node": "gpu01", "interval_seconds": 10, "replicas": [REPLICA]}
@@ -37,6 +38,7 @@ class ControlPlane:
                         "path": self.path,
                         "authorization": self.headers.get("Authorization"),
                         "body": json.loads(self.rfile.read(length)),
+                        "at": clock() if clock is not None else None,
                     }
                 )
                 status, body = plane.script.pop(0) if plane.script else (200, plane.answer)

@@ -58,6 +58,12 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)  # call name -> NVML_ERROR_* it returns
     lost: bool = False  # every call on this device answers GPU is lost
     hang: threading.Event | None = None  # every call on this device blocks until it is set
+    # Where it sits: its PCI bus id as NVML writes it (None: nvmlDeviceGetPciInfo answers Not Supported),
+    # and its NVLinks, one entry a link: (the remote device's bus id, its NVML_NVLINK_DEVICE_TYPE_*), or
+    # None for a link that is down. No entries: the card has no NVLink (the state answers Not Supported).
+    pci_bus_id: str | None = None
+    nvlinks: list[tuple[str, int] | None] = field(default_factory=list)
+    nvlink_remote_type_supported: bool = True  # False: an older driver without nvmlDeviceGetNvLinkRemoteDeviceType
 
 
 def h100_sxm(index: int) -> FakeGpu:
@@ -139,6 +145,9 @@ class FakeNvml(types.ModuleType):
                 setattr(self, name, getattr(pynvml, name))
         self.gpus = gpus
         self.init_error = init_error
+        # The PCIe common ancestor of each pair of GPUs (NVML_TOPOLOGY_*), by their two uuids; a pair not
+        # listed answers Not Supported.
+        self.common_ancestors: dict[frozenset[str], int] = {}
         self.init_calls = 0
         self.shutdown_calls = 0
         self.initialised = False
@@ -256,7 +265,46 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
         return self._device(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
 
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> Any:
+        gpu = self._device(gpu, "nvmlDeviceGetPciInfo")
+        if gpu.pci_bus_id is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return _pci_info(gpu.pci_bus_id)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGpu, b: FakeGpu) -> int:
+        self._device(a, "nvmlDeviceGetTopologyCommonAncestor")
+        self._device(b, "nvmlDeviceGetTopologyCommonAncestor")
+        level = self.common_ancestors.get(frozenset((a.uuid, b.uuid)))
+        if level is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return level
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        return pynvml.NVML_FEATURE_ENABLED if self._nvlink(gpu, link, "nvmlDeviceGetNvLinkState") else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu: FakeGpu, link: int) -> Any:
+        remote = self._nvlink(gpu, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+        if remote is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _pci_info(remote[0])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, gpu: FakeGpu, link: int) -> int:
+        if not gpu.nvlink_remote_type_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        remote = self._nvlink(gpu, link, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        if remote is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return remote[1]
+
     # -- scripting -------------------------------------------------------------------------
+
+    def _nvlink(self, gpu: FakeGpu, link: int, call: str) -> tuple[str, int] | None:
+        gpu = self._device(gpu, call)
+        if not gpu.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a card without NVLink
+        if not 0 <= link < len(gpu.nvlinks):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # past its last link
+        return gpu.nvlinks[link]
 
     def _setter(self, gpu: FakeGpu, call: str) -> FakeGpu:
         gpu = self._device(gpu, call)
@@ -278,6 +326,16 @@ class FakeNvml(types.ModuleType):
         if call in gpu.errors:
             raise pynvml.NVMLError(gpu.errors[call])
         return gpu
+
+
+def _pci_info(bus_id: str) -> Any:
+    """What nvmlDeviceGetPciInfo answers: the binding's own structure, its bus id as NVML writes it."""
+    info = pynvml.nvmlPciInfo_t()
+    info.busId = bus_id.encode()
+    domain, bus, rest = bus_id.split(":")
+    info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    return info
 
 
 def fake_nvml(gpus: list[FakeGpu] | None = None, init_error: int | None = None) -> FakeNvml:

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from agents.node.protocol import Capping
-from agents.node.sensors import host, hwmon
+from agents.node.sensors import host, hwmon, topology
 from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession
 from agents.node.sensors.rapl import PackagePower
 
@@ -66,15 +66,21 @@ class SensorReader:
         self._worker_lock = threading.Lock()
 
     def inventory(self) -> dict[str, Any]:
-        """The node's GPUs (index, uuid, name, memory_gib, power_limit_watts), cores, memory, name.
+        """The node's GPUs (index, uuid, name, memory_gib, power_limit_watts) and how they are wired
+        (``gpu_topology``: agents.node.sensors.topology), cores, memory, name.
 
         ``gpus`` is left out when NVML did not answer within the deadline: an empty list
         would say the node has no GPUs.
         """
         found: dict[str, Any] = {}
-        gpus = self._poll_nvml(lambda session: session.inventory())
-        if gpus is not None:
+        polled = self._poll_nvml(
+            lambda session: (session.inventory(), session.topology(self._numa_node)), absent=([], None)
+        )
+        if polled is not None:
+            gpus, topology = polled
             found["gpus"] = gpus
+            if gpus and topology is not None:
+                found["gpu_topology"] = topology
         for key, getter in (
             ("cpu_cores", host.cpu_cores),
             ("memory_gib", host.memory_gib),
@@ -115,6 +121,9 @@ class SensorReader:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _numa_node(self, bus_id: str) -> int | None:
+        return topology.read_numa_node(self._root, bus_id, self._read_text)
+
     def _read_text(self, path: str) -> str | None:
         try:
             return self._read_file(path)
@@ -129,11 +138,12 @@ class SensorReader:
             log.exception("reading %s failed", what)
             return None
 
-    def _poll_nvml(self, call: Callable[[NvmlSession], Any]) -> Any:
-        """Run an NVML call in a worker thread; None when it fails or passes the deadline."""
+    def _poll_nvml(self, call: Callable[[NvmlSession], Any], absent: Any = None) -> Any:
+        """Run an NVML call in a worker thread; None when it fails or passes the deadline, ``absent``
+        (no GPUs: an empty list unless given) when the machine has no NVML at all."""
         session = self._nvml
         if session is None:
-            return []
+            return [] if absent is None else absent
         with self._worker_lock:
             if self._worker is not None and self._worker.is_alive():
                 # The previous call is still stuck in the driver: do not pile up threads on it.

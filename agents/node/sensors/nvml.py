@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from agents.node.capping import Capping, GpuCapper
+from agents.node.sensors.topology import TopologyReader
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ class NvmlSession:
             if cls is not None
         )
         self._capper = GpuCapper(nvml, self._session_errors)
+        self._topology = TopologyReader(nvml, self._optional, self._session_errors)
+        # The topology of the GPUs last read, by their uuids: links do not change while a node runs, and
+        # reading them is some 300 NVML calls on an 8-GPU board.
+        self._topology_of: tuple[tuple[str | None, ...], dict[str, list]] | None = None
 
     def inventory(self) -> list[dict[str, Any]]:
         """Each GPU's index, uuid, name, memory and enforced power limit."""
@@ -64,6 +69,42 @@ class NvmlSession:
     def readings(self) -> list[dict[str, Any]]:
         """Each GPU's temperatures, power, power limit and active clock limiters."""
         return self._each_gpu(self._gpu_reading)
+
+    def topology(self, numa_node: Callable[[str], int | None]) -> dict[str, list] | None:
+        """The GPUs' links (the matrix of `nvidia-smi topo -m`) and NUMA nodes, indexed like the
+        inventory's GPUs (agents.node.sensors.topology); None without NVML or GPUs, or when it failed.
+        ``numa_node(bus_id)`` reads a GPU's NUMA node."""
+        if not self._open():
+            return None
+        nv = self._nv
+        try:
+            handles: list[Any] = []
+            for index in range(nv.nvmlDeviceGetCount()):
+                try:
+                    handles.append(nv.nvmlDeviceGetHandleByIndex(index))
+                except self._session_errors:
+                    raise
+                except nv.NVMLError as exc:
+                    log.warning("GPU %d left out of the topology: %s", index, exc)
+                    handles.append(None)
+            if not handles:
+                return None
+            key = tuple(
+                self._optional(lambda h=h: nv.nvmlDeviceGetUUID(h)) if h is not None else None for h in handles
+            )
+            if self._topology_of is not None and self._topology_of[0] == key:
+                return self._topology_of[1]
+            topology = self._topology.read(handles, numa_node)
+            # Kept only whole: a link that failed to read this time is asked again next time.
+            if None not in key and all(None not in row for row in topology["links"]):
+                self._topology_of = (key, topology)
+            return topology
+        except self._session_errors as exc:
+            self._lost(exc)
+            return None
+        except nv.NVMLError as exc:
+            log.warning("GPU topology not read: %s", exc)
+            return None
 
     def apply_capping(self, capping: Capping | None) -> None:
         """Hold each GPU at what the capping block asks (agents.node.capping); defaults when None."""
@@ -89,6 +130,7 @@ class NvmlSession:
         if self._needs_reinit:
             self.close()
             self._needs_reinit = False
+            self._topology_of = None  # read again: a GPU may have gone or come back
         if self._initialised:
             return True
         try:

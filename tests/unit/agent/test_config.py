@@ -105,7 +105,7 @@ def test_workdir_and_sys_root_must_exist(tmp_path: Path):
         (
             MINIMAL + "intervall_seconds: 5\n",
             "agent.yaml line 4: intervall_seconds: unknown key; agent.yaml takes: server, node, token, "
-            "token_file, interval_seconds, fabric, labels, runtime, sys_root",
+            "token_file, interval_seconds, fabric, labels, runtime, sys_root, bmc",
         ),
         ("node: gpu01\ntoken: t\n", "agent.yaml line 1: server: required"),
         (

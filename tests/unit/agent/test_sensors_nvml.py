@@ -60,6 +60,8 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
                 "power_limit_watts": 700.0,
             },
         ],
+        # Nothing of their wiring is scripted here: unknown, never a guess (test_sensors_topology reads some).
+        "gpu_topology": {"links": [["X", None], [None, "X"]], "numa": [None, None]},
         "cpu_cores": 96,
         "memory_gib": 2015.6,
         "hostname": "gpu01",

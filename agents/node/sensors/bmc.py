@@ -1,0 +1,361 @@
+"""The node's whole draw from its BMC, through Redfish (DMTF's `redfish` client), in place of GPU + CPU.
+
+The chassis' power is read from ``Chassis/{id}/EnvironmentMetrics`` (``PowerWatts.Reading``), else
+``PowerSubsystem`` (its power supplies' ``Metrics.InputPowerWatts.Reading``, all of them), else the older
+``Power`` (``PowerControl[].PowerConsumedWatts``): what the chassis links, in that order. Without a chassis
+Id in agent.yaml the BMC's one chassis is taken, or among several the one holding the computer system.
+
+A BMC answers in hundreds of milliseconds to seconds, and sometimes not at all: reads run in a worker
+thread, one at a time, started by a heartbeat and taken by the next one, so no heartbeat ever waits on the
+BMC. A read that passes its deadline (shorter than the heartbeat interval), fails or finds no figure makes
+the BMC ``down`` with the reason; the node then falls back to its GPU and CPU readings. Each answer is read
+within the deadline and a size cap (a BMC that trickles bytes is cut off, not waited for).
+
+What a heartbeat's sensors carry (agents.node.protocol):
+``node_power_watts`` and ``power_source: "bmc"`` while the BMC is up, and ``bmc``:
+``{"state": "up", "resource": "EnvironmentMetrics"}`` or ``{"state": "down", "reason": "…"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from agents.node.config import BmcSettings
+from agents.node.protocol import MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX
+
+log = logging.getLogger(__name__)
+
+SERVICE_ROOT = "/redfish/v1"
+MAX_ANSWER_BYTES = 1024 * 1024  # a Redfish resource is a few KiB; a PSU collection of a big chassis, tens
+MAX_CHASSIS_LOOKED_AT = 16  # members of the chassis collection read to find the node's own
+MAX_POWER_SUPPLIES = 64
+# Chassis types that hold a whole node (Redfish's ChassisType), not one of its boards or modules.
+NODE_CHASSIS_TYPES = frozenset({"RackMount", "StandAlone", "Blade", "Sled", "Enclosure", "Drawer", "Zone"})
+_CHUNK_BYTES = 64 * 1024
+
+
+class BmcDown(Exception):
+    """The BMC cannot give the chassis' power now; the text is the reason a person reads."""
+
+
+Get = Callable[[str], "dict[str, Any] | None"]  # GET a Redfish path: its JSON object, None when it is absent (404)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value <= NODE_POWER_WATTS_MAX else None
+
+
+def _link(document: dict[str, Any] | None, key: str) -> str | None:
+    target = (document or {}).get(key)
+    link = target.get("@odata.id") if isinstance(target, dict) else None
+    return link if isinstance(link, str) and link.startswith("/") else None
+
+
+def _members(document: dict[str, Any] | None) -> list[str]:
+    members = (document or {}).get("Members")
+    if not isinstance(members, list):
+        return []
+    return [m["@odata.id"] for m in members if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
+
+
+def find_chassis(get: Get, chassis_id: str | None) -> str:
+    """The path of the node's chassis: the one named in agent.yaml, else the BMC's one (or the one that
+    holds the computer system among several); BmcDown naming the Ids when it cannot tell."""
+    if chassis_id is not None:
+        path = f"{SERVICE_ROOT}/Chassis/{quote(chassis_id, safe='')}"
+        if get(path) is not None:
+            return path
+        ids = [m.rstrip("/").rsplit("/", 1)[-1] for m in _members(get(f"{SERVICE_ROOT}/Chassis"))]
+        raise BmcDown(f"no chassis {chassis_id!r} on the BMC (it has: {', '.join(ids) or 'none'})")
+    members = _members(get(f"{SERVICE_ROOT}/Chassis"))
+    if len(members) == 1:
+        return members[0]
+    if not members:
+        raise BmcDown("the BMC lists no chassis")
+    holding = []
+    for path in members[:MAX_CHASSIS_LOOKED_AT]:
+        chassis = get(path) or {}
+        links = chassis.get("Links") if isinstance(chassis.get("Links"), dict) else {}
+        if chassis.get("ChassisType") in NODE_CHASSIS_TYPES and links.get("ComputerSystems"):
+            holding.append(path)
+    if len(holding) == 1:
+        return holding[0]
+    ids = ", ".join(m.rstrip("/").rsplit("/", 1)[-1] for m in members[:MAX_CHASSIS_LOOKED_AT])
+    raise BmcDown(f"the BMC has {len(members)} chassis ({ids}); name the node's in agent.yaml (bmc: chassis:)")
+
+
+def chassis_power(get: Get, chassis_path: str) -> tuple[float, str]:
+    """The chassis' power (W) and the resource it was read from; BmcDown when none gives a figure."""
+    chassis = get(chassis_path)
+    if chassis is None:
+        raise BmcDown(f"{chassis_path} is gone from the BMC")
+    tried = []
+    link = _link(chassis, "EnvironmentMetrics")
+    if link is not None:
+        tried.append("EnvironmentMetrics")
+        power = (get(link) or {}).get("PowerWatts")
+        watts = _number(power.get("Reading")) if isinstance(power, dict) else None
+        if watts is not None:
+            return watts, "EnvironmentMetrics"
+    link = _link(chassis, "PowerSubsystem")
+    if link is not None:
+        tried.append("PowerSubsystem")
+        watts = _power_supplies_watts(get, link)
+        if watts is not None:
+            return watts, "PowerSubsystem"
+    link = _link(chassis, "Power")
+    if link is not None:
+        tried.append("Power")
+        controls = (get(link) or {}).get("PowerControl")
+        for control in controls if isinstance(controls, list) else []:
+            watts = _number(control.get("PowerConsumedWatts")) if isinstance(control, dict) else None
+            if watts is not None:
+                return watts, "Power"
+    where = f" ({', '.join(tried)} read)" if tried else " (no EnvironmentMetrics, PowerSubsystem or Power)"
+    raise BmcDown(f"chassis {chassis_path.rsplit('/', 1)[-1]} reports no power reading{where}")
+
+
+def _power_supplies_watts(get: Get, subsystem_path: str) -> float | None:
+    """The sum of every power supply's input power; None unless each one reads."""
+    supplies = _members(get(_link(get(subsystem_path), "PowerSupplies") or f"{subsystem_path}/PowerSupplies"))
+    if not supplies or len(supplies) > MAX_POWER_SUPPLIES:
+        return None
+    total = 0.0
+    for path in supplies:
+        metrics = _link(get(path), "Metrics")
+        power = (get(metrics) or {}).get("InputPowerWatts") if metrics else None
+        watts = _number(power.get("Reading")) if isinstance(power, dict) else None
+        if watts is None:
+            return None  # a supply that does not read: a sum of the others would be too low
+        total += watts
+    return total
+
+
+class RedfishPower:
+    """Reads the chassis' power through one Redfish client (kept for the agent's life: one connection)."""
+
+    def __init__(self, settings: BmcSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._client: Any = None
+        self._chassis: str | None = None
+        self._deadline_at = 0.0
+
+    def read(self) -> tuple[float, str]:
+        """(watts, resource) within the settings' deadline, or BmcDown with the reason."""
+        self._deadline_at = self._clock() + self._settings.deadline_seconds
+        if self._chassis is None:
+            self._chassis = find_chassis(self._get, self._settings.chassis)
+        try:
+            return chassis_power(self._get, self._chassis)
+        except BmcDown:
+            self._chassis = None  # the BMC's firmware may have changed: look for the chassis again
+            raise
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.logout()  # no session to end (basic auth): closes the connection pool
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        left = self._deadline_at - self._clock()
+        if left <= 0:
+            raise BmcDown(f"no answer within {self._settings.deadline_seconds:g} s")
+        client = self._redfish()
+        try:
+            response = client.get(path, timeout=left, max_retry=0)
+        except BmcDown:
+            raise
+        except Exception as exc:
+            raise BmcDown(_failure(exc, self._settings)) from None
+        if response.status == 404:
+            return None
+        if response.status in (401, 403):
+            raise BmcDown(f"the BMC refused the credentials (HTTP {response.status} on {path})")
+        if response.status != 200:
+            raise BmcDown(f"the BMC answered HTTP {response.status} on {path}")
+        try:
+            document = response.dict
+        except Exception:
+            raise BmcDown(f"the BMC answered {path} with no JSON") from None
+        if not isinstance(document, dict):
+            raise BmcDown(f"the BMC answered {path} with no JSON object")
+        return document
+
+    def _redfish(self) -> Any:
+        if self._client is None:
+            import redfish  # the agent's dependency, loaded only where a BMC is configured
+
+            # It logs every request at INFO ("Attempt 1 of …"): three lines a heartbeat in the agent's log.
+            logging.getLogger("redfish").setLevel(max(logging.WARNING, logging.getLogger("redfish").level))
+            settings = self._settings
+            # The library checks certificates only when given a CA file: the one named, else requests' own.
+            ca_file = None
+            if settings.verify_tls:
+                import requests.certs
+
+                ca_file = settings.ca_file or requests.certs.where()
+            client = redfish.redfish_client(
+                base_url=settings.redfish,
+                cafile=ca_file,
+                timeout=settings.deadline_seconds,
+                max_retry=0,  # its default is 10 tries a second apart: the deadline is ours to keep
+                check_connectivity=False,  # no read of the service root on every new client
+            )
+            # Basic authentication on each request: no Redfish session to create, keep alive and delete.
+            token = base64.b64encode(f"{settings.username}:{settings.password}".encode()).decode()
+            client.set_authorization_key(f"Basic {token}")
+            # The client is built on requests, whose timeouts bound each wait but not the whole body: a
+            # response hook (run before requests reads the body) reads it within the deadline and a size cap.
+            client._session.hooks["response"].append(self._bounded_body)
+            self._client = client
+        return self._client
+
+    def _bounded_body(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        length = response.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+            response.close()
+            raise BmcDown(f"an answer of {int(length):,} bytes, more than {MAX_ANSWER_BYTES:,}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if self._clock() > self._deadline_at:
+                response.close()
+                raise BmcDown(f"no answer within {self._settings.deadline_seconds:g} s (cut after {size:,} bytes)")
+            chunk = response.raw.read1(_CHUNK_BYTES, decode_content=True)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                response.close()
+                raise BmcDown(f"an answer larger than {MAX_ANSWER_BYTES:,} bytes")
+            chunks.append(chunk)
+        # What requests would have read itself; set before it does, so it reads nothing more.
+        response._content = b"".join(chunks)
+        response._content_consumed = True
+        return response
+
+
+def _failure(exc: BaseException, settings: BmcSettings) -> str:
+    """One line on why a request failed: the cause under the client's own wrapper."""
+    chain = [exc]
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    for link in chain:
+        if isinstance(link, BmcDown):  # raised by our own bound on the body, wrapped by the client
+            return str(link)
+    cause = chain[-1]
+    name = type(cause).__name__
+    if "Timeout" in name or isinstance(cause, TimeoutError):
+        return f"no answer within {settings.deadline_seconds:g} s"
+    if "SSL" in name or "Certificate" in str(cause):
+        return f"the BMC's TLS certificate was not accepted ({str(cause)[:160]}); verify_tls: false for a self-signed one"
+    if "Connection" in name:
+        return f"cannot connect to {settings.redfish} ({name})"
+    return f"{name}: {str(cause)[:200]}"
+
+
+class BmcPower:
+    """The BMC as a power source: one read at a time in a worker thread, never waited on by a heartbeat."""
+
+    def __init__(
+        self,
+        settings: BmcSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        source: Callable[[], tuple[float, str]] | None = None,
+    ) -> None:
+        """``source`` reads (watts, resource) or raises BmcDown; by default, RedfishPower on the settings."""
+        self._settings = settings
+        self._clock = clock
+        self._redfish = RedfishPower(settings, clock) if source is None else None
+        self._source = source or self._redfish.read  # type: ignore[union-attr]
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._started_at = 0.0
+        self._outcome: dict[str, Any] | None = None  # the last read's sensors, once one ended
+        self._said: str | None = None  # the state last logged, so a change is logged once
+
+    def sensors(self) -> dict[str, Any]:
+        """What the heartbeat's sensors say of the BMC now (nothing before the first read ended), and a
+        new read started for the next heartbeat unless one is still under way."""
+        with self._lock:
+            running = self._worker is not None and self._worker.is_alive()
+            if running and self._clock() - self._started_at > self._settings.deadline_seconds:
+                self._outcome = _down(f"no answer within {self._settings.deadline_seconds:g} s")
+            outcome = self._outcome
+            if not running:
+                self._start()
+        if outcome is not None:
+            self._log(outcome)
+        return dict(outcome) if outcome is not None else {}
+
+    def wait(self) -> None:
+        """Wait for the read under way, up to the deadline (``--once``: its one heartbeat has the BMC's figure)."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(self._settings.deadline_seconds)
+
+    def close(self) -> None:
+        worker = self._worker
+        if self._redfish is not None and (worker is None or not worker.is_alive()):
+            try:
+                self._redfish.close()
+            except Exception:
+                log.debug("closing the Redfish client failed", exc_info=True)
+
+    def _start(self) -> None:
+        started = self._clock()
+
+        def work() -> None:
+            try:
+                watts, resource = self._source()
+            except BmcDown as exc:
+                outcome = _down(str(exc))
+            except Exception as exc:  # a bug or a library's surprise: the BMC is down, the agent goes on
+                log.debug("reading the BMC failed", exc_info=True)
+                outcome = _down(f"{type(exc).__name__}: {str(exc)[:200]}")
+            else:
+                took = self._clock() - started
+                if took > self._settings.deadline_seconds:
+                    outcome = _down(f"answered after {took:.1f} s, more than {self._settings.deadline_seconds:g} s")
+                else:
+                    outcome = {
+                        "node_power_watts": round(watts, 1),
+                        "power_source": "bmc",
+                        "bmc": {"state": "up", "resource": resource},
+                    }
+            with self._lock:
+                if self._worker is threading.current_thread():
+                    self._outcome = outcome
+
+        self._started_at = started
+        self._worker = threading.Thread(target=work, name="llmgw-bmc", daemon=True)
+        self._worker.start()
+
+    def _log(self, outcome: dict[str, Any]) -> None:
+        bmc = outcome["bmc"]
+        said = bmc.get("reason") or bmc["state"]
+        if said == self._said:
+            return
+        self._said = said
+        if bmc["state"] == "up":
+            log.info("BMC %s: chassis power %g W (%s)", self._settings.redfish, outcome["node_power_watts"], bmc["resource"])
+        else:
+            log.warning("BMC %s down: %s; the node's draw is its GPUs' and CPUs' readings", self._settings.redfish, bmc["reason"])
+
+
+def _down(reason: str) -> dict[str, Any]:
+    reason = " ".join(reason.split())  # one line: the protocol refuses control characters
+    if len(reason) > MAX_BMC_REASON_LENGTH:
+        reason = reason[: MAX_BMC_REASON_LENGTH - 1] + "…"
+    return {"bmc": {"state": "down", "reason": reason}}
