@@ -86,8 +86,8 @@ def test_an_unknown_token_is_refused(anon_api):
         (lambda hb: hb.__setitem__("replicas", [{"id": 1, "state": "sleeping"}]),
          "replicas[0].state: unknown state 'sleeping'; states are failed, ready, starting, stopping"),
         (lambda hb: hb["sensors"].__setitem__("fan_rpm", 3000),
-         "sensors.fan_rpm: unknown field; sensors takes cpu_power_watts, cpu_temperature_celsius, gpus, "
-         "inlet_temperature_celsius, replicas"),
+         "sensors.fan_rpm: unknown field; sensors takes bmc, cpu_power_watts, cpu_temperature_celsius, gpus, "
+         "inlet_temperature_celsius, node_power_watts, power_source, replicas"),
     ],
 )
 def test_a_bad_heartbeat_is_refused_naming_the_field_and_nothing_stored(node_client, mutate, detail):
