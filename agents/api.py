@@ -69,7 +69,8 @@ def node_detail(node: Node) -> dict:
     replicas = placement_selectors.gpu_replica_ids(node_id=node.pk)
     body.update(
         {
-            "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
+            "labels": selectors.node_label_sources(node.name, node.agent_labels or {}, node.labels),
+            "location_conflicts": node.location_conflicts or [],
             "cpu_cores": node.cpu_cores,
             "memory_gib": node.memory_gib,
             "cordon_reason": node.cordon_reason or None,
@@ -185,11 +186,13 @@ class HeartbeatView(APIView):
             raise PermissionDenied(
                 f"node: this token belongs to {request.user.node_name!r}; it cannot write {heartbeat['node']!r}"
             )
+        # Readings beyond what the node can draw are dropped and named, the rest of the heartbeat kept.
+        heartbeat, warnings = readings.plausible_heartbeat(heartbeat)
         services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat)
         # From the map of every node's assignments, read at most once a second (and at once after a
         # placement change in this process): the answer the fast lane gives too.
         replicas = readings.assignments(heartbeat["node"])
         return Response(
-            readings.answer_for(heartbeat["node"], heartbeat.get("interval_seconds", 10), replicas),
+            readings.answer_for(heartbeat["node"], heartbeat.get("interval_seconds", 10), replicas, warnings),
             status=status.HTTP_200_OK,
         )

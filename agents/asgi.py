@@ -107,6 +107,10 @@ class HeartbeatFastLane:
         replicas = readings.cached_assignments(node_name)
         if replicas is None:
             return None
+        checked = readings.plausible_heartbeat(heartbeat, on_event_loop=True)
+        if checked is None:
+            return None
+        heartbeat, warnings = checked
         from agents.services import measured_watts, report_digest
 
         sensors = heartbeat.get("sensors") or {}
@@ -120,7 +124,7 @@ class HeartbeatFastLane:
             on_event_loop=True,
         ):
             return None
-        return readings.answer_for(node_name, heartbeat.get("interval_seconds", 10), replicas)
+        return readings.answer_for(node_name, heartbeat.get("interval_seconds", 10), replicas, warnings)
 
 
 def _header(scope, name: bytes) -> str:

@@ -82,6 +82,9 @@ def nodes(args) -> int:
         [[r["name"], r["state"], f"{r['gpus']['free']}/{r['gpus']['total']}", r["condition"], location_words(r["location"])]
          for r in rows],
     )
+    for r in rows:
+        for warning in r.get("warnings") or ():  # an older server's rows have none
+            print(f"warning: {r['name']}: {warning}")
     return 0
 
 

@@ -28,6 +28,14 @@ GPU_GAUGES = (
     ("llmgw_gpu_power_limit_watts", "power_limit_watts", "GPU enforced power limit, watts."),
 )
 THROTTLED_DOC = "1 while the reason holds the GPU's clocks down, 0 for the other reasons it reports."
+IMPLAUSIBLE_DOC = (
+    "Readings of the node's last heartbeat dropped as more than it can draw (its inventory's limits); "
+    "no series: none."
+)
+CONFLICTS_DOC = (
+    "Location labels its agent sends that are not taken (the level is the store's: facility.location_from) "
+    "and differ from the store's; no series: none."
+)
 NODE_GAUGES = (
     ("llmgw_node_cpu_temperature_celsius", "cpu_temperature_celsius", "Hottest CPU package (hwmon), degrees Celsius."),
     ("llmgw_node_cpu_power_watts", "cpu_power_watts", "CPU packages' power (RAPL), watts."),
@@ -84,15 +92,23 @@ def node_sensors_text() -> str:
     gpu_samples: dict[str, list[str]] = {key: [] for _, key, _ in GPU_GAUGES}
     throttled: list[str] = []
     node_samples: dict[str, list[str]] = {key: [] for _, key, _ in NODE_GAUGES}
+    implausible: list[str] = []
+    conflicts: list[str] = []
     rows = (
         Node.objects.filter(last_heartbeat_at__isnull=False)
         .order_by("name")
-        .values_list("name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors")
+        .values_list("name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors", "location_conflicts")
     )
-    for name, last_at, interval, sensors in rows:
+    for name, last_at, interval, sensors, location_conflicts in rows:
         if not heartbeat_is_fresh(last_at, interval, now) or not isinstance(sensors, dict):
             continue  # not ready: its readings are stale, so no series
         node = _label(name)
+        # Series only for a node flagged (as an absent reading is an absent series): `> 0` alerts alike.
+        dropped = sensors.get("implausible")
+        if isinstance(dropped, list) and dropped:
+            implausible.append(f'{{node="{node}"}} {float(len(dropped))!r}')
+        if isinstance(location_conflicts, list) and location_conflicts:
+            conflicts.append(f'{{node="{node}"}} {float(len(location_conflicts))!r}')
         for key, samples in node_samples.items():
             value = _value(sensors.get(key))
             if value is not None:
@@ -112,6 +128,8 @@ def node_sensors_text() -> str:
     families = [_family(name, doc, gpu_samples[key]) for name, key, doc in GPU_GAUGES]
     families.append(_family("llmgw_gpu_throttled", THROTTLED_DOC, throttled))
     families += [_family(name, doc, node_samples[key]) for name, key, doc in NODE_GAUGES]
+    families.append(_family("llmgw_node_implausible_readings", IMPLAUSIBLE_DOC, implausible))
+    families.append(_family("llmgw_node_location_conflicts", CONFLICTS_DOC, conflicts))
     return "".join(families)
 
 

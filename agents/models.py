@@ -82,6 +82,11 @@ class Node(models.Model):
     memory_gib = models.FloatField(default=0)
     agent_labels = models.JSONField(default=dict, blank=True, help_text="Labels from the node's agent.yaml.")
     labels = models.JSONField(default=dict, blank=True, help_text="Effective labels: the store's over the agent's.")
+    location_conflicts = models.JSONField(
+        default=list, blank=True,
+        help_text="What the agent says of the node's location that is ignored, the level being the store's "
+        "(server.yaml facility.location_from), and the store says otherwise.",
+    )
     cordoned = models.BooleanField(default=False)
     cordon_reason = models.CharField(max_length=500, blank=True)
     draining = models.BooleanField(default=False, help_text="Drained: its replicas move out, replacement first.")

@@ -21,6 +21,8 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
+from agents.node.protocol import implausible_readings
+
 log = logging.getLogger(__name__)
 
 # 0: write in the request (tests). Short: the batch is built in a thread under the GIL the event loop needs,
@@ -337,13 +339,91 @@ def wanted_capping(node_name: str) -> dict | None:
     return _capping.get(node_name)
 
 
-def answer_for(node_name: str, interval: float, replicas: list[dict]) -> dict[str, Any]:
-    """The heartbeat answer: the node, its interval, its replicas and, when one is wanted, its capping."""
+def answer_for(
+    node_name: str, interval: float, replicas: list[dict], warnings: list[str] | None = None
+) -> dict[str, Any]:
+    """The heartbeat answer: the node, its interval, its replicas and, when one is wanted, its capping;
+    `warnings` when some of what the heartbeat said was not taken (implausible readings)."""
     answer: dict[str, Any] = {"node": node_name, "interval_seconds": interval, "replicas": replicas}
     capping = wanted_capping(node_name)
     if capping is not None:
         answer["capping"] = capping
+    if warnings:
+        answer["warnings"] = warnings
     return answer
+
+
+# -- plausibility of readings ----------------------------------------------------------------------------
+#
+# The draws the facility assumes of a card without a limit and of a node's own part (server.yaml's
+# gpu_watts and node_watts) judge whether a reading is one the node can draw; read through a function the
+# facility app registers (this layer may not import facility's models), kept DRAWS_SECONDS. The fast
+# lane, on the event loop, never reads them: past that age its heartbeat goes through Django's path,
+# which reads them again.
+DRAWS_SECONDS = 10.0
+_draws_reader: Callable[[], tuple[float | None, float | None]] | None = None
+_draws: tuple[tuple[float | None, float | None], float] | None = None  # (gpu_watts, node_watts), when read
+# The fields of each node's last dropped readings, so a log line says each change once, not every heartbeat.
+_implausible_fields: dict[str, frozenset[str]] = {}
+_implausible_lock = threading.Lock()
+
+
+def register_draws_reader(reader: Callable[[], tuple[float | None, float | None]] | None) -> None:
+    """Set the function that reads (gpu_watts, node_watts); None: nothing judged but each card's own limit."""
+    global _draws_reader
+    _draws_reader = reader
+    forget_draws()
+
+
+def forget_draws() -> None:
+    """The settings changed: read the draws again at the next heartbeat that needs them."""
+    global _draws
+    _draws = None
+
+
+def assumed_draws(*, on_event_loop: bool = False) -> tuple[float | None, float | None] | None:
+    """(gpu_watts, node_watts) as the facility assumes them; None on the event loop when not read lately."""
+    global _draws
+    held = _draws
+    if held is not None and time.monotonic() - held[1] < DRAWS_SECONDS:
+        return held[0]
+    if on_event_loop:
+        return None
+    draws = _draws_reader() if _draws_reader is not None else (None, None)
+    _draws = (draws, time.monotonic())
+    return draws
+
+
+def plausible_heartbeat(
+    heartbeat: Mapping[str, Any], *, on_event_loop: bool = False
+) -> tuple[Mapping[str, Any], list[str]] | None:
+    """The heartbeat with its readings beyond what its inventory can draw dropped, and why each was
+    (agents.node.protocol.implausible_readings); the node is flagged in the sensors it stores
+    (`implausible`: those sentences; absent when all was believed). The one check of both write paths,
+    the fast lane and Django's. None on the event loop when the facility's draws are not at hand."""
+    draws = assumed_draws(on_event_loop=on_event_loop)
+    if draws is None:
+        return None
+    sensors, dropped = implausible_readings(heartbeat, gpu_watts=draws[0], node_watts=draws[1])
+    _log_implausible(heartbeat["node"], dropped)
+    if not dropped:
+        return heartbeat, []
+    return {**heartbeat, "sensors": {**sensors, "implausible": dropped}}, dropped
+
+
+def _log_implausible(node_name: str, dropped: list[str]) -> None:
+    fields = frozenset(line.partition(":")[0] for line in dropped)
+    with _implausible_lock:
+        if _implausible_fields.get(node_name, frozenset()) == fields:
+            return
+        if fields:
+            _implausible_fields[node_name] = fields
+        else:
+            _implausible_fields.pop(node_name, None)
+    if dropped:
+        log.warning("node %s: implausible readings dropped: %s", node_name, "; ".join(dropped))
+    else:
+        log.info("node %s: its readings are plausible again", node_name)
 
 
 def register_assignments_provider(provider: Callable[..., dict[str, list[dict]]]) -> None:

@@ -3,6 +3,7 @@ are the facility's (:mod:`facility.nodes`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import Count, Prefetch, Q, QuerySet
@@ -16,15 +17,20 @@ def node_queryset() -> QuerySet[Node]:
     ).prefetch_related(Prefetch("domains", queryset=NodeDomain.objects.order_by("domain")))
 
 
-def node_label_sources(node_name: str, agent_labels: dict[str, str]) -> list[dict[str, Any]]:
-    """Each effective label with where it comes from: `store` (wins) or `agent`; `overrides` the agent's value."""
+def node_label_sources(
+    node_name: str, agent_labels: dict[str, str], labels: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Each label with where it comes from: `store` (wins) or `agent`, and `agent_value`; given the node's
+    effective ``labels``, an agent's label they leave out is `ignored` (its level is the store's:
+    facility.location_from)."""
     store = dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
     out = []
     for key in sorted(set(agent_labels) | set(store)):
         if key in store:
             out.append({"key": key, "value": store[key], "source": "store", "agent_value": agent_labels.get(key)})
         else:
-            out.append({"key": key, "value": agent_labels[key], "source": "agent", "agent_value": agent_labels[key]})
+            source = "ignored" if labels is not None and key not in labels else "agent"
+            out.append({"key": key, "value": agent_labels[key], "source": source, "agent_value": agent_labels[key]})
     return out
 
 

@@ -34,12 +34,20 @@ class NodeRowSerializer(serializers.Serializer):
     domains = serializers.ListField(child=serializers.CharField())
     fabric = serializers.CharField(allow_null=True)
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="what of its agent's word was not taken: location labels of store-only levels that differ from "
+        "the store's, readings more than the node can draw",
+    )
 
 
 class LabelSourceSerializer(serializers.Serializer):
     key = serializers.CharField()
     value = serializers.CharField()
-    source = serializers.ChoiceField(choices=["store", "agent"], help_text="store wins over agent")
+    source = serializers.ChoiceField(
+        choices=["store", "agent", "ignored"],
+        help_text="store wins over agent; ignored: the agent's, not taken (the level is the store's: location_from)",
+    )
     agent_value = serializers.CharField(allow_null=True)
 
 
@@ -61,7 +69,15 @@ class NodeDetailSerializer(NodeRowSerializer):
     memory_gib = serializers.FloatField(allow_null=True)
     cordon_reason = serializers.CharField(allow_null=True)
     gpu_list = GpuSerializer(many=True)
-    sensors = serializers.DictField(allow_null=True, help_text="the agent's last readings as it sent them")
+    sensors = serializers.DictField(
+        allow_null=True,
+        help_text="the agent's last readings as it sent them; `implausible`: those dropped, more than the node "
+        "can draw, their fields named",
+    )
+    location_conflicts = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="what the agent says of the location that is not taken: the level is the store's (location_from)",
+    )
     sensors_at = serializers.DateTimeField(allow_null=True)
     measured_watts = serializers.FloatField(allow_null=True)
     placed_watts = serializers.FloatField(allow_null=True)
@@ -173,3 +189,7 @@ class HeartbeatAnswerSerializer(serializers.Serializer):
     interval_seconds = serializers.FloatField()
     replicas = AssignmentSerializer(many=True)
     capping = CappingSerializer(required=False, help_text="absent: every GPU back to its defaults")
+    warnings = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="what of the heartbeat was not taken, its field named (readings beyond what the node can draw)",
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from django.db import transaction
@@ -13,8 +14,18 @@ from django.utils import timezone
 from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
 from agents.node.protocol import MAX_LABELS, is_node_name, node_name_problem
-from facility.domains import DomainError, domains_of, effective_labels, validate_label
+from facility.domains import (
+    LOCATION_KEYS,
+    DomainError,
+    agent_location_keys,
+    domains_of,
+    effective_labels,
+    location_conflicts,
+    validate_label,
+)
 from llmgw.errors import InvalidInput, NotFound
+
+log = logging.getLogger(__name__)
 
 
 def _nodes_changed(*node_names: str, heartbeat: bool = False) -> None:
@@ -29,20 +40,88 @@ def clean_node_name(name: Any, field: str = "node") -> str:
     return name
 
 
-def node_refresh_labels(node: Node) -> None:
-    """Recompute a node's effective labels and its domains from the agent's and the store's."""
-    store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
-    labels = effective_labels(node.agent_labels or {}, store)
-    domains = {str(d): d.level for d in domains_of(labels)}
+# server.yaml's facility.location_from, read through a function the facility app registers in its ready()
+# (this layer may not import facility's models); None until then: every location label from the agents.
+_location_from_reader: Callable[[], Mapping[str, str]] | None = None
+
+
+def register_location_from_reader(reader: Callable[[], Mapping[str, str]] | None) -> None:
+    """Set the function that reads facility.location_from ({level: "agents" | "store"})."""
+    global _location_from_reader
+    _location_from_reader = reader
+
+
+def trusted_location_keys() -> frozenset[str]:
+    """The location keys an agent's value is taken for (facility.location_from's `agents` levels)."""
+    if _location_from_reader is None:
+        return frozenset(LOCATION_KEYS)
+    return agent_location_keys(_location_from_reader())
+
+
+def node_refresh_labels(
+    node: Node, *, store: Mapping[str, str] | None = None, trusted: Collection[str] | None = None
+) -> bool:
+    """Recompute a node's effective labels, its domains and its location conflicts from the agent's labels,
+    the store's and which location keys are the agent's to say (facility.location_from); True when its
+    domains changed. ``store`` and ``trusted`` are read when not given."""
+    if store is None:
+        store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+    if trusted is None:
+        trusted = trusted_location_keys()
+    agent = node.agent_labels or {}
+    labels = effective_labels(agent, store, trusted)
+    conflicts = location_conflicts(agent, store, trusted)
+    changed = []
     if labels != node.labels:
         node.labels = labels
-        node.save(update_fields=["labels"])
+        changed.append("labels")
+    if conflicts != (node.location_conflicts or []):
+        # Logged once per change, not at every heartbeat: the node page and its API show them meanwhile.
+        if conflicts:
+            log.warning("node %s: %s", node.name, "; ".join(conflicts))
+        else:
+            log.info("node %s: its agent's location agrees with the store again", node.name)
+        node.location_conflicts = conflicts
+        changed.append("location_conflicts")
+    if changed:
+        node.save(update_fields=changed)
+    domains = {str(d): d.level for d in domains_of(labels)}
     current = set(node.domains.values_list("domain", flat=True))
-    if current != set(domains):
-        node.domains.exclude(domain__in=domains).delete()
-        NodeDomain.objects.bulk_create(
-            [NodeDomain(node=node, domain=d, level=lvl) for d, lvl in domains.items() if d not in current]
-        )
+    if current == set(domains):
+        return False
+    node.domains.exclude(domain__in=domains).delete()
+    NodeDomain.objects.bulk_create(
+        [NodeDomain(node=node, domain=d, level=lvl) for d, lvl in domains.items() if d not in current]
+    )
+    return True
+
+
+def nodes_refresh_labels() -> list[str]:
+    """Every node's effective labels again (facility.location_from changed); the names of the nodes whose
+    domains changed, which placement and the feeds' caps are told of.
+
+    Read first without locks; a node whose labels or conflicts change is then locked and refreshed in a
+    transaction of its own, as labels_set does (a heartbeat changing its agent's labels meanwhile is not
+    overwritten), so the fleet is never locked whole."""
+    trusted = trusted_location_keys()
+    store: dict[str, dict[str, str]] = {}
+    for name, key, value in StoreLabel.objects.values_list("node_name", "key", "value"):
+        store.setdefault(name, {})[key] = value
+    moved = []
+    for node in Node.objects.only("id", "name", "agent_labels", "labels", "location_conflicts").order_by("name"):
+        agent, own = node.agent_labels or {}, store.get(node.name, {})
+        if effective_labels(agent, own, trusted) == node.labels and location_conflicts(
+            agent, own, trusted
+        ) == (node.location_conflicts or []):
+            continue
+        with transaction.atomic():
+            locked = Node.objects.select_for_update().filter(pk=node.pk).first()
+            if locked is not None and node_refresh_labels(locked, trusted=trusted):
+                moved.append(locked.name)
+                _notify(locked.name)
+    if moved:
+        _nodes_changed(*moved)
+    return moved
 
 
 def labels_check(*, changes: Mapping[str, str | None]) -> None:

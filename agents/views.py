@@ -318,8 +318,10 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),
+        # What the last heartbeat read that the node cannot draw (agents.readings.plausible_heartbeat).
+        "implausible": sensors.get("implausible") or [],
         "shards": list(shards),
-        "labels": selectors.node_label_sources(node.name, node.agent_labels or {}),
+        "labels": selectors.node_label_sources(node.name, node.agent_labels or {}, node.labels),
         "age": reading_age(node),
         "measured_kw": kw(node.measured_watts) if node.measured_watts is not None else None,
         "placed_kw": kw(placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0)),

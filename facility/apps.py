@@ -19,6 +19,17 @@ class FacilityConfig(AppConfig):
         from facility.models import FacilitySettings
 
         register_measured_window_reader(measured_window_configured)
+        # facility.location_from, for the nodes layer's effective labels; the draws assumed of a card and of a
+        # node, for the plausibility of its readings (kept a few seconds: forgotten when the row is saved).
+        from agents import readings
+        from agents.services import register_location_from_reader
+
+        register_location_from_reader(location_from_configured)
+        readings.register_draws_reader(draws_configured)
+        post_save.connect(
+            lambda **_: readings.forget_draws(), sender=FacilitySettings, weak=False,
+            dispatch_uid="facility-draws-forget",
+        )
         post_save.connect(
             lambda **_: forget_measured_window(), sender=FacilitySettings, weak=False,
             dispatch_uid="facility-measured-window-forget",
@@ -30,3 +41,24 @@ def measured_window_configured() -> float | None:
     from facility.models import FacilitySettings
 
     return FacilitySettings.objects.filter(pk=1).values_list("measured_window_seconds", flat=True).first()
+
+
+def location_from_configured() -> dict[str, str]:
+    """facility.location_from from the settings row: {level: "agents" | "store"} (all agents: not set)."""
+    from facility.domains import parse_location_from
+    from facility.models import FacilitySettings
+
+    stored = FacilitySettings.objects.filter(pk=1).values_list("location_from", flat=True).first()
+    return parse_location_from(stored or None)
+
+
+def draws_configured() -> tuple[float | None, float | None]:
+    """(gpu_watts, node_watts) from the settings row (made now with its defaults if it is not yet: made
+    later, its saving would forget what this read)."""
+    from facility.models import FacilitySettings
+
+    row = FacilitySettings.objects.filter(pk=1).values_list("gpu_watts", "node_watts").first()
+    if row is None:
+        settings = FacilitySettings.load()
+        return settings.gpu_watts, settings.node_watts
+    return row

@@ -7,9 +7,11 @@ from a node's effective labels, never declared. Names are taken as given.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from facility.conditions import ConfigError
 from llmgw.errors import InvalidInput
 
 # A leg is one phase of a three-phase PDU's feed (``leg:<pdu>.A``): it trips alone, so it is budgeted alone.
@@ -121,11 +123,66 @@ def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:
     return tuple(found)
 
 
-def effective_labels(agent: Mapping[str, str], store: Mapping[str, str]) -> dict[str, str]:
-    """The store's labels win over the agent's."""
-    merged = dict(agent)
+def effective_labels(
+    agent: Mapping[str, str], store: Mapping[str, str], trusted: Collection[str] = LOCATION_KEYS
+) -> dict[str, str]:
+    """The store's labels win over the agent's; an agent's location label whose key is not in ``trusted``
+    (facility.location_from takes that level from the store) is not taken at all."""
+    merged = {key: value for key, value in agent.items() if key in trusted or key not in _LOCATION_KEY_SET}
     merged.update(store)
     return merged
+
+
+# -- facility.location_from: whose word a node's location is, level by level --------------------------------
+
+LOCATION_SOURCES: tuple[str, ...] = ("agents", "store")
+_LOCATION_KEY_SET = frozenset(LOCATION_KEYS)
+
+
+def parse_location_from(raw: Any) -> dict[str, str]:
+    """server.yaml's facility.location_from as ``{level: "agents" | "store"}`` over every level.
+
+    ``agents`` (the default; null too) takes each node's location from its agent unless the store has a
+    value; ``store`` takes it from the store alone, whatever the agent says (a node's token can then not
+    move its node into another rack); a mapping says it per level (``{rack: store, pdu: store}``), the
+    levels it does not name from the agents. A wrong value raises ConfigError with its path.
+    """
+    if raw is None or raw in LOCATION_SOURCES:
+        return dict.fromkeys(LEVELS, raw or "agents")
+    if not isinstance(raw, Mapping):
+        raise ConfigError((), f"agents, store, or a mapping of level to agents or store; not {raw!r}")
+    levels = dict.fromkeys(LEVELS, "agents")
+    for level, source in raw.items():
+        if level not in LEVELS:
+            raise ConfigError((str(level),), f"unknown level; levels are {', '.join(LEVELS)}")
+        if source not in LOCATION_SOURCES:
+            raise ConfigError((level,), f"agents or store, not {source!r}")
+        levels[level] = source
+    return levels
+
+
+def agent_location_keys(location_from: Mapping[str, str]) -> frozenset[str]:
+    """The location keys whose agent's value is taken (``location_from`` as parse_location_from gives it;
+    a level it does not name comes from the agents)."""
+    return frozenset(LABEL_PREFIX + level for level in LEVELS if location_from.get(level, "agents") == "agents")
+
+
+def location_conflicts(
+    agent: Mapping[str, str], store: Mapping[str, str], trusted: Collection[str] = LOCATION_KEYS
+) -> list[str]:
+    """What a node's agent says of its location that is not taken because the level comes from the store
+    (a key not in ``trusted``) and the store says otherwise, or nothing: one sentence per key."""
+    conflicts = []
+    for key in LOCATION_KEYS:
+        said = agent.get(key)
+        if key in trusted or said is None or said == store.get(key):
+            continue
+        level = key.removeprefix(LABEL_PREFIX)
+        has = f"the store says {store[key]}" if key in store else f"the store has no {level}"
+        conflicts.append(
+            f"{key}: the agent says {said}, {has}; the agent's value is ignored (location_from: {level}: store)"
+        )
+    return conflicts
 
 
 def location_text(labels: Mapping[str, str], levels: Iterable[str] = LEVELS) -> str:

@@ -58,6 +58,9 @@ class FacilitySettings(models.Model):
         null=True, blank=True, validators=[MinValueValidator(60.0), MaxValueValidator(86400.0)],
         help_text="A node's measured draw is its highest reading of this window (blank: LLMGW_MEASURED_WINDOW_SECONDS).",
     )
+    # facility.location_from as {level: "agents" | "store"} (facility.domains.parse_location_from); empty:
+    # every level from the agents.
+    location_from = models.JSONField(default=dict, blank=True)
     # facility.shedding and facility.capping (facility.response parses them again when read).
     shedding = models.JSONField(default=dict, blank=True)
     capping = models.JSONField(default=dict, blank=True)

@@ -60,7 +60,15 @@ class NodeRow:
             "fabric": self.node.fabric or None,
             "condition": self.condition,
             "last_heartbeat_at": self.node.last_heartbeat_at.isoformat() if self.node.last_heartbeat_at else None,
+            "warnings": self.warnings,
         }
+
+    @property
+    def warnings(self) -> list[str]:
+        """What of its agent's word was not taken: location labels of levels that are the store's and
+        differ from it, and readings more than it can draw (its last heartbeat's)."""
+        sensors = self.node.sensors if isinstance(self.node.sensors, dict) else {}
+        return [*(self.node.location_conflicts or []), *(sensors.get("implausible") or [])]
 
 
 def held_domains() -> dict[str, Hold]:

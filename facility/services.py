@@ -16,7 +16,7 @@ from django.utils import timezone
 from agents.node.protocol import value_shown
 from facility import feed_services, power
 from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
-from facility.domains import LABEL_PREFIX, LEVELS, MULTI_KEYS, DomainError, parse_domain
+from facility.domains import LABEL_PREFIX, LEVELS, MULTI_KEYS, DomainError, parse_domain, parse_location_from
 from facility.models import (
     Budget,
     ConditionEvent,
@@ -155,7 +155,10 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
-    known = (*SETTINGS_KEYS, "measured_window", "budgets", "conditions", "sources", "feeds", "shedding", "capping")
+    known = (
+        *SETTINGS_KEYS, "measured_window", "location_from", "budgets", "conditions", "sources", "feeds", "shedding",
+        "capping",
+    )
     for key in block:
         if key not in known:
             raise doc.error(("facility", key), f"unknown key; facility takes: {', '.join(known)}")
@@ -170,6 +173,8 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
         raise doc.error(("facility", exc.field.split(".")[-1]), exc.message.split(": ", 1)[1]) from exc
     if "measured_window" in block:
         values["measured_window_seconds"] = _measured_window(doc, block["measured_window"])
+    if "location_from" in block:
+        values["location_from"] = _parse_block(doc, "location_from", parse_location_from)
     budgets_raw = block.get("budgets") or []
     if not isinstance(budgets_raw, list):
         raise doc.error(("facility", "budgets"), "must be a list of {domain, cap_watts, other_watts}")
@@ -255,11 +260,17 @@ def facility_apply(
     # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
     feeds = feed_services.feeds_parse(doc, block["feeds"] or []) if isinstance(block, dict) and "feeds" in block else None
     settings = FacilitySettings.load()
+    location_from = parse_location_from(settings.location_from or None)
     for key, value in values.items():
         setattr(settings, key, value)
     if values:
         settings.source = Source.FILE
         settings.save()
+    if "location_from" in values and values["location_from"] != location_from:
+        # Whose word each level is changed: every node's effective labels again (its domains, its conflicts).
+        from agents.services import nodes_refresh_labels
+
+        nodes_refresh_labels()
     if scenario is not None:
         scenario_start(data=scenario, speed=parse_sources_config(values["sources"]).simulated_speed, keep=True)
     created = updated = 0

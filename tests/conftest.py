@@ -138,6 +138,7 @@ def _heartbeat_readings_written_at_once():
     from agents.models import forget_measured_window
 
     forget_measured_window()  # a rolled-back settings row from an earlier test is not cached
+    readings.forget_draws()  # nor its draws, which judge whether readings are plausible
     readings.invalidate_assignments()
     _forget_sensor_updates()
     yield

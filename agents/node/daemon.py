@@ -153,6 +153,7 @@ class Agent:
         self._clock = clock
         self._problem: str | None = None
         self._capping_problem: str | None = None
+        self._warnings = ""  # the last answer's warnings, logged when they change
         self._client = client or httpx.Client(
             timeout=min(MAX_INTERVAL_SECONDS, max(2.0, config.interval_seconds)),
             headers={"User-Agent": f"llmgw-agent/{AGENT_VERSION}"},
@@ -272,6 +273,7 @@ class Agent:
         ):
             logger.info("heartbeat interval set to %g s by the control plane", interval)
             self.interval = float(interval)
+        self._answer_warnings(answer.get("warnings"))
         self._apply_capping(answer.get("capping"))
         replicas = answer.get("replicas")
         if not isinstance(replicas, list):
@@ -284,6 +286,14 @@ class Agent:
         except Exception:
             logger.exception("applying the assigned replicas failed; will try again with the next answer")
         return True
+
+    def _answer_warnings(self, raw: object) -> None:
+        """What the control plane did not take of the heartbeat (readings more than the node can draw):
+        logged once per change, not every beat."""
+        text = "; ".join(w for w in raw if isinstance(w, str)) if isinstance(raw, list) else ""
+        if text and text != self._warnings:
+            logger.warning("heartbeat answer: %s", text)
+        self._warnings = text
 
     def _apply_capping(self, raw: object) -> None:
         """Hold the GPUs at the answer's capping block (their defaults when it has none).

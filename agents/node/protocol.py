@@ -443,6 +443,94 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
     return out
 
 
+# -- plausibility: readings beyond what the node's inventory can draw -------------------------------------
+#
+# A reading inside its field's bounds may still be more than the node can draw: a card reading 5 kW with
+# a 700 W limit, a card the inventory does not list, CPUs adding more than the node's own part. Such a
+# reading is dropped (absent, never 0) and named, not the heartbeat: its labels, inventory and replica
+# states are kept; the node is flagged in its sensors (`implausible`) and the answer carries the warnings.
+
+# A card's reading is believed up to READING_MARGIN × its limit + READING_SLACK_WATTS: its averaged power
+# overshoots the limit for a moment, and a card just capped may still read near its old limit. A node's
+# whole draw (its cards' and CPUs' readings, or its BMC's figure) up to NODE_READING_MARGIN × (its cards'
+# limits + node_watts) + READING_SLACK_WATTS: node_watts is the facility's estimate of its own part, and
+# a chassis at full load draws more besides (NVSwitches, fans, PSU losses: an HGX H100 board's 10.2 kW
+# against 8 × 700 W of cards), so its bound is loose; a node's figure past twice that is no reading.
+READING_MARGIN = 1.25
+NODE_READING_MARGIN = 2.0
+READING_SLACK_WATTS = 50.0
+
+
+def implausible_readings(
+    heartbeat: Mapping[str, Any], *, gpu_watts: float | None, node_watts: float | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The (validated) heartbeat's sensors without the power readings beyond what its inventory can draw,
+    and why each was dropped, its field named; the sensors as they were when nothing is.
+
+    A GPU's `power_watts` is judged against its limit: the inventory's (``gpu_watts``, the facility's
+    figure of a card, where it lists none), or the card's own default limit where the agent reports a
+    larger one (a capped card's limit is lowered before its draw follows). A GPU the inventory does not
+    list draws nothing. The node's whole draw, its GPUs' readings and `cpu_power_watts` (the CPU reading
+    goes first, then the GPUs' if they alone are past it), or its BMC's `node_power_watts` (it goes, with
+    its `power_source`), is judged against its cards' limits and ``node_watts`` (the facility's figure of
+    a node's own draw). A limit nobody knows judges nothing.
+    """
+    sensors = heartbeat.get("sensors") or {}
+    defaults = {g["index"]: g.get("default_power_limit_watts") for g in sensors.get("gpus") or []}
+    limits: dict[int, float | None] = {}
+    for card in (heartbeat.get("inventory") or {}).get("gpus") or []:
+        figures = [w for w in (card.get("power_limit_watts") or gpu_watts, defaults.get(card["index"])) if w]
+        limits[card["index"]] = max(figures) if figures else None
+    dropped: list[str] = []
+    gpus = []
+    for i, gpu in enumerate(sensors.get("gpus") or []):
+        watts, index = gpu.get("power_watts"), gpu["index"]
+        problem = None
+        if watts is not None and index not in limits:
+            problem = f"{watts:g} W from GPU {index}, which the inventory does not list"
+        elif watts is not None and (limit := limits[index]) is not None:
+            most = limit * READING_MARGIN + READING_SLACK_WATTS
+            if watts > most:
+                problem = (
+                    f"{watts:g} W is more than GPU {index} can draw (its limit is {limit:g} W; up to {most:g} W is "
+                    "believed)"
+                )
+        if problem is not None:
+            dropped.append(f"sensors.gpus[{i}].power_watts: {problem}; dropped")
+            gpu = {k: v for k, v in gpu.items() if k != "power_watts"}
+        gpus.append(gpu)
+    gone: set[str] = set()
+    known = [limit for limit in limits.values() if limit is not None]
+    if node_watts is not None and len(known) == len(limits):
+        most = (sum(known) + node_watts) * NODE_READING_MARGIN + READING_SLACK_WATTS
+        can = f"{sum(known):g} W of its cards' limits, {node_watts:g} W of its own; up to {most:g} W is believed"
+        gpu_total = sum(g["power_watts"] for g in gpus if g.get("power_watts") is not None)
+        cpu = sensors.get("cpu_power_watts")
+        if cpu is not None and gpu_total + cpu > most:
+            dropped.append(
+                f"sensors.cpu_power_watts: {cpu:g} W puts the node at {gpu_total + cpu:g} W, more than it can "
+                f"draw ({can}); dropped"
+            )
+            gone.add("cpu_power_watts")
+        if gpu_total > most:
+            dropped.append(
+                f"sensors.gpus[].power_watts: {gpu_total:g} W in all is more than the node can draw ({can}); dropped"
+            )
+            gpus = [{k: v for k, v in g.items() if k != "power_watts"} for g in gpus]
+        chassis = sensors.get("node_power_watts")
+        if chassis is not None and chassis > most:
+            dropped.append(
+                f"sensors.node_power_watts: {chassis:g} W is more than the node can draw ({can}); dropped"
+            )
+            gone |= {"node_power_watts", "power_source"}  # they come together
+    if not dropped:
+        return sensors, []
+    kept = {key: value for key, value in sensors.items() if key not in gone}
+    if "gpus" in sensors:
+        kept["gpus"] = gpus
+    return kept, dropped
+
+
 # -- capping: GPU power limits and locked clocks ---------------------------------------------------------
 #
 # The heartbeat ANSWER may carry a `capping` block; the agent applies it through NVML and reports what
