@@ -28,14 +28,9 @@ GPU_GAUGES = (
     ("llmgw_gpu_power_limit_watts", "power_limit_watts", "GPU enforced power limit, watts."),
 )
 THROTTLED_DOC = "1 while the reason holds the GPU's clocks down, 0 for the other reasons it reports."
-IMPLAUSIBLE_DOC = (
-    "Readings of the node's last heartbeat dropped as more than it can draw (its inventory's limits); "
-    "no series: none."
-)
-CONFLICTS_DOC = (
-    "Location labels its agent sends that are not taken (the level is the store's: facility.location_from) "
-    "and differ from the store's; no series: none."
-)
+# Flags of a node, a series only while it is flagged (each doc one literal: the docs' metrics page reads it).
+IMPLAUSIBLE_GAUGE = ("llmgw_node_implausible_readings", "Readings of its last heartbeat dropped: more than it can draw.")
+CONFLICTS_GAUGE = ("llmgw_node_location_conflicts", "Location labels its agent sends that the store's levels overrule.")
 NODE_GAUGES = (
     ("llmgw_node_cpu_temperature_celsius", "cpu_temperature_celsius", "Hottest CPU package (hwmon), degrees Celsius."),
     ("llmgw_node_cpu_power_watts", "cpu_power_watts", "CPU packages' power (RAPL), watts."),
@@ -128,8 +123,8 @@ def node_sensors_text() -> str:
     families = [_family(name, doc, gpu_samples[key]) for name, key, doc in GPU_GAUGES]
     families.append(_family("llmgw_gpu_throttled", THROTTLED_DOC, throttled))
     families += [_family(name, doc, node_samples[key]) for name, key, doc in NODE_GAUGES]
-    families.append(_family("llmgw_node_implausible_readings", IMPLAUSIBLE_DOC, implausible))
-    families.append(_family("llmgw_node_location_conflicts", CONFLICTS_DOC, conflicts))
+    families.append(_family(*IMPLAUSIBLE_GAUGE, implausible))
+    families.append(_family(*CONFLICTS_GAUGE, conflicts))
     return "".join(families)
 
 
