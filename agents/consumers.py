@@ -279,13 +279,14 @@ class FacilityConsumer(FilteredPageConsumer):
 
 
 class ModelsConsumer(FilteredPageConsumer):
-    """The Models page's socket: every model's replicas, states and pending summaries rendered again when
-    placement changes."""
+    """The Models page's socket (and a model's page's): the models of the page the browser shows (its
+    filter: ``q`` and ``page``, or ``model``), with their replicas, states and pending reasons, rendered
+    again when placement changes."""
 
     def html(self) -> str:
         from placement.views import models_context
 
-        return render_to_string("placement/_models.html", {**models_context(), "oob": True})
+        return render_to_string("placement/_models.html", {**models_context(self.params()), "oob": True})
 
 
 def placement_changed_receiver(**_: object) -> None:

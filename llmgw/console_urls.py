@@ -23,5 +23,6 @@ urlpatterns = [
     path("facility/holds/release", facility_views.hold_release, name="facility-release"),
     path("facility/what-if", facility_views.what_if_preview, name="facility-what-if"),
     path("models/", placement_views.model_list, name="model-list"),
+    path("models/<str:name>/", placement_views.model_detail, name="model-detail"),
     path("models/<str:name>/headroom", placement_views.model_headroom, name="model-headroom"),
 ]

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
+from placement.causes import nofit_causes
 from placement.planner import NoFit, Plan, reasons_grouped
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,11 @@ def placed_explain(plan: Plan, *, attempts: int, conflicts: list[str]) -> dict[s
 
 
 def pending_explain(nofit: NoFit) -> dict[str, Any]:
-    """What a pending replica keeps: the summary and the first node reasons."""
+    """What a pending replica keeps: the summary, its causes in a facility team's words (every node's
+    rejection counted, not only the summary's first groups) and the first node reasons."""
     return {
         "summary": nofit.summary,
+        "causes": nofit_causes(nofit.rejections),
         "nodes_checked": len(nofit.rejections),
         "rejections": [{"node": n, "reason": r} for n, r in islice(nofit.rejections.items(), KEPT_REJECTIONS)],
     }

@@ -9,7 +9,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from llmgw.errors import NotFound
@@ -82,15 +83,16 @@ UNREACHABLE = "unreachable"  # shown, never stored: a replica on a node that sto
 def unreachable_replicas(replica_ids: Iterable[int] | None = None) -> dict[int, list[str]]:
     """Replica id → its nodes that are not ready. Its stored state is the agent's last word, and an agent
     that went quiet says nothing more: such a replica may be serving or may be gone."""
-    from agents.models import Node
+    from agents.models import Node, heartbeat_is_fresh
 
     now = timezone.now()
+    # Plain values, not nodes: a thousand nodes with shards, read on every Models page and live update.
     quiet = {
-        n.pk: n.name
-        for n in Node.objects.filter(shards__isnull=False).distinct().only(
-            "name", "last_heartbeat_at", "heartbeat_interval_seconds"
-        )
-        if not n.is_ready(now)
+        pk: name
+        for pk, name, at, interval in Node.objects.filter(shards__isnull=False)
+        .distinct()
+        .values_list("pk", "name", "last_heartbeat_at", "heartbeat_interval_seconds")
+        if not heartbeat_is_fresh(at, interval, now)
     }
     if not quiet:
         return {}
@@ -169,16 +171,22 @@ def _model_dict(model: Model, states: Counter, efficiency: dict[str, list] | Non
     }
 
 
-def model_rows() -> list[dict[str, Any]]:
-    """Every model with its desired, placed, ready and pending replica counts and its profile."""
+def model_rows(names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Every model (only the named ones, when given) with its desired, placed, ready and pending replica
+    counts and its profile."""
+    models = Model.objects.order_by("name")
+    replicas = Replica.objects.all()
+    if names is not None:
+        models = models.filter(name__in=list(names))
+        replicas = replicas.filter(model__in=models)
     states: dict[int, Counter] = defaultdict(Counter)
     unreachable = unreachable_replicas()
-    for replica_id, model_id, state in Replica.objects.values_list("id", "model_id", "state"):
+    for replica_id, model_id, state in replicas.values_list("id", "model_id", "state"):
         states[model_id][shown_state(state, replica_id, unreachable)] += 1
     from placement.throughput import efficiency_rows
 
     efficiency = efficiency_rows()
-    return [_model_dict(m, states[m.pk], efficiency) for m in Model.objects.order_by("name")]
+    return [_model_dict(m, states[m.pk], efficiency) for m in models]
 
 
 def model_detail(name: str) -> dict[str, Any]:
@@ -194,6 +202,37 @@ def model_detail(name: str) -> dict[str, Any]:
     return body
 
 
+def _explained(
+    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]]
+) -> dict[str, Any]:
+    """A replica with what it kept of why it is where it is (placed) or why it waits (pending)."""
+    kept = replica.explain or {}
+    row = _replica_dict(replica, model_name, shards, unreachable)
+    if replica.state == ReplicaState.PENDING:
+        row.update(
+            {
+                "summary": replica.reason or kept.get("summary") or "not planned yet",
+                "causes": kept.get("causes", []),
+                "nodes_checked": kept.get("nodes_checked"),
+                "rejections": kept.get("rejections", []),
+                "conflicts": kept.get("conflicts", []),
+            }
+        )
+    else:
+        row.update(
+            {
+                "why": kept.get("why"),
+                "notes": kept.get("notes", []),
+                "summary": kept.get("summary") or None,
+                "passed_over": kept.get("passed_over", 0),
+                "rejections": kept.get("rejections", []),
+                "attempts": kept.get("attempts"),
+                "conflicts": kept.get("conflicts", []),
+            }
+        )
+    return row
+
+
 def model_explain(name: str) -> dict[str, Any]:
     """For each replica its node(s) and why, and the rejections kept when it was placed; for a pending
     one the summary of why no node fits."""
@@ -201,32 +240,7 @@ def model_explain(name: str) -> dict[str, Any]:
     replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
-    out = []
-    for replica in replicas:
-        kept = replica.explain or {}
-        row = _replica_dict(replica, model.name, shards.get(replica.pk, []), unreachable)
-        if replica.state == ReplicaState.PENDING:
-            row.update(
-                {
-                    "summary": replica.reason or kept.get("summary") or "not planned yet",
-                    "nodes_checked": kept.get("nodes_checked"),
-                    "rejections": kept.get("rejections", []),
-                    "conflicts": kept.get("conflicts", []),
-                }
-            )
-        else:
-            row.update(
-                {
-                    "why": kept.get("why"),
-                    "notes": kept.get("notes", []),
-                    "summary": kept.get("summary") or None,
-                    "passed_over": kept.get("passed_over", 0),
-                    "rejections": kept.get("rejections", []),
-                    "attempts": kept.get("attempts"),
-                    "conflicts": kept.get("conflicts", []),
-                }
-            )
-        out.append(row)
+    out = [_explained(replica, model.name, shards.get(replica.pk, []), unreachable) for replica in replicas]
     counts = Counter(r.state for r in replicas)
     return {
         "model": model.name,
@@ -236,6 +250,60 @@ def model_explain(name: str) -> dict[str, Any]:
         "profile": profile_dict(model),
         "replicas": out,
     }
+
+
+def models_shown(names: Iterable[str], *, offset: int = 0, limit: int = 10) -> dict[str, dict[str, Any]]:
+    """What the console shows of each named model, however many replicas it has: its replicas that are not
+    pending from ``offset`` (at most ``limit``, each explained) and how many there are, and its pending
+    replicas grouped by their reason to wait (they ask the planner the same question, so most share one):
+    each group's reason, count, first and last ordinal, and the explain the first of them kept."""
+    models = {m.name: m for m in Model.objects.filter(name__in=list(names))}
+    listed = Replica.objects.filter(model__in=list(models.values())).exclude(state=ReplicaState.PENDING)
+    others = dict(listed.values("model_id").annotate(n=Count("id")).values_list("model_id", "n"))
+    shown: dict[int, list[Replica]] = defaultdict(list)
+    if limit > 0 and models:
+        # Each model's slice in one query: its replicas numbered by ordinal, the page's numbers kept.
+        numbered = listed.annotate(
+            number=Window(RowNumber(), partition_by=[F("model_id")], order_by=F("ordinal").asc())
+        ).filter(number__gt=offset, number__lte=offset + limit)
+        for replica in numbered.order_by("model_id", "ordinal"):
+            shown[replica.model_id].append(replica)
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    waiting = (
+        Replica.objects.filter(model__in=list(models.values()), state=ReplicaState.PENDING)
+        .values("model_id", "reason")
+        .annotate(count=Count("id"), first=Min("ordinal"), last=Max("ordinal"))
+        .order_by("model_id", "-count", "first")
+    )
+    for group in waiting:
+        groups[group["model_id"]].append(group)
+    firsts = Q(pk__in=[])
+    for model_id, found in groups.items():
+        for group in found:
+            firsts |= Q(model_id=model_id, ordinal=group["first"])
+    first_replicas = {(r.model_id, r.ordinal): r for r in Replica.objects.filter(firsts)} if groups else {}
+    every = [r for rows in shown.values() for r in rows]
+    shards = _shards_by_replica(every)
+    unreachable = unreachable_replicas([r.pk for r in every]) if every else {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, model in models.items():
+        pending = []
+        for group in groups.get(model.pk, []):
+            first = first_replicas[(model.pk, group["first"])]
+            pending.append(
+                {
+                    "count": group["count"],
+                    "first": group["first"],
+                    "last": group["last"],
+                    **_explained(first, name, [], {}),
+                }
+            )
+        out[name] = {
+            "replicas": [_explained(r, name, shards.get(r.pk, []), unreachable) for r in shown[model.pk]],
+            "listed_total": others.get(model.pk, 0),
+            "pending_groups": pending,
+        }
+    return out
 
 
 def model_headroom(name: str, *, limit: int = HEADROOM_LIMIT) -> dict[str, Any]:

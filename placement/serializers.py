@@ -159,6 +159,11 @@ class ExplainReplicaSerializer(ReplicaSerializer):
     rejections = RejectionSerializer(many=True, help_text="the first nodes passed over, kept at placing")
     conflicts = serializers.ListField(child=serializers.CharField(), help_text="lost races while committing")
     nodes_checked = serializers.IntegerField(allow_null=True, required=False, help_text="pending only")
+    causes = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="pending only: why it waits in words, the facility's causes first ('3 racks held: r1, r2, r3 (75 "
+        "nodes)', '16 nodes lack gpu.model = H200'), every node counted",
+    )
     why = serializers.CharField(allow_null=True, required=False, help_text="placed only")
     notes = serializers.ListField(
         child=serializers.CharField(), required=False,

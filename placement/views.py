@@ -1,54 +1,129 @@
-"""Console page of models: replicas, where they run and why (explain-placement), pending, headroom.
+"""Console pages of models: replicas, where they run and why (explain-placement), pending, headroom.
 
 Reads through placement.selectors, the same dicts `llmgw ctl` and the API show; the live socket
-(agents.consumers.ModelsConsumer) renders the same partial.
+(agents.consumers.ModelsConsumer) renders the same partial, for the page the browser shows.
+
+The Models page lists models by pages, each with its first replicas and its pending ones grouped by
+their reason to wait (a thousand pending replicas of one model wait for one reason, said once); a
+model's own page lists all its replicas, by pages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents.models import NodeDomain
 from agents.views import require_reader
 from llmgw.errors import NotFound
 from placement import selectors
+from placement.models import Model
 
-PENDING_SHOWN = 3
+MODELS_PER_PAGE = 10
+# A model's first replicas (not pending) on the Models page; its own page lists them all.
+REPLICAS_SHOWN = 10
+REPLICAS_PER_PAGE = 50
 
 
-def models_context() -> dict[str, Any]:
-    """Every model with its replicas (each with its explain-placement and the rack of each node)."""
-    racks = dict(NodeDomain.objects.filter(level="rack").values_list("node__name", "domain"))
-    models = []
-    for row in selectors.model_rows():
-        explain = selectors.model_explain(row["name"])
-        # A model with thousands waiting would make a page nobody reads: the first few pending ones
-        # stand for the rest (they wait for the same reason: the planner asks each the same question).
-        pending = [r for r in explain["replicas"] if r["state"] == "pending"]
-        if len(pending) > PENDING_SHOWN:
-            hidden = {id(r) for r in pending[PENDING_SHOWN:]}
-            explain["replicas"] = [r for r in explain["replicas"] if id(r) not in hidden]
-            explain["more_pending"] = len(hidden)
-        for replica in explain["replicas"]:
+def model_cards(rows: list[dict[str, Any]], *, offset: int = 0, limit: int = REPLICAS_SHOWN) -> list[dict[str, Any]]:
+    """Each model row with the replicas shown (each with its explain and the rack of each node) and its
+    pending replicas grouped by reason."""
+    shown = selectors.models_shown([r["name"] for r in rows], offset=offset, limit=limit)
+    nodes = {n for s in shown.values() for r in s["replicas"] for n in r["nodes"]}
+    racks = dict(
+        NodeDomain.objects.filter(level="rack", node__name__in=nodes).values_list("node__name", "domain")
+    ) if nodes else {}
+    cards = []
+    for row in rows:
+        found = shown.get(row["name"])
+        if found is None:  # deleted between the two reads
+            continue
+        for replica in found["replicas"]:
             replica["gpus_text"] = "; ".join(
                 f"{s['node']}: {selectors.gpus_text(s['gpus']) or '—'}" for s in replica["shards"]
             )
             replica["where"] = [
                 {"node": n, "rack": racks.get(n, "").removeprefix("rack:")} for n in replica["nodes"]
             ]
-        models.append({**row, "profile_text": selectors.profile_text(row["profile"]), "explain": explain})
-    return {"models": models}
+        cards.append(
+            {
+                **row,
+                "profile_text": selectors.profile_text(row["profile"]),
+                "replicas_shown": found["replicas"],
+                "listed_total": found["listed_total"],
+                "more_listed": found["listed_total"] - offset - len(found["replicas"]),
+                "pending_groups": found["pending_groups"],
+            }
+        )
+    return cards
+
+
+def models_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Models page for a query (``q``: part of a model's name, ``page``), or one model's page
+    (``model``: its name, ``page`` over its replicas). The live socket renders the same."""
+    params = params or {}
+    if params.get("model"):
+        return model_page_context(params["model"], params)
+    q = (params.get("q") or "").strip()[:200]
+    names = Model.objects.order_by("name").values_list("name", flat=True)
+    if q:
+        names = names.filter(name__icontains=q)
+    page = Paginator(list(names), MODELS_PER_PAGE).get_page(params.get("page"))
+    rows = selectors.model_rows(names=page.object_list)
+    query = {"q": q} if q else {}
+    return {
+        "models": model_cards(rows),
+        "page": page,
+        "q": q,
+        "query": urlencode(query),
+        "filter_query": urlencode({**query, **({"page": page.number} if page.number > 1 else {})}),
+    }
+
+
+def model_page_context(name: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """One model with all its replicas, by pages of REPLICAS_PER_PAGE."""
+    rows = selectors.model_rows(names=[name])
+    if not rows:  # the view answers 404; an open page whose model went says so
+        return {"models": [], "missing": name, "model": name, "query": "", "filter_query": urlencode({"model": name})}
+    total = selectors.models_shown([name], limit=0)[name]["listed_total"]
+    page = Paginator(range(total), REPLICAS_PER_PAGE).get_page(params.get("page"))
+    offset = (page.number - 1) * REPLICAS_PER_PAGE
+    return {
+        "models": model_cards(rows, offset=offset, limit=REPLICAS_PER_PAGE),
+        "page": page,
+        "model": name,
+        "query": "",
+        "filter_query": urlencode({"model": name, **({"page": page.number} if page.number > 1 else {})}),
+    }
+
+
+def _page(request: HttpRequest, full: str, context: dict[str, Any]) -> HttpResponse:
+    # htmx asks for the list alone when it pages or filters (not when it follows a boosted link).
+    template = "placement/_models.html" if request.htmx and not request.htmx.boosted else full
+    return render(request, template, context)
 
 
 @login_required
 def model_list(request: HttpRequest) -> HttpResponse:
-    """Every model with its replicas, each with its explain-placement; headroom loads per model after."""
+    """Models by pages, each with its first replicas and why; headroom loads per model after."""
     require_reader(request)
-    return render(request, "placement/model_list.html", models_context())
+    return _page(request, "placement/model_list.html", models_context(request.GET.dict()))
+
+
+@login_required
+def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """One model with every replica, by pages."""
+    require_reader(request)
+    context = model_page_context(name, request.GET.dict())
+    if context.get("missing"):
+        raise Http404(f"model {name!r} is not known")
+    return _page(request, "placement/model_detail.html", context)
 
 
 @login_required

@@ -49,6 +49,17 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   fi
 fi
 
+# nginx (Debian's) for the compose proxy's test (tests/integration/test_deploy_units.py), when missing.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "make test: installing Debian's nginx for the compose proxy's test"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      nginx >/dev/null) || { echo "make test: could not install nginx (apt-get install nginx)" >&2; exit 2; }
+  else
+    echo "make test: nginx is missing; install it: sudo apt-get install nginx" >&2; exit 2
+  fi
+fi
+
 echo "== ruff"
 "$BIN/ruff" check .
 echo "== lint-imports"

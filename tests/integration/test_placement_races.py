@@ -115,13 +115,15 @@ def test_a_node_that_ran_the_model_is_preferred_for_it_next_time(db):
     assert "holds the weights" in shard.replica.explain["why"]
 
 
-def test_the_models_page_shows_a_few_pending_replicas_and_counts_the_rest(admin_client, join_node):
+def test_the_models_page_says_the_pending_replicas_reason_once_and_counts_them(admin_client, join_node):
     join_node("a1", rack="ra", gpus=8)
     Model.objects.create(name="m", replicas=10, gpus=8)
     reconcile.reconcile_all()
     page = admin_client.get("/models/").content.decode()
-    assert page.count(">pending<") <= 4
-    assert "… and 6 more pending" in page
+    assert page.count(">pending<") == 1
+    assert "<strong>9 replicas</strong> (#2 … #10) wait:" in page
+    assert "<li>1 node with fewer than 8 GPUs free</li>" in page
+    assert page.count("no node fits (1 node): 1 × gpu: 8 requested, 0 free") == 1
 
 
 @pytest.mark.django_db(transaction=True)
