@@ -80,6 +80,14 @@ def parse_domain(text: str) -> Domain:
     return Domain(level, name)
 
 
+def clean_domain(text: object, *, field: str = "domain") -> str:
+    """The canonical text of a domain, or InvalidInput naming the field."""
+    try:
+        return str(parse_domain(text))  # type: ignore[arg-type]
+    except DomainError as exc:
+        raise InvalidInput(f"{field}: {exc}", field=field) from exc
+
+
 def validate_label(key: str, value: str) -> None:
     """Refuse a misspelt ``llmgw.io/`` key or a location value outside ``[A-Za-z0-9._-]``.
 

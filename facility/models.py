@@ -10,7 +10,7 @@ def _clean_domain_field(obj) -> None:
     """Model.clean() for a `domain` field: the services' check, as a form error on that field."""
     from django.core.exceptions import ValidationError
 
-    from facility.services import clean_domain
+    from facility.domains import clean_domain
     from llmgw.errors import InvalidInput
 
     try:

@@ -16,7 +16,15 @@ from django.utils import timezone
 from agents.node.protocol import value_shown
 from facility import feed_services, power
 from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
-from facility.domains import LABEL_PREFIX, LEVELS, MULTI_KEYS, DomainError, parse_domain, parse_location_from
+from facility.domains import (
+    LABEL_PREFIX,
+    LEVELS,
+    MULTI_KEYS,
+    DomainError,
+    clean_domain,
+    parse_domain,
+    parse_location_from,
+)
 from facility.models import (
     Budget,
     ConditionEvent,
@@ -30,7 +38,8 @@ from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
 from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
 from llmgw.errors import Forbidden, InvalidInput, NotFound
-from llmgw.yamldoc import Document, load_documents, read_text
+from llmgw.plugin_names import plugin_names
+from llmgw.yamldoc import Document, load_documents, load_one, read_text
 
 SETTINGS_KEYS = ("margin", "gpu_watts", "cpu_core_watts", "node_watts")
 BUDGET_KEYS = ("domain", "cap_watts", "other_watts")
@@ -42,14 +51,6 @@ WATTS_MAX = 100_000_000
 def facility_changed_send(*, sender: type = FacilitySettings) -> None:
     """Tell the layers above (placement reconciles) that a budget, a hold or the settings changed."""
     facility_changed.send(sender=sender)
-
-
-def clean_domain(text: Any, *, field: str = "domain") -> str:
-    """The canonical text of a domain, or InvalidInput naming the field."""
-    try:
-        return str(parse_domain(text))
-    except DomainError as exc:
-        raise InvalidInput(f"{field}: {exc}", field=field) from exc
 
 
 def _is_number(value: Any) -> bool:
@@ -71,7 +72,7 @@ def _watts(value: Any, field: str, *, allow_none: bool = False) -> float | None:
             f"{field}: {value_shown(value)} W is more than any domain carries (at most {WATTS_MAX:,} W)",
             field=field,
         )
-    return float(value)
+    return float(value) + 0.0  # -0 is 0: never shown as "-0.0 kW"
 
 
 def clean_margin(value: Any, field: str = "margin") -> float:
@@ -98,8 +99,6 @@ def _parse_block(doc: Document, key: str, parse) -> Any:
 def _scenario_of(doc: Document, sources: SourcesConfig, files: Mapping[str, str] | None) -> Any:
     """The simulated source's scenario file, read and checked now (relative to the server.yaml); from
     ``files`` when they were sent with it (a remote apply): then nothing is read from this machine's disk."""
-    import yaml  # here: every process that starts Django imports this module; few read a scenario
-
     if sources.simulated_file is None:
         return None
     field = ("facility", "sources", "simulated", "file")
@@ -115,9 +114,11 @@ def _scenario_of(doc: Document, sources: SourcesConfig, files: Mapping[str, str]
         if not path.is_absolute() and Path(doc.filename).is_file():
             path = Path(doc.filename).parent / path
     try:
-        data = yaml.safe_load(text if files is not None else read_text(path))
+        data = load_one(text if files is not None else read_text(path), str(path), what="scenario").data
         parse_scenario(data)
-    except (OSError, InvalidInput, yaml.YAMLError, ValueError, RecursionError) as exc:
+    except InvalidInput as exc:
+        raise doc.error(field, exc.message) from exc
+    except ValueError as exc:
         raise doc.error(field, f"{path}: {exc}") from exc
     return data
 
@@ -150,8 +151,10 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     if not isinstance(data, dict):
         raise doc.error((), "a server.yaml is a mapping with a facility: block")
     for key in data:
-        if key != "facility":
-            raise doc.error((key,), "unknown key; server.yaml takes: facility")
+        if key not in ("facility", "placement"):
+            raise doc.error((key,), "unknown key; server.yaml takes: facility, placement")
+    if "placement" in data:
+        plugin_names(doc)
     block = data.get("facility") or {}
     if not isinstance(block, dict):
         raise doc.error(("facility",), "must be a mapping")
@@ -299,6 +302,11 @@ def facility_apply(
     if feeds_result is not None:
         result["feeds"] = feeds_result
     result["warnings"] = feed_services.feed_cap_warnings()
+    if isinstance(doc.data, dict) and "placement" in doc.data:
+        # Code is loaded from the server's own file, never from a body sent to the API.
+        result["warnings"].append(
+            "placement.plugins: loaded from LLMGW_CONFIG when a server process starts, not by applying it"
+        )
     return result
 
 
@@ -508,9 +516,13 @@ def location_warnings(*, node_name: str, changes: dict[str, str | None]) -> list
     (a typo?) and each domain the node's draw would take past its limit."""
     from agents.models import NodeDomain
 
+    from agents.models import Node
+
     current = set(NodeDomain.objects.filter(node__name=node_name).values_list("domain", flat=True))
     own = None
     warnings: list[str] = []
+    if not Node.objects.filter(name=node_name).exists():
+        warnings.append(f"node {node_name} has not joined: its labels wait for it (a typo?)")
     for key, value in changes.items():
         if value is None or not key.startswith(LABEL_PREFIX) or key.removeprefix(LABEL_PREFIX) not in LEVELS:
             continue

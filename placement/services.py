@@ -21,7 +21,7 @@ from llmgw.sqlin import any_of, sql_in
 from llmgw.yamldoc import read_text
 from placement import documents
 from placement.models import GpuBooking, Model, NodeBooking, Replica, Shard
-from placement.signals import placement_changed_on_commit
+from placement.signals import placement_changed_on_commit, reconcile_request
 
 
 @dataclass
@@ -88,9 +88,7 @@ def model_delete(*, name: str) -> int:
 
 
 def _request_reconcile() -> None:
-    from placement.tasks import request_reconcile
-
-    request_reconcile()
+    reconcile_request()
     placement_changed_on_commit()
 
 
