@@ -7,6 +7,9 @@ answer (the node's replicas) comes from a map of every node's assignments read a
 and read again at once after a placement change in this process. What is lost if the process dies is
 under a second of readings; anything new (inventory, labels, replica states, a node coming back) is
 written at once through the full path.
+
+Kept in one module: the fingerprints, the batched writes and the assignments' map share one cache
+and one lock; splitting them would spread that state over modules.
 """
 
 from __future__ import annotations

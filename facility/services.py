@@ -1,6 +1,9 @@
 """Writes to the facility: settings and budgets (server.yaml or one at a time) and holds.
 
 The API, the console, `llmgw ctl` and the admin all call these; each change asks for a reconcile.
+
+Kept in one module: server.yaml's facility block is checked and applied whole here (settings,
+budgets, feeds, conditions, sources, shedding, capping), all or nothing in one transaction.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ simply go missing and age out.
   (``max by (rack) (dcim_rack_inlet_temperature_celsius)`` with ``domain_label: rack``).
 - **simulated**: a scenario file of signals over time (linear between points), replayed from a start
   time at a speed, for tests and for rehearsing a thermal event on the demo.
+
+Kept in one module: every source's parsing of its server.yaml block, its reading and its status
+share the Reading and Domain rules above; split, each part would import the others.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Pure: no Django. Every interval the agent reads its sensors, posts a heartbeat (
 labels, sensors, replica states) to the control plane and hands the answer's replicas to the
 runtime; between beats it polls the runtime. A control plane that does not answer is retried
 with backoff and jitter, so ten thousand nodes do not all come back in the same second.
+
+Kept in one module: the heartbeat loop, its backoff and the command line that starts it are the
+agent's one entry point; the sensors and the runtime live in their own modules.
 """
 
 from __future__ import annotations

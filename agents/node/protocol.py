@@ -3,6 +3,9 @@
 Pure: no Django. Heartbeats are the hottest path of the control plane (10,000 nodes every 10 s), so
 this is plain code rather than nested serializers; a refusal names the field by its path
 (`sensors.gpus[0].power_watts`) and nothing of the heartbeat is stored.
+
+Kept in one module: the heartbeat is one contract, and every field's bound and words are here
+once, for both write paths and the agent (docs/reference/limits.md is written from them).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ free port from the range. Its state is one of:
 
 The daemon calls `sync` with each heartbeat's answer and `poll` between beats; nothing here
 sleeps or blocks beyond one short health request, except `shutdown`.
+
+Kept in one module: the process group, its ports, its health and metrics checks and the state
+machine above are one lifecycle; each part reads the others' state.
 """
 
 from __future__ import annotations
