@@ -17,19 +17,19 @@ A model's ``min_ready`` is untouched by capping: it stops nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain
 from agents.node.protocol import Capping, GpuCap, capping_answer
-from facility.evaluation import effective_conditions
 from facility.models import FacilitySettings
-from facility.response import NEAR_LIMIT_FRACTION, CappingConfig, parse_capping_config
-from facility.selectors import facility_overview
+from facility.response import CappingConfig, parse_capping_config
+from placement.decisions.capping import CLOSE, CapNode, NodeCapState, cap_step, pressed_domains
 from placement.models import NodeCap
 from placement.planner import gpus_text
+from placement.shedding import domain_states
 from placement.signals import placement_changed_on_commit
 
 # A locked-clocks cap asks each card for its share of its own top SM clock, which the agent reports
@@ -38,8 +38,6 @@ from placement.signals import placement_changed_on_commit
 # cap may ask for nothing it does not already run at.
 FALLBACK_TOP_SM_CLOCK_MHZ = 1980
 LOWEST_LOCKED_CLOCK_MHZ = 210
-LEVEL_ORDER = {"pdu": 0, "rack": 1, "row": 2, "room": 3, "site": 4}
-CLOSE = 1e-9
 
 
 def capping_config() -> CappingConfig:
@@ -66,26 +64,11 @@ def _default_limits(node_ids: list[int] | None = None) -> dict[int, float]:
     return found
 
 
-def _pressed_domains(now: datetime) -> dict[str, tuple[str, bool]]:
-    """Domain → (why capping acts there, under enforce mode?): warm or hot, or within 5 % of its limit."""
-    conditions = effective_conditions(now=now)
-    found: dict[str, tuple[str, bool]] = {}
-    for domain in facility_overview()["domains"]:
-        text = domain["domain"]
-        state = conditions.get(text) or {}
-        words = text.replace(":", " ", 1)
-        enforce = bool(state.get("enforce"))
-        if state.get("condition") in ("warm", "hot"):
-            found[text] = (f"{words} {state['condition']}", enforce)
-        elif domain["limit_watts"] and domain["use_watts"] >= domain["limit_watts"] * (1 - NEAR_LIMIT_FRACTION):
-            found[text] = (f"{words} within {NEAR_LIMIT_FRACTION:.0%} of its power limit", enforce)
-    return found
-
-
 def capping_run(*, now: datetime | None = None, config: CappingConfig | None = None) -> list[dict[str, Any]]:
     """One step of every node's cap, down where its domain is pressed, up where it has been ok a while.
 
     Returns what changed (``{node, fraction, watts, reason, sent}``). With capping off, every cap is lifted.
+    The step is :func:`placement.decisions.capping.cap_step`'s; this reads for it and writes what it decides.
     """
     now = now or timezone.now()
     config = config or capping_config()
@@ -95,60 +78,40 @@ def capping_run(*, now: datetime | None = None, config: CappingConfig | None = N
             NodeCap.objects.all().delete()
             placement_changed_on_commit()
         return []
-    pressed = _pressed_domains(now)
+    pressed = pressed_domains(domain_states(now=now))
     where: dict[int, list[str]] = {}
     for node_id, domain in NodeDomain.objects.filter(domain__in=list(pressed)).values_list("node_id", "domain"):
         where.setdefault(node_id, []).append(domain)
     defaults = _default_limits()
     names = dict(Node.objects.values_list("id", "name"))
-    changes: list[dict[str, Any]] = []
-    sent = False
-    shown = False  # a row `capping_rows` lists changed, sent or not
-    for node_id in sorted(set(where) | set(rows), key=lambda i: names.get(i, "")):
+    step = cap_step(
+        nodes=[
+            CapNode(
+                node_id, names.get(node_id), _cap_state(rows[node_id]) if node_id in rows else None,
+                tuple(where.get(node_id, ())), defaults.get(node_id),
+            )
+            for node_id in set(where) | set(rows)
+        ],
+        pressed=pressed, config=config, now=now,
+    )
+    if step.release:
+        NodeCap.objects.filter(pk__in=step.release).delete()
+    for node_id, cap in step.keep.items():
         row = rows.get(node_id) or NodeCap(node_id=node_id)
-        before = (row.fraction, row.would_fraction)
-        reason_before = row.reason
-        domains = sorted(where.get(node_id, ()), key=lambda d: (LEVEL_ORDER.get(d.split(":")[0], 9), d))
-        if domains:
-            reason, enforce = pressed[domains[0]]
-            row.reason = reason
-            row.ok_since = None
-            if enforce:
-                row.fraction = max(config.floor_fraction, row.fraction - config.step_fraction)
-                row.would_fraction = row.fraction
-            else:
-                row.would_fraction = max(config.floor_fraction, row.would_fraction - config.step_fraction)
-        else:
-            row.ok_since = row.ok_since or now
-            if now - row.ok_since >= timedelta(seconds=config.restore_after):
-                row.fraction = min(1.0, row.fraction + config.step_fraction)
-                row.would_fraction = min(1.0, row.would_fraction + config.step_fraction)
-        if row.fraction >= 1 - CLOSE and row.would_fraction >= 1 - CLOSE:
-            if row.pk is not None and NodeCap.objects.filter(pk=node_id).exists():
-                NodeCap.objects.filter(pk=node_id).delete()
-                sent = sent or before[0] < 1 - CLOSE
-                shown = True
-                changes.append({"node": names.get(node_id), "fraction": 1.0, "watts": None,
-                                "reason": "restored", "sent": True})
-            continue
+        row.fraction, row.would_fraction = cap.fraction, cap.would_fraction
+        row.reason, row.ok_since = cap.reason, cap.ok_since
         row.save()
-        shown = shown or row.reason != reason_before
-        if (row.fraction, row.would_fraction) != before:
-            shown = True
-            enforced = abs(row.fraction - before[0]) > CLOSE
-            sent = sent or enforced
-            fraction = row.fraction if enforced else row.would_fraction
-            default = defaults.get(node_id)
-            changes.append({"node": names.get(node_id), "fraction": round(fraction, 4),
-                            "watts": round(default * fraction) if default else None,
-                            "reason": row.reason, "sent": enforced})
-    if sent:
+    if step.sent:
         placement_changed_on_commit()  # the heartbeat answers carry the new block from the next refresh
-    elif shown:
+    elif step.shown:
         # Only what would be capped, or why, changed: no node's answer differs (no node named), but the
         # console's Facility page lists it and renders again.
         placement_changed_on_commit(nodes=[])
-    return changes
+    return [change.as_dict() for change in step.changes]
+
+
+def _cap_state(row: NodeCap) -> NodeCapState:
+    return NodeCapState(row.fraction, row.would_fraction, row.reason, row.ok_since)
 
 
 def _gpu_top_clocks(node_ids: list[int]) -> dict[int, list[tuple[int, str | None, int | None]]]:

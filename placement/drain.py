@@ -22,10 +22,11 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from agents.models import Node, NodeDomain
+from agents.models import Node, NodeDomain, heartbeat_is_fresh
 from facility.models import Hold
 from llmgw.sqlin import any_of
-from placement.minimums import stops_allowed
+from placement.decisions.drain import Original, Replacement, drain_starts, drain_stops
+from placement.minimums import ready_count
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
@@ -60,66 +61,42 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
     """One step of the model's drain: finish the replacements that are ready, make the next ones.
 
-    The replacements it makes are pending replicas: the reconcile places them next, with the rest.
+    Reads the rows, asks :mod:`placement.decisions.drain` what stops and what gets a replacement, and
+    writes that. The replacements it makes are pending replicas: the reconcile places them next, with the
+    rest.
 
     ``run`` is the :class:`placement.reconcile.ReconcileRun` this step belongs to.
     """
     draining = draining_nodes() if draining is None else draining
-    on_draining = _replicas_on(set(draining), model) if draining else set()
+    moving = _replicas_on(set(draining), model) if draining else set()
     # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
-    on_draining |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
-    # Without their explains (a JSON document each, never read here): a lost room's thousands.
-    replacements = list(
-        Replica.objects.filter(model=model, replaces__isnull=False)
-        .select_related("replaces")
-        .defer("explain", "replaces__explain")
+    moving |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
+    stops = drain_stops(
+        replacements=_replacements(model, run.now), moving=moving, ready=ready_count(model),
+        min_ready=model.min_ready, min_ready_seconds=model.min_ready_seconds,
+        surge=settings.LLMGW_DRAIN_SURGE, now=run.now,
     )
-
-    # A replacement whose original no longer drains (released, uncordoned) is not needed: the drain stopped.
-    freed: set[str] = set()
     # Everything this step stops is freed at once: one lock of all their nodes, in the global order.
-    stopping: list[Replica] = []
-    for replacement in replacements:
-        if replacement.replaces_id not in on_draining:
-            stopping.append(replacement)
-    replaced = {r.replaces_id for r in replacements}
-    replacements = [r for r in replacements if r.replaces_id in on_draining]
-
-    in_flight = 0
-    done = []
-    for replacement in replacements:
-        if _ready_long_enough(replacement, model, run.now):
-            done.append(replacement.replaces)  # the old one stops; the new one takes over
-        else:
-            in_flight += 1
-    # The replacement is up, but another replica may have failed meanwhile: an old one stops only while
-    # the model keeps min_ready ready replicas; else it waits (and serves) until the count is back, its
-    # replacement counted as still in flight.
-    allowed = stops_allowed(model=model, replicas=done)
-    stopping.extend(allowed)
-    in_flight += len(done) - len(allowed)
-    for replica in stopping:
-        freed |= _nodes_of(replica)
-    run.removed += replicas_free(replica_ids=[replica.pk for replica in stopping])
+    freed = set(Shard.objects.filter(replica_id__in=stops.stop).values_list("node__name", flat=True)) if stops.stop else set()
+    run.removed += replicas_free(replica_ids=list(stops.stop))
     run.refresh(freed)
-    room = settings.LLMGW_DRAIN_SURGE - in_flight
-    if room <= 0:
-        return  # as many replacements in flight as the surge allows (one by default), not yet ready
-
-    # The model's replicas in order, picked here: as `pk IN (thousands on the drained room)` with
+    # Nothing to move, or no room (as many replacements in flight as the surge allows): no read of the
+    # model's replicas. This runs for every model on every reconcile.
+    if stops.room <= 0 or not stops.waiting:
+        return
+    # The model's replicas in order, picked by the decision: as `pk IN (thousands on the drained room)` with
     # `NOT EXISTS (a replacement)` the database nested the anti join over the whole table whenever its
     # statistics lagged a bulk change (a lost room), 0.5-0.9 s for each model of each reconcile.
-    # A replacement of one is in `replaced` (read above, under the model's lock). Nothing to move, no read:
-    # this runs for every model on every reconcile.
-    if not on_draining - replaced:
-        return
-    candidates = (
-        Replica.objects.filter(model=model, replaces__isnull=True)
-        .exclude(state__in=[ReplicaState.PENDING, ReplicaState.STOPPING])
-        .order_by("ordinal")
-        .values_list("pk", flat=True)
+    originals = drain_starts(
+        originals=(
+            Original(pk, state)
+            for pk, state in Replica.objects.filter(model=model, replaces__isnull=True)
+            .order_by("ordinal")
+            .values_list("pk", "state")
+        ),
+        waiting=stops.waiting,
+        room=stops.room,
     )
-    originals = [pk for pk in candidates if pk in on_draining and pk not in replaced][:room]
     if not originals:
         return
     start = _next_ordinal(model)
@@ -136,21 +113,27 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     # lock is given back: a surge of hundreds then holds no budget or node locks for the whole step.
 
 
-def _nodes_of(replica: Replica) -> set[str]:
-    return set(Shard.objects.filter(replica=replica).values_list("node__name", flat=True))
-
-
-def _ready_long_enough(replica: Replica, model: Model, now: datetime) -> bool:
-    """Ready for min_ready_seconds, on nodes still heartbeating: a replacement whose node went quiet
-    says 'ready' only because nobody has said otherwise, and the old replica must not stop for it."""
-    if not (
-        replica.state == ReplicaState.READY
-        and replica.ready_since is not None
-        and now - replica.ready_since >= timedelta(seconds=model.min_ready_seconds)
-    ):
-        return False
-    nodes = Node.objects.filter(shards__replica=replica).only("last_heartbeat_at", "heartbeat_interval_seconds")
-    return all(node.is_ready(now) for node in nodes)
+def _replacements(model: Model, now: datetime) -> list[Replacement]:
+    """The model's replacements as the drain step reads them: whom each replaces, its state and since when
+    it is ready, and whether the nodes of its shards are heartbeating now."""
+    # Only these columns (not the explains, a JSON document each): a lost room's thousands.
+    rows = list(
+        Replica.objects.filter(model=model, replaces__isnull=False).values_list(
+            "pk", "replaces_id", "replaces__state", "state", "ready_since"
+        )
+    )
+    if not rows:
+        return []
+    quiet = {
+        replica_id
+        for replica_id, last, interval in Node.objects.filter(shards__replica_id__in=[row[0] for row in rows])
+        .values_list("shards__replica_id", "last_heartbeat_at", "heartbeat_interval_seconds")
+        if not heartbeat_is_fresh(last, interval, now)
+    }
+    return [
+        Replacement(pk, replaces, replaces_state, state, ready_since, nodes_ready=pk not in quiet)
+        for pk, replaces, replaces_state, state, ready_since in rows
+    ]
 
 
 def _next_ordinal(model: Model) -> int:

@@ -18,7 +18,7 @@ the move), which ``llmgw_shed_moves_total`` counts.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -31,15 +31,23 @@ from facility.response import SheddingConfig, parse_shedding_config
 from facility.selectors import facility_overview
 from placement import snapshot
 from placement.commit import replica_place
+from placement.decisions.domain_state import DomainState
+from placement.decisions.shedding import (
+    Fits,
+    NoRoom,
+    ShedCandidate,
+    ShedRecord,
+    Trouble,
+    domain_troubles,
+    shed_moves,
+    shed_steps,
+)
 from placement.index import PlacementIndex
-from placement.minimums import CLASS_ORDER, stops_allowed
+from placement.minimums import stops_allowed
 from placement.models import Model, Replica, ReplicaState, Shard, ShedDomain
 from placement.planner import NoFit
 from placement.services import replicas_free
 from placement.signals import placement_changed_on_commit
-
-MOVABLE_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY)
-LEVEL_ORDER = {"site": 0, "room": 1, "row": 2, "rack": 3, "pdu": 4}
 
 
 def shedding_config() -> SheddingConfig:
@@ -47,98 +55,69 @@ def shedding_config() -> SheddingConfig:
     return parse_shedding_config(FacilitySettings.load().shedding or None)
 
 
-@dataclasses.dataclass(frozen=True)
-class Trouble:
-    """A domain shedding may act on: why (hot, past its limit), since when, and when it may act next."""
-
-    domain: str
-    why: str
-    since: datetime
-    last_move_at: datetime | None
-
-
-def _domain_words(text: str) -> str:
-    return text.replace(":", " ", 1)
+def domain_states(*, now: datetime) -> list[DomainState]:
+    """Every domain's figures and effective condition now, as shedding and capping judge them."""
+    conditions = effective_conditions(now=now)
+    found = []
+    for domain in facility_overview()["domains"]:
+        condition = conditions.get(domain["domain"]) or {}
+        found.append(DomainState(
+            domain["domain"], use_watts=domain["use_watts"], limit_watts=domain["limit_watts"],
+            over_limit=bool(domain["over_limit"]), condition=condition.get("condition"),
+            enforce=bool(condition.get("enforce")), detail=condition.get("detail"),
+            condition_since=condition.get("since"),
+        ))
+    return found
 
 
 def troubles(*, now: datetime, remember: bool = False) -> list[Trouble]:
     """Every domain hot under enforce mode or past its power limit now, with since when (kept in
     ShedDomain rows when ``remember``: the periodic run does, the dry run only reads)."""
-    conditions = effective_conditions(now=now)
     rows = {r.domain: r for r in ShedDomain.objects.all()}
-    found: list[Trouble] = []
-    in_trouble: set[str] = set()
-    for domain in facility_overview()["domains"]:
-        text = domain["domain"]
-        condition = conditions.get(text) or {}
-        hot = condition.get("condition") == "hot" and condition.get("enforce")
-        if not (hot or domain["over_limit"]):
-            continue
-        in_trouble.add(text)
-        if hot:
-            why = f"{_domain_words(text)} is hot ({condition.get('detail') or 'set by hand'})"
-        else:
-            why = (
-                f"{_domain_words(text)} is past its power limit "
-                f"(use {domain['use_watts'] / 1000:.1f} kW, limit {domain['limit_watts'] / 1000:.1f} kW)"
-            )
-        row = rows.get(text)
-        since = row.trouble_since if row is not None and row.trouble_since is not None else None
-        if hot and condition.get("since") is not None:
-            since = min(since, condition["since"]) if since is not None else condition["since"]
-        since = since or now
-        if remember:
-            if row is None:
-                row = ShedDomain.objects.create(domain=text, trouble_since=since)
-            elif row.trouble_since != since:
-                row.trouble_since = since
-                row.save(update_fields=["trouble_since"])
-        found.append(Trouble(text, why, since, row.last_move_at if row is not None else None))
+    found = domain_troubles(
+        domains=domain_states(now=now),
+        records={domain: ShedRecord(row.trouble_since, row.last_move_at) for domain, row in rows.items()},
+        now=now,
+    )
     if remember:
+        for trouble in found:
+            row = rows.get(trouble.domain)
+            if row is None:
+                ShedDomain.objects.create(domain=trouble.domain, trouble_since=trouble.since)
+            elif row.trouble_since != trouble.since:
+                row.trouble_since = trouble.since
+                row.save(update_fields=["trouble_since"])
         # Out of trouble: the clock starts again next time (the last move's time is kept: the rate).
+        in_trouble = [trouble.domain for trouble in found]
         ShedDomain.objects.exclude(domain__in=in_trouble).exclude(trouble_since=None).update(trouble_since=None)
-    order = lambda t: (LEVEL_ORDER.get(t.domain.split(":")[0], 9), t.domain)  # noqa: E731
-    return sorted(found, key=order)
-
-
-def _candidates(domain: str) -> list[tuple[Replica, Model, int]]:
-    """The domain's replicas shedding may move, lowest class first, those above their minimum first."""
-    node_ids = list(NodeDomain.objects.filter(domain=domain).values_list("node_id", flat=True))
-    ids = set(Shard.objects.filter(node_id__in=node_ids).values_list("replica_id", flat=True))
-    replicas = list(
-        Replica.objects.filter(pk__in=ids, replaces__isnull=True, shed_reason="", state__in=MOVABLE_STATES)
-        .filter(replaced_by__isnull=True)
-        .select_related("model")
-    )
-    ready: dict[int, int] = {}
-    for model_id in {r.model_id for r in replicas}:
-        ready[model_id] = Replica.objects.filter(model_id=model_id, state=ReplicaState.READY).count()
-    found = [
-        (r, r.model, ready[r.model_id]) for r in replicas if r.model.service_class != "critical"
-    ]
-    found.sort(
-        key=lambda c: (CLASS_ORDER.get(c[1].service_class, 1), c[2] <= c[1].min_ready, c[1].name, -c[0].ordinal)
-    )
     return found
 
 
-def _standing(model: Model, ready: int) -> str:
-    where = "above" if ready > model.min_ready else "at"
-    return f"{model.service_class}, {where} its minimum: {ready} ready, min {model.min_ready}"
+def _candidates(domain: str) -> tuple[list[ShedCandidate], dict[int, Model]]:
+    """The domain's replicas that no move concerns yet (no replacement, none of their own, not shed), with
+    their models' ready counts; and those models."""
+    node_ids = list(NodeDomain.objects.filter(domain=domain).values_list("node_id", flat=True))
+    ids = set(Shard.objects.filter(node_id__in=node_ids).values_list("replica_id", flat=True))
+    replicas = list(
+        Replica.objects.filter(pk__in=ids, replaces__isnull=True, shed_reason="")
+        .filter(replaced_by__isnull=True)
+        .select_related("model")
+    )
+    models = {r.model_id: r.model for r in replicas}
+    ready = {
+        model_id: Replica.objects.filter(model_id=model_id, state=ReplicaState.READY).count() for model_id in models
+    }
+    return [
+        ShedCandidate(r.pk, r.ordinal, r.state, r.model_id, r.model.name, r.model.service_class, r.model.min_ready,
+                      ready[r.model_id])
+        for r in replicas
+    ], models
 
 
 def _index() -> PlacementIndex:
     """The cluster as placement sees it at this moment: node readiness is judged now, whatever moment
     the shed is planned for (a dry run looks ahead; the nodes it plans on are the ones up now)."""
     return PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-
-
-def _due(trouble: Trouble, config: SheddingConfig, now: datetime) -> datetime:
-    rule = config.rule(trouble.domain)
-    due = trouble.since + timedelta(seconds=rule.shed_after)
-    if trouble.last_move_at is not None:
-        due = max(due, trouble.last_move_at + timedelta(seconds=rule.interval))
-    return max(due, now)
 
 
 def shed_plan(
@@ -148,83 +127,39 @@ def shed_plan(
     """The moves of the next ``intervals`` intervals of every domain shedding would act on, in order.
 
     Each is ``{at, domain, action (move|drop|stays), replica, model, class, to, reason}``; ``until``
-    keeps only those due by then (the real run: now). The index is planned on, not committed.
+    keeps only those due by then (the real run: now). The index is planned on, not committed. What to
+    move is :func:`placement.decisions.shedding.shed_moves`'s to decide; this reads for it and plans.
     """
     now = now or timezone.now()
     config = config or shedding_config()
     if not config.any_enabled:
         return []
     index = index or _index()
-    steps: list[tuple[datetime, int, Trouble]] = []
-    for rank, trouble in enumerate(troubles(now=now, remember=remember)):
-        rule = config.rule(trouble.domain)
-        if not rule.enabled:
-            continue
-        first = _due(trouble, config, now)
-        for i in range(intervals):
-            at = first + timedelta(seconds=rule.interval * i)
-            if until is None or at <= until:
-                steps.append((at, rank, trouble))
-    steps.sort(key=lambda s: (s[0], s[1]))
-    taken: set[int] = set()
-    placed: dict[int, list[frozenset[str]]] = {}
-    moves: list[dict[str, Any]] = []
-    candidates: dict[str, list[tuple[Replica, Model, int]]] = {}
-    stuck: set[str] = set()
-    for at, _, trouble in steps:
-        if trouble.domain in stuck:
-            continue
+    steps = shed_steps(troubles=troubles(now=now, remember=remember), config=config, now=now,
+                       intervals=intervals, until=until)
+    candidates: dict[str, list[ShedCandidate]] = {}
+    models: dict[int, Model] = {}
+    for _, trouble in steps:
         if trouble.domain not in candidates:
-            candidates[trouble.domain] = _candidates(trouble.domain)
-        rule = config.rule(trouble.domain)
-        blocked: list[dict[str, Any]] = []
-        acted = False
-        for replica, model, ready in candidates[trouble.domain]:
-            if replica.pk in taken:
-                continue
-            name = f"{model.name}#{replica.ordinal}"
-            request = snapshot.replica_request(model)
-            extra = tuple(placed.get(model.pk, []))
-            if extra:
-                request = dataclasses.replace(request, existing=(*request.existing, *extra))
-            result = index.plan(request)
-            base = {"at": at.isoformat(), "domain": trouble.domain, "replica": name, "replica_id": replica.pk,
-                    "model": model.name, "class": model.service_class}
-            if not isinstance(result, NoFit):
-                index.apply(result)
-                placed.setdefault(model.pk, []).append(result.nodes)
-                taken.add(replica.pk)
-                to = sorted(result.nodes)
-                moves.append(base | {
-                    "action": "move", "to": to,
-                    "reason": f"move {name} ({_standing(model, ready)}) to {', '.join(to)}: {trouble.why}",
-                })
-                acted = True
-                break
-            why_not = result.summary
-            if rule.drop_batch and model.service_class == "batch" and ready > model.min_ready:
-                taken.add(replica.pk)
-                moves.append(base | {
-                    "action": "drop", "to": [],
-                    "reason": f"stop {name} without a replacement ({_standing(model, ready)}; drop_batch; "
-                    f"no replacement fits: {why_not}): {trouble.why}",
-                })
-                acted = True
-                break
-            blocked.append(base | {
-                "action": "stays", "to": [],
-                "reason": f"{name} stays ({_standing(model, ready)}): no replacement fits: {why_not}",
-            })
-        if not acted:
-            if blocked:
-                moves.append(blocked[0])
-            else:
-                moves.append({"at": at.isoformat(), "domain": trouble.domain, "action": "stays", "replica": None,
-                              "replica_id": None, "model": None, "class": None, "to": [],
-                              "reason": f"nothing to move: no replica there that shedding may move ({trouble.why})"})
-            # The same question gets the same answer in later intervals: listed once.
-            stuck.add(trouble.domain)
-    return moves
+            candidates[trouble.domain], found = _candidates(trouble.domain)
+            models.update(found)
+    placed: dict[int, list[frozenset[str]]] = {}
+
+    def place(candidate: ShedCandidate) -> Fits | NoRoom:
+        """A replacement planned on the index, kept there when it fits (later steps plan around it)."""
+        model = models[candidate.model_id]
+        request = snapshot.replica_request(model)
+        extra = tuple(placed.get(model.pk, []))
+        if extra:
+            request = dataclasses.replace(request, existing=(*request.existing, *extra))
+        result = index.plan(request)
+        if isinstance(result, NoFit):
+            return NoRoom(result.summary)
+        index.apply(result)
+        placed.setdefault(model.pk, []).append(result.nodes)
+        return Fits(tuple(sorted(result.nodes)))
+
+    return [move.as_dict() for move in shed_moves(steps=steps, candidates=candidates, config=config, place=place)]
 
 
 def shed_listing(*, intervals: int = 3) -> dict[str, Any]:
