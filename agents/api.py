@@ -86,9 +86,11 @@ def node_detail(node: Node) -> dict:
                 }
                 for g in node.gpus.all()
             ],
+            "gpu_topology": node.gpu_topology or None,
             "sensors": node.sensors,
             "sensors_at": node.sensors_at.isoformat() if node.sensors_at else None,
             "measured_watts": node.measured_watts,
+            **services.power_source(node.sensors or {}),
             "placed_watts": placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0),
         }
     )

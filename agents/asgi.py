@@ -111,15 +111,19 @@ class HeartbeatFastLane:
         if checked is None:
             return None
         heartbeat, warnings = checked
-        from agents.services import measured_watts, report_digest
+        from agents.services import NodeWattsUnknown, node_measured_watts, report_digest
 
         sensors = heartbeat.get("sensors") or {}
+        try:
+            watts = node_measured_watts(sensors, on_event_loop=True)
+        except NodeWattsUnknown:  # the BMC's figure needs node_watts, not read lately: Django's path reads it
+            return None
         if not readings.buffer_readings(
             node_name,
             report_digest(heartbeat),
             at=timezone.now(),
             sensors=sensors,
-            watts=measured_watts(sensors),
+            watts=watts,
             interval=heartbeat.get("interval_seconds") or 10,
             on_event_loop=True,
         ):

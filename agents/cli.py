@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 from urllib.parse import quote
 
 from facility.domains import DomainError, parse_domain, parse_label_args
@@ -43,15 +44,21 @@ def register(commands) -> None:
     p.add_argument("labels", nargs="+", metavar="KEY=VALUE|KEY-")
     p.set_defaults(handler=label)
 
-    p = commands.add_parser("node", help="node credentials: llmgw ctl node token NODE")
-    sub = p.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
-    t = sub.add_parser(
-        "token",
-        help="make a new token for a node's agent (the old one stops working)",
-        description="Print a new token for NODE's agent; put it in agent.yaml (token:) or a token_file.",
+    p = commands.add_parser(
+        "node",
+        help="one node: its GPUs, how they are wired, its power; or a new token for its agent",
+        description=(
+            "llmgw ctl node NODE         the node: state, location, GPUs, GPU topology (as nvidia-smi topo -m\n"
+            "                            shows it), measured draw and where it comes from (the BMC or GPUs + CPUs)\n"
+            "llmgw ctl node token NODE   print a new token for NODE's agent (the old one stops working); put it\n"
+            "                            in agent.yaml (token:) or a token_file\n"
+            "llmgw ctl node show NODE    the node, for one named 'token'"
+        ),
+        usage="llmgw ctl node [-o {table,json}] NODE\n       llmgw ctl node token NODE",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("node")
-    t.set_defaults(handler=node_token)
+    p.add_argument("words", nargs="+", metavar="NODE | token NODE", action=NodeWords)
+    output_option(p)
 
     for name, cordoned, drain, text in (
         ("cordon", True, False, "nothing new is placed on the node"),
@@ -107,6 +114,89 @@ def label(args) -> int:
     if result.get("warning"):
         print(f"warning: {result['warning']}")
     return 0
+
+
+class NodeWords(argparse.Action):
+    """`node NODE`, `node show NODE` or `node token NODE`: sets the node and the handler as parsed, so a
+    read (llmgw.remote.listing) starts as a read does."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        words = list(values)
+        if words[0] in ("token", "show") and len(words) == 2:
+            namespace.node, namespace.handler = words[1], node_token if words[0] == "token" else node_show
+        elif len(words) == 1 and words[0] != "token":
+            namespace.node, namespace.handler = words[0], node_show
+        else:
+            parser.error("give a node: llmgw ctl node NODE, or llmgw ctl node token NODE")
+
+
+@listing
+def node_show(args) -> int:
+    def local() -> dict:
+        from agents.api import node_detail
+        from agents.models import Node
+        from llmgw.errors import NotFound
+
+        node = Node.objects.filter(name=args.node).first()
+        if node is None:
+            raise NotFound(f"node {args.node!r} is not known", field="name")
+        return node_detail(node)
+
+    detail = read(args, f"nodes/{quote(args.node, safe='')}", local)
+    if args.output == "json":
+        print_json(detail)
+        return 0
+    for line in node_lines(detail):
+        print(line)
+    return 0
+
+
+def node_lines(detail: dict) -> list[str]:
+    """A node's detail as `llmgw ctl node NODE` prints it."""
+    from llmgw.output import kw
+
+    gpus = detail.get("gpus") or {}
+    lines = [
+        f"{detail['name']}  {detail['state']}  GPUs {gpus.get('free', 0)}/{gpus.get('total', 0)} free  "
+        f"{location_words(detail.get('location') or {})}"
+    ]
+    source = detail.get("power_source")
+    bmc = detail.get("bmc") or {}
+    if source == "bmc":
+        lines.append(f"power: {kw(detail.get('bmc_watts'))} measured by the BMC ({bmc.get('resource', 'Redfish')})")
+    elif source == "gpu+cpu":
+        lines.append(f"power: {kw(detail.get('measured_watts'))} measured (GPUs + CPUs)")
+    else:
+        lines.append("power: nothing measured")
+    if bmc.get("state") == "down":
+        lines.append(f"BMC down: {bmc.get('reason', '')}; the measured draw is the GPUs' and CPUs' readings")
+    topology = detail.get("gpu_topology") or {}
+    links, numa = topology.get("links") or [], topology.get("numa") or []
+    if links:
+        lines.append("")
+        headers = ["", *(f"GPU{i}" for i in range(len(links))), "NUMA"]
+        rows = [
+            [f"GPU{i}", *(link or "?" for link in row), "N/A" if i >= len(numa) or numa[i] is None or numa[i] < 0 else numa[i]]
+            for i, row in enumerate(links)
+        ]
+        buffer = io.StringIO()
+        print_table(headers, rows, out=buffer)
+        lines += buffer.getvalue().rstrip("\n").split("\n")
+    gpu_list = detail.get("gpu_list") or []
+    if gpu_list:
+        lines.append("")
+        buffer = io.StringIO()
+        print_table(
+            ["GPU", "MODEL", "MEMORY", "REPLICA"],
+            [
+                [g["index"], g.get("model") or "-", f"{g['memory_gib']:g} GiB" if g.get("memory_gib") else "-",
+                 g.get("replica") or ("gone" if not g.get("present", True) else "free")]
+                for g in gpu_list
+            ],
+            out=buffer,
+        )
+        lines += buffer.getvalue().rstrip("\n").split("\n")
+    return lines
 
 
 def node_token(args) -> int:

@@ -80,6 +80,11 @@ class Node(models.Model):
     )
     cpu_cores = models.PositiveIntegerField(default=0)
     memory_gib = models.FloatField(default=0)
+    gpu_topology = models.JSONField(
+        default=dict, blank=True,
+        help_text="How its GPUs are wired, as its agent reports it (agents.node.protocol's gpu_topology): "
+        '{"links": GPU × GPU matrix of NV#/PIX/PXB/PHB/NODE/SYS, "numa": each GPU\'s NUMA node}; {}: not reported.',
+    )
     agent_labels = models.JSONField(default=dict, blank=True, help_text="Labels from the node's agent.yaml.")
     labels = models.JSONField(default=dict, blank=True, help_text="Effective labels: the store's over the agent's.")
     location_conflicts = models.JSONField(
@@ -95,7 +100,10 @@ class Node(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     sensors = models.JSONField(default=dict, blank=True, help_text="The latest sensor readings.")
     sensors_at = models.DateTimeField(null=True, blank=True)
-    measured_watts = models.FloatField(null=True, blank=True, help_text="GPU + CPU package draw last read.")
+    measured_watts = models.FloatField(
+        null=True, blank=True,
+        help_text="Draw beyond node_watts last read: GPU + CPU packages, or its BMC's whole-chassis figure less node_watts.",
+    )
     # The rolling peak power accounting counts (facility.power.measured_peak): the highest reading of
     # the last measured window, kept as [[bucket start epoch, highest], ...] so each write is cheap.
     measured_peak_watts = models.FloatField(

@@ -61,6 +61,22 @@ class GpuSerializer(serializers.Serializer):
     replica = serializers.IntegerField(allow_null=True, help_text="the replica using it, if any")
 
 
+class GpuTopologySerializer(serializers.Serializer):
+    links = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField(allow_null=True)),
+        help_text="GPU × GPU, by index: X (itself), NV# (# NVLinks), PIX, PXB, PHB, NODE, SYS; null: unknown",
+    )
+    numa = serializers.ListField(
+        child=serializers.IntegerField(allow_null=True), help_text="each GPU's NUMA node (-1: the platform has one)"
+    )
+
+
+class BmcStatusSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=["up", "down"])
+    reason = serializers.CharField(required=False, help_text="why it is down")
+    resource = serializers.CharField(required=False, help_text="where the figure was read: EnvironmentMetrics, …")
+
+
 class NodeDetailSerializer(NodeRowSerializer):
     """One node whole: labels with their sources, GPUs and the last sensors."""
 
@@ -81,6 +97,18 @@ class NodeDetailSerializer(NodeRowSerializer):
     sensors_at = serializers.DateTimeField(allow_null=True)
     measured_watts = serializers.FloatField(allow_null=True)
     placed_watts = serializers.FloatField(allow_null=True)
+    gpu_topology = GpuTopologySerializer(
+        allow_null=True, help_text="how its GPUs are wired, as `nvidia-smi topo -m` shows it; null: not reported"
+    )
+    power_source = serializers.ChoiceField(
+        choices=["bmc", "gpu+cpu"], allow_null=True,
+        help_text="what its measured draw comes from: the chassis' power read from its BMC (Redfish), or its GPUs' "
+        "and CPUs' own readings; null: nothing read",
+    )
+    bmc_watts = serializers.FloatField(
+        allow_null=True, help_text="the chassis' draw its BMC last read, while the BMC is the source (W)"
+    )
+    bmc = BmcStatusSerializer(allow_null=True, help_text="its BMC as a power source (agent.yaml bmc:); null: none")
 
 
 @extend_schema_field(
@@ -141,14 +169,17 @@ class HeartbeatRequestSchema(serializers.Serializer):
     agent_version = serializers.CharField(required=False)
     interval_seconds = serializers.FloatField(required=False, help_text="at most 10")
     inventory = serializers.DictField(required=False, help_text="gpus [{index, uuid, name, memory_gib, "
-                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric")
+                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric, "
+                                      "gpu_topology {links: GPU × GPU of X|NV#|PIX|PXB|PHB|NODE|SYS|null, "
+                                      "numa: [node|-1|null]}")
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sensors = serializers.DictField(required=False, help_text="gpus [{index, uuid, temperature_celsius, "
                                     "memory_temperature_celsius, slowdown_temperature_celsius, power_watts, power_limit_watts, "
                                     "throttle_reasons, enforced_power_limit_watts, default_power_limit_watts, max_sm_clock_mhz, "
                                     "locked_clocks_mhz, capping: not permitted|not supported}], "
                                     "cpu_temperature_celsius, inlet_temperature_celsius, cpu_power_watts, "
-                                    "replicas [{id, tokens_per_second}]")
+                                    "replicas [{id, tokens_per_second}], node_power_watts with power_source: bmc, "
+                                    "bmc {state: up|down, reason, resource}")
     replicas = serializers.ListField(child=serializers.DictField(), required=False,
                                      help_text="[{id, state: starting|ready|stopping|failed, port, restarts, message}]")
 

@@ -208,12 +208,55 @@ def _notify(node_name: str) -> None:
     transaction.on_commit(lambda: node_changed(node_name))
 
 
-def measured_watts(sensors: Mapping[str, Any]) -> float | None:
-    """What a node's sensors say it draws: its GPUs plus its CPU packages; None when nothing was read."""
+def measured_watts(sensors: Mapping[str, Any], *, node_watts: float | None = None) -> float | None:
+    """What a node's sensors say it draws beyond ``node_watts`` (the facility's figure of a node's own part):
+    its GPUs plus its CPU packages; None when nothing was read.
+
+    With its BMC's figure (``power_source: "bmc"``, the whole chassis) it is that figure less ``node_watts``,
+    never below 0: a node's term in a domain's use, ``node_watts + max(placed, measured)``
+    (facility.power.node_use_watts), is then ``max(node_watts + placed, the BMC's figure)`` — the BMC's
+    reading takes the place of GPU + CPU + node_watts.
+    """
+    if sensors.get("power_source") == "bmc" and sensors.get("node_power_watts") is not None:
+        return max(0.0, float(sensors["node_power_watts"]) - (node_watts or 0.0))
     values = [g["power_watts"] for g in sensors.get("gpus", []) if g.get("power_watts") is not None]
     if sensors.get("cpu_power_watts") is not None:
         values.append(sensors["cpu_power_watts"])
     return float(sum(values)) if values else None
+
+
+class NodeWattsUnknown(Exception):
+    """On the event loop, the facility's node_watts is not at hand, and the BMC's figure needs it."""
+
+
+def node_measured_watts(sensors: Mapping[str, Any], *, on_event_loop: bool = False) -> float | None:
+    """:func:`measured_watts` of a heartbeat's sensors, with the facility's node_watts where the BMC's figure
+    needs it (agents.readings.assumed_draws); NodeWattsUnknown on the event loop when it is not at hand."""
+    node_watts = None
+    if sensors.get("power_source") == "bmc":
+        from agents import readings
+
+        draws = readings.assumed_draws(on_event_loop=on_event_loop)
+        if draws is None:
+            raise NodeWattsUnknown
+        node_watts = draws[1]
+    return measured_watts(sensors, node_watts=node_watts)
+
+
+def power_source(sensors: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a node's measured draw comes from (``bmc``: its BMC's whole-chassis figure; ``gpu+cpu``: its
+    cards' and CPUs' readings; None: nothing read), its BMC's state as a source and the BMC's figure (W)."""
+    if sensors.get("power_source") == "bmc" and sensors.get("node_power_watts") is not None:
+        source = "bmc"
+    elif measured_watts(sensors) is not None:
+        source = "gpu+cpu"
+    else:
+        source = None
+    return {
+        "power_source": source,
+        "bmc_watts": sensors.get("node_power_watts") if source == "bmc" else None,
+        "bmc": sensors.get("bmc") or None,
+    }
 
 
 def report_digest(heartbeat: Mapping[str, Any]) -> str:
@@ -234,17 +277,18 @@ def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) 
     digest = report_digest(heartbeat)
     sensors = heartbeat.get("sensors") or {}
     interval = heartbeat.get("interval_seconds") or 10
-    if readings.buffer_readings(
-        node_name, digest, at=now, sensors=sensors, watts=measured_watts(sensors), interval=interval
-    ):
+    watts = node_measured_watts(sensors)
+    if readings.buffer_readings(node_name, digest, at=now, sensors=sensors, watts=watts, interval=interval):
         return None
-    node = _heartbeat_record_full(node_name=node_name, heartbeat=heartbeat, digest=digest, now=now)
+    node = _heartbeat_record_full(node_name=node_name, heartbeat=heartbeat, digest=digest, now=now, watts=watts)
     readings.remember(node_name, digest)  # a rolled-back outer transaction heals: the batch write forgets it
     return node
 
 
 @transaction.atomic
-def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], digest: str, now) -> Node:
+def _heartbeat_record_full(
+    *, node_name: str, heartbeat: Mapping[str, Any], digest: str, now, watts: float | None
+) -> Node:
     inventory = heartbeat.get("inventory") or {}
     sensors = heartbeat.get("sensors") or {}
     node, created = Node.objects.select_for_update().get_or_create(name=node_name)
@@ -253,18 +297,19 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
     node.fabric = inventory.get("fabric") or ""
     node.cpu_cores = inventory.get("cpu_cores", node.cpu_cores) or 0
     node.memory_gib = inventory.get("memory_gib", node.memory_gib) or 0
+    topology_changed = _record_topology(node, inventory)
     node.agent_version = heartbeat.get("agent_version", "") or ""
     node.heartbeat_interval_seconds = heartbeat.get("interval_seconds") or node.heartbeat_interval_seconds
     node.last_heartbeat_at = now
     node.sensors = dict(sensors)
     node.sensors_at = now
-    node.measured_watts = measured_watts(sensors)
+    node.measured_watts = watts
     node.measured_peaks, node.measured_peak_watts = measured_peak_of(node.measured_peaks, node.measured_watts, now)
     node.report_digest = digest
     labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
     node.agent_labels = dict(heartbeat.get("labels") or {})
     node.save()
-    inventory_changed = _record_gpus(node, inventory.get("gpus") or [])
+    inventory_changed = _record_gpus(node, inventory.get("gpus") or []) or topology_changed
     if labels_changed:
         node_refresh_labels(node)
     signals.node_reported.send(sender=Node, node=node, states=heartbeat.get("replicas") or [], now=now)
@@ -272,6 +317,23 @@ def _heartbeat_record_full(*, node_name: str, heartbeat: Mapping[str, Any], dige
         _nodes_changed(node.name, heartbeat=True)
     _notify(node.name)
     return node
+
+
+def _record_topology(node: Node, inventory: Mapping[str, Any]) -> bool:
+    """Take the inventory's GPU topology onto the node (not saved here); True if it changed.
+
+    A heartbeat whose GPUs were not read (NVML past its deadline: no ``gpus``) keeps the one known; GPUs
+    read without a topology (an older agent, or none could be read) clear it."""
+    if "gpu_topology" in inventory:
+        topology = dict(inventory["gpu_topology"])
+    elif "gpus" in inventory:
+        topology = {}
+    else:
+        return False
+    if topology == (node.gpu_topology or {}):
+        return False
+    node.gpu_topology = topology
+    return True
 
 
 def _record_gpus(node: Node, gpus: list[Mapping[str, Any]]) -> bool:

@@ -323,10 +323,53 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "shards": list(shards),
         "labels": selectors.node_label_sources(node.name, node.agent_labels or {}, node.labels),
         "age": reading_age(node),
-        "measured_kw": kw(node.measured_watts) if node.measured_watts is not None else None,
+        **node_power(node),
         "placed_kw": kw(placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0)),
         "history": node_history_spark(node.name),
     }
+
+
+def node_power(node: Node) -> dict[str, Any]:
+    """The node's measured draw as the page shows it: its BMC's whole-chassis figure where the BMC is the
+    source, else its GPUs' and CPUs' readings; and the BMC's state (down: why)."""
+    power = services.power_source(node.sensors or {})
+    watts = power["bmc_watts"] if power["power_source"] == "bmc" else node.measured_watts
+    return {
+        "measured_kw": kw(watts) if watts is not None else None,
+        "power_source": power["power_source"],
+        "bmc": power["bmc"] or {},
+    }
+
+
+# How nvidia-smi names each link between two GPUs, for the matrix's legend and its cells' classes.
+TOPOLOGY_LEGEND = (
+    ("NV#", "nv", "# NVLinks, direct or through NVSwitches"),
+    ("PIX", "pix", "one PCIe switch"),
+    ("PXB", "pxb", "several PCIe switches"),
+    ("PHB", "phb", "a PCIe host bridge (the CPU)"),
+    ("NODE", "node", "host bridges within a NUMA node"),
+    ("SYS", "sys", "across NUMA nodes, over the socket interconnect"),
+)
+
+
+def topology_matrix(node: Node) -> dict[str, Any] | None:
+    """The node's GPU topology as `nvidia-smi topo -m` prints it (rows of cells with their kind), or None
+    when its agent reported none."""
+    topology = node.gpu_topology or {}
+    links, numa = topology.get("links") or [], topology.get("numa") or []
+    if not links:
+        return None
+    rows = []
+    for i, row in enumerate(links):
+        cells = []
+        for link in row:
+            kind = "self" if link == "X" else "unknown" if link is None else "nv" if link.startswith("NV") else link.lower()
+            cells.append({"text": link or "?", "kind": kind})
+        node_of = numa[i] if i < len(numa) else None
+        rows.append(
+            {"index": i, "cells": cells, "numa": "N/A" if node_of is None or node_of < 0 else str(node_of)}
+        )
+    return {"rows": rows, "legend": TOPOLOGY_LEGEND, "one_node": bool(numa) and all(n == -1 for n in numa)}
 
 
 def node_history_spark(name: str):
@@ -379,6 +422,7 @@ def node_page_context(
             "rack_hold": Hold.objects.filter(domain=rack_domain).first() if rack_domain else None,
             "release_text": facility_services.release_text(domain=rack_domain) if rack_domain else "",
             "warnings": list(warnings),
+            "topology": topology_matrix(node),
         }
     )
     return context

@@ -225,13 +225,16 @@ class RedfishPower:
         if length is not None and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
             response.close()
             raise BmcDown(f"an answer of {int(length):,} bytes, more than {MAX_ANSWER_BYTES:,}")
+        # What has arrived, up to a chunk (urllib3 2); an older urllib3 waits for a whole chunk, each wait
+        # still bounded by the request's timeout.
+        read = getattr(response.raw, "read1", None) or response.raw.read
         chunks: list[bytes] = []
         size = 0
         while True:
             if self._clock() > self._deadline_at:
                 response.close()
                 raise BmcDown(f"no answer within {self._settings.deadline_seconds:g} s (cut after {size:,} bytes)")
-            chunk = response.raw.read1(_CHUNK_BYTES, decode_content=True)
+            chunk = read(_CHUNK_BYTES, decode_content=True)
             if not chunk:
                 break
             size += len(chunk)
