@@ -18,6 +18,32 @@ NODES_GROUP = "nodes"
 PLACEMENT_GROUP = "placement"
 
 
+# After a send that found the layer's Redis down or out of reach, live updates are dropped for this long:
+# a request that sends several then waits for one, not for each.
+LAYER_DOWN_SECONDS = 5.0
+_layer_down_until = 0.0
+
+
+async def _group_send_all(layer, messages: list[tuple[str, dict]]) -> None:
+    """The sends, bounded in time: with Redis down or out of reach a live update is dropped (the console
+    catches up on the next one) after LLMGW_REDIS_TIMEOUT at most, never holding up the heartbeat or the
+    write that caused it."""
+    global _layer_down_until
+    from django.conf import settings
+
+    if time.monotonic() < _layer_down_until:
+        return
+    try:
+        async with asyncio.timeout(settings.LLMGW_REDIS_TIMEOUT_SECONDS):
+            for group, message in messages:
+                await layer.group_send(group, message)
+    except Exception as exc:  # a console update never fails the write that caused it
+        if isinstance(exc, TimeoutError | OSError) or type(exc).__module__.startswith("redis"):
+            _layer_down_until = time.monotonic() + LAYER_DOWN_SECONDS
+        log.warning("live update to %s not sent: %s", ", ".join(sorted({g for g, _ in messages})),
+                    str(exc) or type(exc).__name__)
+
+
 def _send(group: str, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
@@ -29,9 +55,9 @@ def _send(group: str, message: dict) -> None:
     try:
         if loop is not None:
             # Called from code running inside an event loop (a sync write under an async caller): send later.
-            loop.create_task(layer.group_send(group, message))
+            loop.create_task(_group_send_all(layer, [(group, message)]))
         else:
-            async_to_sync(layer.group_send)(group, message)
+            async_to_sync(_group_send_all)(layer, [(group, message)])
     except Exception:  # a console update never fails the write that caused it
         log.warning("live update to %s not sent", group, exc_info=True)
 
@@ -151,8 +177,7 @@ def _send_many(messages: list[tuple[str, dict]]) -> None:
         return
 
     async def send_all() -> None:
-        for group, message in messages:
-            await layer.group_send(group, message)
+        await _group_send_all(layer, messages)
 
     try:
         asyncio.get_running_loop().create_task(send_all())

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from llmgw.dependencies import not_queued_warnings, warning_added
 from llmgw.errors import WRITE_CONFLICT_TEXT, InvalidInput, LlmgwError, is_write_conflict
 from llmgw.jsonguard import MAX_JSON_DEPTH
 from llmgw.parsers import BoundedJSONParser
@@ -166,6 +167,13 @@ class ApiView(APIView):
                 check_text(value, name)
         if request.method in ("POST", "PUT", "PATCH"):
             check_body(request.data)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        # A change stored whose reconcile could not be queued (Redis down) says so in its `warning`.
+        if not_queued_warnings() and response.status_code < 300 and isinstance(response.data, dict):
+            response.data["warning"] = warning_added(response.data.get("warning"))
+        return response
 
 
 def api_not_found(request, *args, **kwargs):

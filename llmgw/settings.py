@@ -157,6 +157,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # PostgreSQL down: 503 at once; Redis down: the answer says what was not queued (after messages: it adds one).
+    "llmgw.dependencies.DependenciesMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
@@ -196,10 +198,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         if env_bool("LLMGW_DB_PREPARE", True)
         else {}
     )
+    # PostgreSQL down or out of reach costs a request a bounded wait, then a 503 (llmgw.dependencies): a
+    # connection is given up after LLMGW_DB_CONNECT_TIMEOUT (refused: at once), a wait for one from the pool
+    # after LLMGW_DB_POOL_TIMEOUT.
+    DATABASES["default"]["OPTIONS"]["connect_timeout"] = int(os.environ.get("LLMGW_DB_CONNECT_TIMEOUT", "3"))
     if env_bool("LLMGW_DB_POOL", True):
+        pool_timeout = float(os.environ.get("LLMGW_DB_POOL_TIMEOUT", "3"))
         DATABASES["default"]["OPTIONS"]["pool"] = {
-            "min_size": 1, "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")), "timeout": 30
+            "min_size": 1,
+            "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")),
+            "timeout": pool_timeout,
+            # The pool stops retrying a failed connection after this long, so the one a request asks for
+            # once the database is back is tried at once, not after minutes of growing back-off.
+            "reconnect_timeout": pool_timeout,
         }
+        # A connection is checked as the pool hands it out (one empty round trip): the ones that died with
+        # the database are dropped there, so the first requests after it returns do not fail on them.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default: one writer at a time, waiting rather than failing when the in-process work and
     # a request write together.
@@ -275,9 +290,21 @@ SPECTACULAR_SETTINGS = {
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# Redis down or out of reach costs a request this long at most (connecting, or waiting for an answer): a
+# live update is then dropped and a reconcile not queued, and the answer says so (llmgw.dependencies).
+LLMGW_REDIS_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_REDIS_TIMEOUT", "2"))
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # A console socket waits up to 5 s for its next message (BZPOPMIN): a read may take that long.
+            # Live updates sent by requests are bounded by LLMGW_REDIS_TIMEOUT on their own (agents.events).
+            "CONFIG": {"hosts": [{
+                "address": REDIS_URL,
+                "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
+                "socket_timeout": LLMGW_REDIS_TIMEOUT_SECONDS + 10,
+            }]},
+        }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -293,6 +320,13 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "120"))
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "180"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Sending a task tries once, bounded: with Redis out of reach the sender hears so within the timeout
+# (a worker's wait for its next task, BRPOP, answers within 1 s, so an answer may take 2 s).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
+    "socket_timeout": max(LLMGW_REDIS_TIMEOUT_SECONDS, 2.0),
+}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 0}
 RECONCILE_INTERVAL_SECONDS = float(os.environ.get("LLMGW_RECONCILE_INTERVAL", "15"))
 CONDITIONS_INTERVAL_SECONDS = float(os.environ.get("LLMGW_CONDITIONS_INTERVAL", "15"))
 CELERY_BEAT_SCHEDULE = {

@@ -81,7 +81,21 @@ def _enqueue() -> None:
         if run.unfinished:
             inprocess.wake()
         return
-    reconcile.apply_async(expires=300)
+    reconcile_queue(expires=300)
+
+
+def reconcile_queue(**options) -> None:
+    """Send a reconcile to the workers (apply_async's `options`). With Redis out of reach the send fails
+    within LLMGW_REDIS_TIMEOUT, and that is said in the answer of the request that asked rather than
+    raised: the change is stored already, and beat's reconcile takes it up once Redis is back."""
+    from kombu.exceptions import OperationalError as BrokerUnreachable
+
+    from llmgw.dependencies import task_not_queued
+
+    try:
+        reconcile.apply_async(**options)
+    except BrokerUnreachable as exc:
+        task_not_queued("reconcile", exc)
 
 
 def request_reconcile() -> None:
@@ -100,4 +114,4 @@ def reconcile_after(seconds: float) -> None:
     from llmgw.celery import app
 
     if not app.conf.task_always_eager:
-        transaction.on_commit(lambda: reconcile.apply_async(countdown=seconds, expires=seconds + 60))
+        transaction.on_commit(lambda: reconcile_queue(countdown=seconds, expires=seconds + 60))
