@@ -517,9 +517,7 @@ def limit_warning(*, domain: str, add_watts: float) -> str | None:
 def location_warnings(*, node_name: str, changes: dict[str, str | None]) -> list[str]:
     """What a Location… change would cause that a person should confirm: each new domain no node is in
     (a typo?) and each domain the node's draw would take past its limit."""
-    from agents.models import NodeDomain
-
-    from agents.models import Node
+    from agents.models import Node, NodeDomain
 
     current = set(NodeDomain.objects.filter(node__name=node_name).values_list("domain", flat=True))
     own = None
