@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
-from agents.filtersets import STATES, NodeFilterSet
+from agents.filtersets import MAX_TERMS, MAX_TEXT, STATES, NodeFilterSet
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from agents.serializers import (
@@ -29,7 +29,6 @@ from agents.serializers import (
 )
 from facility import nodes as facility_nodes
 from facility import services as facility_services
-from facility.serializers import DOMAIN_OR_EMPTY_PATTERN
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
@@ -45,7 +44,10 @@ class NodeListView(ApiView):
         ok={200: NodeRowSerializer(many=True)},
         parameters=[
             OpenApiParameter(
-                "domain", str, pattern=DOMAIN_OR_EMPTY_PATTERN, description="Only nodes in this domain, e.g. rack:r12-07"
+                "domain", str, pattern=STORABLE_TEXT_PATTERN,
+                description="Only nodes in this domain (rack:r12-07, any level), in the rack of this name (r12-07) "
+                "or with this label (gpu.model=H200); several, separated by spaces, must all hold "
+                f"(at most {MAX_TERMS} terms, {MAX_TEXT} characters)",
             ),
             OpenApiParameter("state", str, enum=[*STATES, ""], description="Only nodes in this state (empty: any)"),
             OpenApiParameter(

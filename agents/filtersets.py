@@ -1,7 +1,15 @@
-"""Filters of the nodes list: one FilterSet for the console's Nodes page (and the API, should it want it)."""
+"""Filters of the nodes list: one FilterSet for the console's Nodes page and the API's ``GET /api/v1/nodes``.
+
+``domain`` takes what a facility engineer types: a domain (``rack:r12-07``, ``pdu:r12-07-a``), a bare name
+(``r12-07``: the rack, or the one domain of another level so named), a label (``gpu.model=H200``), or
+several of them separated by spaces, all of which must hold. A name or label value no node has gets
+suggestions (:meth:`NodeFilterSet.suggestions`, difflib's close matches), which the console shows.
+"""
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -9,36 +17,108 @@ from datetime import datetime
 import django_filters
 from django import forms
 from django.db.models import QuerySet
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
-from facility.domains import DomainError, parse_domain
+from facility.domains import LEVELS, DomainError, parse_domain
 from facility.nodes import held_domains, node_state
 
 STATES = ("ready", "not-ready", "cordoned", "held")
 
+# What one filter text may hold: more is not a person typing.
+MAX_TERMS = 8
+MAX_TEXT = 500
+LABEL_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9._/-]{0,252}")
+# `gpu.model = H200` (the node_selector's spacing) is one term.
+_SPACED_EQUALS = re.compile(r"\s*=\s*")
+SUGGESTIONS = 3
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One term of a `domain` filter: a domain (``rack:r12-07``), a bare name (``r12-07``) or a label
+    (``gpu.model`` = ``H200``). ``text`` is how it was written (normalised), to swap a suggestion in."""
+
+    kind: str  # "domain", "name" or "label"
+    text: str
+    key: str = ""
+    value: str = ""
+
+
+def parse_terms(text: str) -> list[Term]:
+    """The terms of a `domain` filter; a bad one raises DomainError with the parser's words."""
+    text = _SPACED_EQUALS.sub("=", text.strip())
+    if len(text) > MAX_TEXT:
+        raise DomainError(f"at most {MAX_TEXT} characters")
+    if _CONTROL.search(text):
+        raise DomainError("a filter must not hold a control character")
+    words = text.split()
+    if len(words) > MAX_TERMS:
+        raise DomainError(f"at most {MAX_TERMS} terms (a rack, a domain or a key=value label each)")
+    terms = []
+    for word in words:
+        if "=" in word:
+            key, _, value = word.partition("=")
+            if not LABEL_KEY_RE.fullmatch(key):
+                raise DomainError(
+                    f"{word!r}: a label is key=value, the key a letter then letters, digits, '.', '_', '/' or '-'"
+                )
+            if not value:
+                raise DomainError(f"{word!r}: a label is key=value, with a value")
+            terms.append(Term("label", word, key, value))
+        elif ":" in word or word in LEVELS:
+            # A level alone (`rack`) is a domain half written: the parser says how to write it.
+            terms.append(Term("domain", str(parse_domain(word))))
+        else:
+            parse_domain(f"rack:{word}")  # the same rule for a name as for a domain's
+            terms.append(Term("name", word))
+    return terms
+
 
 class DomainField(forms.CharField):
-    """A `level:name` domain, kept in its canonical text; a bad one is refused with the parser's words."""
+    """Domains, bare names and labels (:func:`parse_terms`); a bad one is refused with the parser's words."""
 
     def clean(self, value):
         value = super().clean(value)
         if not value:
-            return value
+            return []
         try:
-            return str(parse_domain(value.strip()))
+            return parse_terms(value)
         except DomainError as exc:
             raise forms.ValidationError(str(exc)) from exc
+
+
+def name_domains(name: str) -> list[str]:
+    """The domains a bare name stands for: its rack if there is one, else every domain of that name."""
+    found = sorted(
+        NodeDomain.objects.filter(domain__in=[f"{level}:{name}" for level in LEVELS])
+        .values_list("domain", flat=True)
+        .distinct()
+    )
+    rack = f"rack:{name}"
+    return [rack] if rack in found or not found else found
+
+
+def label_value(queryset: QuerySet[Node], key: str) -> QuerySet[Node]:
+    """The queryset with the text of label ``key`` as ``label_value`` (None where the node has none)."""
+    return queryset.annotate(label_value=KeyTextTransform(key, "labels"))
 
 
 class DomainFilter(django_filters.CharFilter):
     field_class = DomainField
 
     def filter(self, qs, value):
-        if not value:
-            return qs
-        # One NodeDomain row per node and domain, so the join never repeats a node.
-        return qs.filter(domains__domain=value)
+        for term in value or ():
+            if term.kind == "domain":
+                # One NodeDomain row per node and domain, so the join never repeats a node.
+                qs = qs.filter(pk__in=NodeDomain.objects.filter(domain=term.text).values("node_id"))
+            elif term.kind == "name":
+                qs = qs.filter(pk__in=NodeDomain.objects.filter(domain__in=name_domains(term.text)).values("node_id"))
+            else:
+                qs = qs.filter(pk__in=label_value(Node.objects.all(), term.key).filter(label_value=term.value).values("pk"))
+        return qs
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +150,8 @@ def node_state_lines(queryset: QuerySet[Node], now: datetime | None = None) -> l
 
 
 class NodeFilterSet(django_filters.FilterSet):
-    """`domain=rack:r12-07` (any level), `state=held`, `q=gpu01` (part of the name)."""
+    """`domain=rack:r12-07` (any level; or `r12-07`, `gpu.model=H200`, several), `state=held`, `q=gpu01`
+    (part of the name)."""
 
     domain = DomainFilter(label="Domain")
     state = django_filters.ChoiceFilter(
@@ -88,3 +169,55 @@ class NodeFilterSet(django_filters.FilterSet):
             return queryset
         keep = [line.pk for line in node_state_lines(queryset) if line.state == value]
         return queryset.filter(pk__in=keep)
+
+    def suggestions(self) -> list[dict]:
+        """For each term of `domain` that no node has, in words and what it could have meant: ``{"term":
+        "r12-7", "text": "No node is in rack r12-7.", "matches": ["r12-07", "r12-17"]}`` (``matches`` may be
+        empty). Read only when asked (the console asks when the list is empty)."""
+        if not self.is_bound or not self.is_valid():
+            return []
+        out = []
+        for term in self.form.cleaned_data.get("domain") or ():
+            if term.kind == "label":
+                out += _label_suggestions(term)
+            else:
+                out += _domain_suggestions(term)
+        return out
+
+
+def _domain_suggestions(term: Term) -> list[dict]:
+    names = name_domains(term.text) if term.kind == "name" else [term.text]
+    if NodeDomain.objects.filter(domain__in=names).exists():
+        return []
+    known = list(NodeDomain.objects.values_list("domain", flat=True).distinct())
+    if term.kind == "domain":
+        # Names against names of the same level first (`rack:` would make every rack look close).
+        level, name = term.text.split(":", 1)
+        same = [d.split(":", 1)[1] for d in known if d.startswith(f"{level}:")]
+        matches = [f"{level}:{m}" for m in difflib.get_close_matches(name, same, n=SUGGESTIONS)]
+        if not matches:
+            by_name = {d.split(":", 1)[1]: d for d in known}
+            matches = [by_name[m] for m in difflib.get_close_matches(name, list(by_name), n=SUGGESTIONS)]
+        return [{"term": term.text, "text": f"No node is in {level} {name}.", "matches": matches}]
+    # A bare name: the racks' names first, then any domain's name.
+    racks = [d.split(":", 1)[1] for d in known if d.startswith("rack:")]
+    matches = difflib.get_close_matches(term.text, racks, n=SUGGESTIONS)
+    if not matches:
+        matches = difflib.get_close_matches(term.text, [d.split(":", 1)[1] for d in known], n=SUGGESTIONS)
+    return [{"term": term.text, "text": f"No node is in rack {term.text}.", "matches": list(dict.fromkeys(matches))}]
+
+
+def _label_suggestions(term: Term) -> list[dict]:
+    values = label_value(Node.objects.all(), term.key).exclude(label_value=None)
+    if values.filter(label_value=term.value).exists():
+        return []
+    known = list(values.values_list("label_value", flat=True).distinct()[:5000])
+    if known:
+        matches = difflib.get_close_matches(term.value, known, n=SUGGESTIONS)
+        # `h200` for `H200`: a case apart is the likeliest slip, and close matches may rank it low.
+        matches = [v for v in known if v.casefold() == term.value.casefold()] + matches
+        labels = [f"{term.key}={v}" for v in dict.fromkeys(matches)][:SUGGESTIONS]
+        return [{"term": term.text, "text": f"No node has {term.text}.", "matches": labels}]
+    keys = sorted({k for labels in Node.objects.values_list("labels", flat=True) for k in (labels or {})})
+    matches = difflib.get_close_matches(term.key, keys, n=SUGGESTIONS)
+    return [{"term": term.text, "text": f"No node has a {term.key} label.", "matches": [f"{k}={term.value}" for k in matches]}]

@@ -177,6 +177,21 @@ def filtered_nodes(params) -> tuple[NodeFilterSet, Any]:
     return filterset, queryset
 
 
+def filter_suggestions(filterset: NodeFilterSet, params) -> list[dict[str, Any]]:
+    """What each `domain` term no node has could have meant, each with the query that asks for it instead."""
+    terms = filterset.form.cleaned_data.get("domain") or []
+    out = []
+    for hint in filterset.suggestions():
+        links = []
+        for match in hint["matches"]:
+            query = params.copy()
+            query.pop("page", None)
+            query["domain"] = " ".join(match if t.text == hint["term"] else t.text for t in terms)
+            links.append({"text": match, "query": query.urlencode()})
+        out.append({**hint, "links": links})
+    return out
+
+
 def node_summary(params) -> dict[str, Any]:
     """The Nodes summary line for a filter: how many nodes, and how many in each state (the live socket
     sends it again as rows change)."""
@@ -217,6 +232,8 @@ def node_list_context(request: HttpRequest) -> dict[str, Any]:
     params.pop("sort", None)
     return {
         "filterset": filterset,
+        # Only an empty list asks: a term no node has is what empties it.
+        "suggestions": filter_suggestions(filterset, request.GET) if not lines and filterset.is_bound else [],
         "rows": rows,
         "page": page,
         "total": len(lines),

@@ -25,3 +25,22 @@
     });
   });
 })();
+
+// `hx-ext="ws,shown-only"`: a live update's rows whose element the page no longer shows are dropped, not
+// swapped. The socket learns which rows a page shows only after the page swapped its table (a filter, a
+// sort, a page), so a heartbeat in between sends rows of the old table: htmx would report each as
+// htmx:oobErrorNoTarget.
+htmx.defineExtension("shown-only", {
+  transformResponse: function (text) {
+    var holder = document.createElement("template");
+    holder.innerHTML = text;
+    var dropped = false;
+    Array.prototype.slice.call(holder.content.children).forEach(function (el) {
+      if (el.id && el.getAttribute("hx-swap-oob") === "true" && !document.getElementById(el.id)) {
+        el.remove();
+        dropped = true;
+      }
+    });
+    return dropped ? holder.innerHTML : text;
+  }
+});
