@@ -75,10 +75,15 @@ def drain_stops(
 
     ``moving``: the model's replicas that must move (on a draining node, or marked by shedding);
     ``ready``: the model's ready replicas now. An original stops only while the model keeps ``min_ready``
-    ready replicas without it; else it serves on and its replacement counts as still in flight.
+    ready replicas without it, and without the replacements stopped with it; else it serves on and its
+    replacement counts as still in flight.
     """
     replacements = list(replacements)
-    stop = [r.id for r in replacements if r.replaces not in moving]
+    unneeded = [r for r in replacements if r.replaces not in moving]
+    stop = [r.id for r in unneeded]
+    # A replacement that is no longer needed goes in the same step: what is left to serve is counted
+    # without it (with 4 ready of min_ready 3, a ready one going and an original taken over leave 2).
+    ready -= sum(r.state == READY for r in unneeded)
     replaced = {r.replaces for r in replacements}
     in_flight = 0
     done: list[Original] = []
