@@ -26,6 +26,28 @@
   });
 })();
 
+// Menus (`details.action`: Location…, Hold rack, Cordon, Release…): one open at a time; Escape closes the
+// open one and gives the focus back to the button (its summary) that opened it.
+(function () {
+  "use strict";
+  document.addEventListener("toggle", function (e) {
+    var menu = e.target;
+    if (!menu.matches || !menu.matches("details.action") || !menu.open) { return; }
+    document.querySelectorAll("details.action[open]").forEach(function (other) {
+      if (other !== menu) { other.open = false; }
+    });
+  }, true);
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Escape" || e.defaultPrevented) { return; }
+    var menu = (e.target.closest && e.target.closest("details.action[open]")) || document.querySelector("details.action[open]");
+    if (!menu) { return; }
+    menu.open = false;
+    var button = menu.querySelector(":scope > summary");
+    if (button) { button.focus(); }
+    e.preventDefault();
+  });
+})();
+
 // `hx-ext="ws,shown-only"`: a live update's rows whose element the page no longer shows are dropped, not
 // swapped. The socket learns which rows a page shows only after the page swapped its table (a filter, a
 // sort, a page), so a heartbeat in between sends rows of the old table: htmx would report each as
