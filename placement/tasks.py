@@ -6,6 +6,7 @@ import logging
 import time
 
 from celery import shared_task
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from llmgw.errors import is_write_conflict
@@ -20,7 +21,12 @@ WRITE_CONFLICT_TRIES = 3
 RECONCILE_LOCK = 0x6C6C6D67  # "llmg"
 
 
-@shared_task(name="placement.tasks.reconcile", acks_late=True, ignore_result=True)
+# A reconcile ends before the next beat's: one that would overrun is cut, and the next takes it up.
+RECONCILE_SOFT_LIMIT = settings.RECONCILE_INTERVAL_SECONDS * 0.9
+
+
+@shared_task(name="placement.tasks.reconcile", acks_late=True, ignore_result=True,
+             soft_time_limit=RECONCILE_SOFT_LIMIT, time_limit=settings.RECONCILE_INTERVAL_SECONDS)
 def reconcile() -> None:
     """Bring every model to its desired replicas (and move what drains); safe to run any time, twice.
 
