@@ -45,13 +45,17 @@ def facility_overview() -> dict[str, Any]:
     holds = {h.domain: h for h in Hold.objects.all()}
     now = timezone.now()
     figures: dict[int, power.NodePower] = {}
+    names: dict[int, str] = {}
     placed = bookings.placed_watts()
-    for node in Node.objects.only("id", "measured_peak_watts", "sensors_at"):
+    # One read of the nodes gives both their figures and their names; a node that joins after it (its
+    # domain rows read below) is counted from the next overview on, never looked up and missed (KeyError).
+    for node in Node.objects.only("id", "name", "measured_peak_watts", "sensors_at"):
         figures[node.pk] = power.NodePower(placed.get(node.pk, 0.0), node.fresh_measured_watts(now))
+        names[node.pk] = node.name
     members: dict[str, list[int]] = defaultdict(list)
-    names: dict[int, str] = dict(Node.objects.values_list("id", "name"))
     for node_id, domain in NodeDomain.objects.values_list("node_id", "domain"):
-        members[domain].append(node_id)
+        if node_id in figures:
+            members[domain].append(node_id)
     conditions = effective_conditions(now=now)
     all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds) | set(conditions)
     order = {level: i for i, level in enumerate(LEVELS)}
@@ -120,7 +124,8 @@ def domain_uses(*, level: str) -> dict[str, power.DomainPower]:
     for text in sorted(set(members) | {str(d) for d in budget_by_domain}):
         domain = parse_domain(text)
         out[domain.name] = power.domain_power(
-            domain, [figures[i] for i in members.get(text, [])], budget_by_domain.get(domain), settings
+            # A node gone between the two reads is left out, as it is from the next overview.
+            domain, [figures[i] for i in members.get(text, []) if i in figures], budget_by_domain.get(domain), settings
         )
     return out
 
