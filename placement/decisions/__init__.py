@@ -2,5 +2,6 @@
 
 Plain frozen dataclasses in, the decision out: no Django, no clock (``now`` is an argument), no
 database. :mod:`placement.drain`, :mod:`placement.shedding` and :mod:`placement.capping` read the rows,
-call these and write what they decide; the unit tests (tests/unit/test_*_step.py) call them alone.
+call these and write what they decide; the unit tests (tests/unit/test_drain_step.py,
+test_shed_pick.py, test_cap_step.py) call them alone.
 """

@@ -8,6 +8,7 @@ planner's); what is decided here is the order, the rules and the words.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -174,7 +175,8 @@ def shed_moves(
 ) -> list[ShedMove]:
     """Each step's decision, in order: the first replica (:func:`shed_order`) whose replacement ``place``
     fits moves; else, under ``drop_batch``, a batch replica above its minimum is dropped; else the domain
-    stays, with the first replica's reason (listed once: later intervals would say the same).
+    stays, with the first replica's reason (listed once: later intervals would say the same). A model's
+    ready count is taken as it will be after the drops decided before (a move keeps it: replacement first).
 
     ``candidates``: each stepped domain's replicas; ``place`` plans a replacement and, when it fits, keeps
     it on the planning index, so later steps plan around it.
@@ -182,6 +184,7 @@ def shed_moves(
     ordered = {domain: shed_order(found) for domain, found in candidates.items()}
     taken: set[int] = set()
     stuck: set[str] = set()
+    dropped: Counter[int] = Counter()  # model → its ready replicas dropped by earlier steps
     moves: list[ShedMove] = []
     for at, trouble in steps:
         if trouble.domain in stuck:
@@ -193,7 +196,7 @@ def shed_moves(
             if candidate.replica_id in taken:
                 continue
             name = candidate.name
-            ready = candidate.ready
+            ready = candidate.ready - dropped[candidate.model_id]
             result = place(candidate)
             if isinstance(result, Fits):
                 taken.add(candidate.replica_id)
@@ -206,6 +209,8 @@ def shed_moves(
                 break
             if rule.drop_batch and candidate.service_class == "batch" and ready > candidate.min_ready:
                 taken.add(candidate.replica_id)
+                if candidate.state == READY:
+                    dropped[candidate.model_id] += 1
                 moves.append(ShedMove(
                     at, trouble.domain, "drop",
                     f"stop {name} without a replacement ({standing(candidate, ready)}; drop_batch; "
