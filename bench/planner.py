@@ -1,10 +1,19 @@
-"""The planner's own speed: placements per second and latency, at 1,000 and 10,000 nodes.
+"""The planner's own speed: placements per second and latency, at 1,000 and 10,000 nodes, with drifting readings.
 
 A synthetic cluster of 8-GPU nodes, 25 to a rack, each rack on two PDUs (half its nodes on each),
-with power budgets on every rack and PDU that bind before the cards run out. Twenty models with
-8-, 4-, 2- and 1-GPU profiles take turns placing one replica at a time through the index
-(plan, then apply the plan as a commit would), until none fits. Each placement is timed; the plain
-path (``plan_replica``, every node checked) is timed on a sample for comparison.
+with power budgets on every rack and PDU that bind before the cards run out; a few racks warm and one
+hot under enforce mode. Every node's sensors read a draw of its own (an idle draw of 700-1,300 W plus
+80-95 % of what is placed on it), so no two nodes share a measured figure, and the readings drift:
+between every two plans ``--readings`` nodes (default 1, more than heartbeats bring to one reconcile's
+index) report a new reading, which the index takes (``update_node``). Twenty models with 8-, 4-, 2- and
+1-GPU profiles, each measured at its own tokens per joule on H100 and H200, take turns placing one
+replica at a time through the index (plan, then apply the plan as a commit would), until none fits.
+Each placement is timed with the readings that came before it; the plain path (``plan_replica``,
+every node checked) is timed on a sample for comparison.
+
+``--index FILE`` times another placement/index.py beside this one (the code before a change, as
+``git show HEAD~1:placement/index.py > /tmp/index_before.py`` leaves it), on the same cluster and the
+same readings, alternating: on a shared machine only figures taken side by side compare.
 
 Run: ``.venv/bin/python bench/planner.py`` (``--nodes 1000`` to pick one size). Prints figures, asserts
 nothing.
@@ -14,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import random
 import sys
 import time
 from collections import Counter
@@ -25,6 +36,7 @@ from facility.domains import domains_of  # noqa: E402
 from facility.power import Budget, FacilitySettings  # noqa: E402
 from placement.index import PlacementIndex  # noqa: E402
 from placement.planner import (  # noqa: E402
+    DomainCondition,
     FacilityView,
     NodeView,
     NoFit,
@@ -38,10 +50,21 @@ NODES_PER_RACK = 25
 GPU_SIZES = (8, 8, 8, 4, 4, 4, 2, 2, 1, 1)
 
 
+def idle_watts(i: int) -> float:
+    """Node i's idle draw: its own figure between 700 and 1,300 W."""
+    return 700 + (i * 7919 % 6007) / 10
+
+
+def reading(node: NodeView, i: int, rng: random.Random) -> NodeView:
+    """The node with a new reading: its idle draw and 80-95 % of what is placed on it, no two alike."""
+    return dataclasses.replace(node, measured_watts=idle_watts(i) + rng.uniform(0.80, 0.95) * node.placed_watts)
+
+
 def cluster(count: int) -> tuple[list[NodeView], FacilityView]:
     """``count`` nodes in racks of 25, two PDUs a rack, budgets that bind near 85% of the cards."""
     nodes = []
     budgets = {}
+    rng = random.Random(count)
     for i in range(count):
         rack = f"r{i // NODES_PER_RACK:03}"
         pdu = f"{rack}-{'ab'[i % 2]}"
@@ -53,33 +76,39 @@ def cluster(count: int) -> tuple[list[NodeView], FacilityView]:
             "gpu.model": "H200" if i % 3 else "H100",
             "gpu.memory_gib": "141" if i % 3 else "80",
         }
-        nodes.append(
-            NodeView(
-                name=f"gpu{i:05}",
-                ready=True,
-                cordoned=False,
-                labels=labels,
-                domains=domains_of(labels),
-                fabric=f"ib{i // 200}",
-                gpus_total=8,
-                free_gpus=tuple(range(8)),
-                cpu_cores_total=128,
-                cpu_cores_free=128,
-                memory_gib_total=2048,
-                memory_gib_free=2048,
-                gpu_power_limit_watts=700,
-                placed_watts=0,
-                measured_watts=None,
-                weights=frozenset({f"model{i % 20:02}"}) if i % 7 == 0 else frozenset(),
-                replicas=0,
-            )
+        node = NodeView(
+            name=f"gpu{i:05}",
+            ready=True,
+            cordoned=False,
+            labels=labels,
+            domains=domains_of(labels),
+            fabric=f"ib{i // 200}",
+            gpus_total=8,
+            free_gpus=tuple(range(8)),
+            cpu_cores_total=128,
+            cpu_cores_free=128,
+            memory_gib_total=2048,
+            memory_gib_free=2048,
+            gpu_power_limit_watts=700,
+            placed_watts=0,
+            measured_watts=None,
+            weights=frozenset({f"model{i % 20:02}"}) if i % 7 == 0 else frozenset(),
+            replicas=0,
         )
+        nodes.append(reading(node, i, rng))
     # A full node draws 350 + 8 × 700 = 5,950 W. Caps (less the 10% margin) hold about 85% of that.
     per_node = 5950 * 0.85 / 0.9
     members = Counter(d for node in nodes for d in node.domains if d.level in ("rack", "pdu"))
     for domain, size in members.items():
         budgets[domain] = Budget(domain, cap_watts=round(per_node * size, -2), other_watts=500)
-    return nodes, FacilityView(settings=FacilitySettings(), budgets=budgets, holds={})
+    # One rack in sixteen warm, one in a hundred hot, enforced: ranked after the ok ones, and refused.
+    racks = sorted(d for d in members if d.level == "rack")
+    conditions = {
+        rack: DomainCondition("hot" if n % 100 == 7 else "warm", enforce=True, detail="inlet 31.0 °C for 6 min")
+        for n, rack in enumerate(racks)
+        if n % 16 == 3 or n % 100 == 7
+    }
+    return nodes, FacilityView(settings=FacilitySettings(), budgets=budgets, holds={}, conditions=conditions)
 
 
 def models() -> list[ReplicaRequest]:
@@ -92,6 +121,7 @@ def models() -> list[ReplicaRequest]:
                 cpu_cores=8,
                 memory_gib=128,
                 selector=h200 if m % 4 == 0 else None,
+                tokens_per_joule=(("H100", 1.8 + m / 37), ("H200", 2.6 + m / 41)),
             ),
         )
         for m in range(20)
@@ -103,16 +133,46 @@ def percentile(samples: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def run(count: int, plain_sample: int) -> None:
+def load_index(path: str | None) -> type:
+    """PlacementIndex from this tree, or from another copy of placement/index.py (``--index``)."""
+    if path is None:
+        return PlacementIndex
+    spec = importlib.util.spec_from_file_location("placement._index_compared", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.PlacementIndex
+
+
+@dataclasses.dataclass
+class Figures:
+    """One run's figures."""
+
+    built: float
+    timings: list[float]
+    cpu: list[float]  # each placement's CPU time: what a machine shared with other work does not inflate
+    plain: list[float]
+    free: int
+    total: int
+    fullest: float
+    readings: int
+    plans: list  # every plan's shards (to check that two indexes planned alike)
+
+
+def run_once(count: int, plain_sample: int, index_class: type = PlacementIndex, readings: int = 1) -> Figures:
+    """Place until nothing fits; the readings of ``readings`` nodes move before each plan."""
     nodes, facility = cluster(count)
+    rng = random.Random(1)
     started = time.perf_counter()
-    index = PlacementIndex(nodes, facility)
+    index = index_class(nodes, facility)
     built = time.perf_counter() - started
     existing: dict[str, list[frozenset[str]]] = {}
     open_models = models()
     timings: list[float] = []
+    cpu: list[float] = []
     plain: list[float] = []
-    nofits = 0
+    plans = []
+    moved = 0
     while open_models:
         for model in list(open_models):
             req = dataclasses.replace(model, existing=tuple(existing.get(model.model, ())))
@@ -121,33 +181,68 @@ def run(count: int, plain_sample: int) -> None:
                 t0 = time.perf_counter()
                 plan_replica(req, view, facility)
                 plain.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            drifted = []
+            for _ in range(readings):
+                i = rng.randrange(count)
+                drifted.append(reading(index.node(nodes[i].name), i, rng))
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for view in drifted:
+                index.update_node(view)
             result = index.plan(req)
             if isinstance(result, NoFit):
-                nofits += 1
                 open_models.remove(model)
                 continue
             index.apply(result)
             timings.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            moved += len(drifted)
+            plans.append(result.shards)
             existing.setdefault(req.model, []).append(result.nodes)
     free = sum(len(n.free_gpus) for n in index.nodes())
     total = sum(n.gpus_total for n in nodes)
     racks = [d for d in facility.budgets if d.level == "rack"]
-    use = max(index.use_watts(d) / facility.budgets[d].limit_watts(0.1) for d in racks)
-    print(
-        f"{count:>6} nodes, {len(racks)} racks, {len(facility.budgets) - len(racks)} PDUs: "
-        f"index built in {built * 1000:.0f} ms"
-    )
-    print(
-        f"        index: {len(timings)} placements (plan + apply), "
+    fullest = max(index.use_watts(d) / facility.budgets[d].limit_watts(0.1) for d in racks)
+    return Figures(built, timings, cpu, plain, free, total, fullest, moved, plans)
+
+
+def line(label: str, figures: Figures) -> str:
+    timings, cpu = figures.timings, figures.cpu
+    return (
+        f"        {label}: {len(timings)} placements (readings + plan + apply), "
         f"{len(timings) / sum(timings):,.0f} placements/s, "
         f"p50 {percentile(timings, 0.5) * 1e6:,.0f} µs, p99 {percentile(timings, 0.99) * 1e6:,.0f} µs; "
-        f"ended with {free} of {total} GPUs free, fullest rack at {use:.0%} of its limit"
+        f"by CPU time {len(cpu) / sum(cpu):,.0f}/s, p50 {percentile(cpu, 0.5) * 1e6:,.0f} µs, "
+        f"p99 {percentile(cpu, 0.99) * 1e6:,.0f} µs (index built in {figures.built * 1000:.0f} ms)"
     )
-    if plain:
+
+
+def run(count: int, plain_sample: int, *, compare: str | None = None, rounds: int = 1, readings: int = 1) -> None:
+    """Print the figures at ``count`` nodes; with ``compare``, that index's beside this one's, alternating."""
+    _, facility = cluster(count)
+    racks = sum(1 for d in facility.budgets if d.level == "rack")
+    print(
+        f"{count:>6} nodes, {racks} racks, {len(facility.budgets) - racks} PDUs, "
+        f"{sum(1 for c in facility.conditions.values() if c.condition == 'warm')} racks warm and "
+        f"{sum(1 for c in facility.conditions.values() if c.condition == 'hot')} hot (enforced); "
+        f"{readings} node's reading moves between every two plans"
+    )
+    other = load_index(compare) if compare else None
+    for number in range(rounds):
+        figures = run_once(count, plain_sample if number == 0 else 0, readings=readings)
+        print(line("index", figures))
+        if other is not None:
+            before = run_once(count, 0, other, readings=readings)
+            print(line(f"index of {compare}", before))
+            if before.plans != figures.plans:
+                print("        (the two planned differently!)")
+    print(
+        f"        ended with {figures.free} of {figures.total} GPUs free, fullest rack at {figures.fullest:.0%} of "
+        f"its limit; {figures.readings} readings moved"
+    )
+    if figures.plain:
         print(
-            f"        plain plan_replica on a sample of {len(plain)}: "
-            f"p50 {percentile(plain, 0.5) * 1e6:,.0f} µs, p99 {percentile(plain, 0.99) * 1e6:,.0f} µs"
+            f"        plain plan_replica on a sample of {len(figures.plain)}: "
+            f"p50 {percentile(figures.plain, 0.5) * 1e6:,.0f} µs, p99 {percentile(figures.plain, 0.99) * 1e6:,.0f} µs"
         )
 
 
@@ -155,9 +250,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, action="append", help="cluster size (repeatable)")
     parser.add_argument("--plain-sample", type=int, default=100, help="plain-path placements to time")
+    parser.add_argument("--readings", type=int, default=1, help="nodes whose reading moves between two plans")
+    parser.add_argument("--index", help="another placement/index.py to time beside this one's, alternating")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each index")
     args = parser.parse_args()
     for count in args.nodes or [1000, 10000]:
-        run(count, args.plain_sample)
+        run(count, args.plain_sample, compare=args.index, rounds=args.rounds, readings=args.readings)
 
 
 if __name__ == "__main__":

@@ -5,34 +5,53 @@ A reconcile run places many replicas in a row, so this index keeps what the plai
 
 - nodes grouped by location (their tuple of domains), each group's nodes bucketed by free GPUs and by
   replicas, with the group's condition verdict (refusal, rank, notes) worked out once;
-- each budgeted domain's use, updated by the change of one node's term when a shard is applied;
-- for each model and profile planned, every candidate node in order (:class:`_Ranking`), kept between
-  plans: a placement moves the chosen node, the steps of its rack's nodes (the rack's use moved) and
-  the spread of the nodes in its rack and PDU, so only those are ranked again.
+- each budgeted domain's use, updated by the change of one node's term when its view changes;
+- for each shard shape planned (the cards a shard asks and how its draw is counted: :class:`_Shape`),
+  the candidates in order, shared by every model of that shape: in slates (:class:`_Slate`) of nodes
+  alike for any model — one group's nodes of one GPU model holding the same weights — each in the
+  order of what is left of the key once the model's spread, rank, efficiency and weights are fixed
+  (headroom step, bin packing, name), each entry with the range of its rack's use within which its
+  step holds;
+- for each model and profile planned (:class:`_Ranking`), a heap of its shape's slates by their first
+  key for that model (a lower bound of it, made exact when it comes to the top), and the model's
+  spread counts.
 
-:meth:`PlacementIndex.plan` walks the kept order and stops at the first candidate that passes every
-filter, so a fit costs the changes since the last plan and a handful of checks, whatever the cluster's
-size. The candidates it passed over are kept with their reasons (:class:`_Walk`): the next plan starts
-where this one stopped while none of them moved and their budgeted domains' use did not change (a lost
-room's held nodes and the full racks were walked again by each of its replacements). It gives the
-same plan as ``plan_replica`` (property tests hold the two together, through heartbeats, label moves
-and new facility figures): the same filters and keys, shared with the planner module, and the same
-kept rejections (candidates ranked ahead of the chosen one). A no-fit reports
-every node, as the plain path words it; a multi-node replica goes through ``plan_replica`` on the
-indexed views.
+Only what could have moved is worked out again, and only when a plan gets to it. A node's change (a
+placement, a heartbeat, a lost race) moves that node's entry in each shape's slate, once for every
+model of the shape. A rack's use that rose leaves its slates' first keys later, so where they sit in the
+heaps stays a lower bound: a slate is stepped again when it comes to the top of a heap (the entries
+whose range the use left), for every model at once. A use that fell below a slate's range steps it
+again at once, and a slate whose first key came earlier is logged for the rankings to move it up in
+their heaps. Readings fold into headroom steps: a measured draw that drifts within a step moves no
+candidate. The model's new replica raises the spread of the groups in its rack and PDU, again only a
+later key.
+
+:meth:`PlacementIndex.plan` merges the slates' orders from the heap and stops at the first candidate
+that passes every filter. The candidates it passed over are kept with their reasons (:class:`_Walk`),
+and the slates it walked through stay off the heap: the next plan starts where this one stopped while
+none of them moved, no candidate came in ahead of the last one passed over, their budgeted domains' use
+did not change and the exclusions are the same (a lost room's held nodes and the full racks were walked
+again by each of its replacements). It gives the same plan as ``plan_replica`` (property tests hold the
+two together, through heartbeats, drifting readings, label moves and new facility figures): the same
+filters and keys, shared with the planner module, and the same kept rejections (candidates ranked ahead
+of the chosen one, in rank order). A no-fit reports every node, as the plain path words it; a multi-node
+replica goes through ``plan_replica`` on the indexed views.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left, bisect_right, insort
+import math
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush, heapreplace
 
 from facility.domains import Domain
-from facility.power import Budget, node_use_watts
+from facility.power import EPSILON_WATTS, Budget, node_use_watts
 from placement.planner import (
     FULL_HEADROOM,
+    HEADROOM_STEPS,
     SPREAD_LEVELS,
     FacilityView,
     NodeView,
@@ -47,8 +66,8 @@ from placement.planner import (
     blocked_reason,
     condition_verdict,
     draw_of,
+    efficiency_of,
     nofit_summary,
-    order_key,
     plan_replica,
     power_rejection_in,
     shard_for,
@@ -60,34 +79,64 @@ from placement.planner import (
 )
 from placement.plugins import REGISTRY
 
-# Rankings kept (one per model and profile, the least recently planned dropped first), and the changes
-# kept for them to catch up on (a ranking further behind is made afresh).
+# Rankings kept (one per model and profile, the least recently planned dropped first, and with the last
+# of a shape its shape), and the improvements a shape keeps logged for its rankings to catch up on (a
+# ranking further behind is made afresh).
 _RANKINGS_KEPT = 64
-_CHANGES_KEPT = 65536
+_IMPROVEMENTS_KEPT = 65536
+_INFINITY = float("inf")
+# A kept step is trusted while the rack's use stays this share of the limit away from where the step
+# would change: the boundaries are worked out in floating point, step_left decides the rest.
+_STEP_SLACK = 1e-9
+
+
+def _range_of(limit: float, added: float, step: int) -> tuple[float, float]:
+    """The rack's use, exclusive both ends, within which a shard adding ``added`` keeps its ``step``
+    (step_left's boundaries, drawn in by _STEP_SLACK of the limit)."""
+    if limit <= 0:
+        return -_INFINITY, _INFINITY
+    slack = limit * _STEP_SLACK
+    # step_left is at least t while use <= limit - added - (t - 1e-9) * limit / HEADROOM_STEPS.
+    low = -_INFINITY if step >= HEADROOM_STEPS else limit - added - (step + 1 - 1e-9) * limit / HEADROOM_STEPS + slack
+    high = _INFINITY if step <= 0 else limit - added - (step - 1e-9) * limit / HEADROOM_STEPS - slack
+    return low, high
 
 
 class _Cell:
-    """A budgeted domain, its running use, and its refusals at that use (kept until the use changes)."""
+    """A budgeted domain, its use, and its refusals and headroom steps at that use (kept until the use
+    changes).
 
-    __slots__ = ("budget", "margin", "limit", "_use", "_refusals", "version")
+    ``use`` is a running sum, kept by each member's change: the steps and the check that a shard passes
+    the limit read it (their epsilons are far above its rounding). A refusal's words read the use summed
+    exactly from ``terms`` (each member's), as planner.domain_uses sums it: its 0.1 kW are the plain
+    path's to the last bit.
+    """
+
+    __slots__ = ("budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version")
 
     def __init__(self, budget: Budget, margin: float) -> None:
         self.budget = budget
         self.margin = margin
         self.limit = budget.limit_watts(margin)
-        self._use = budget.other_watts
+        self.use = budget.other_watts
+        self.terms: dict[str, float] = {}
+        self._exact: float | None = None
         self._refusals: dict[tuple[float | None, float], str | None] = {}
-        # Counts the changes of use: a group's ranked candidates read their rack's use (headroom step).
+        self._steps: dict[float, tuple[int, float, float]] = {}
+        # Counts the changes of use: a walk's power refusals hold while it stays.
         self.version = 0
 
-    @property
-    def use(self) -> float:
-        return self._use
-
-    def add(self, watts: float) -> None:
-        if watts:
-            self._use += watts
+    def count(self, name: str, term: float | None) -> None:
+        """A member's term (None: it left), and the use with it."""
+        before = self.terms.pop(name, 0.0)
+        if term is not None:
+            self.terms[name] = term
+        change = (term or 0.0) - before
+        if change:
+            self.use += change
+            self._exact = None
             self._refusals.clear()
+            self._steps.clear()
             self.version += 1
 
     def refusal(self, draw: float | None, added: float) -> str | None:
@@ -95,10 +144,21 @@ class _Cell:
         key = (draw, added)
         if key in self._refusals:
             return self._refusals[key]
+        if self._exact is None:
+            self._exact = math.fsum((self.budget.other_watts, *self.terms.values()))
         reason = self._refusals[key] = power_rejection_in(
-            [(self.budget, self._use, 0.0, 0.0)], draw, added, self.margin
+            [(self.budget, self._exact, 0.0, 0.0)], draw, added, self.margin
         )
         return reason
+
+    def stepped(self, added: float) -> tuple[int, float, float]:
+        """The headroom step a shard adding ``added`` leaves at this (rack's) use, and the range of the use
+        within which it holds (kept until the use changes: alike nodes and shapes ask the same)."""
+        known = self._steps.get(added)
+        if known is None:
+            step = step_left(self.limit, self.use, added)
+            known = self._steps[added] = (step, *_range_of(self.limit, added, step))
+        return known
 
 
 class _Group:
@@ -124,21 +184,18 @@ class _Group:
     def set_conditions(self, facility: FacilityView) -> None:
         _, self.rank, self.notes = condition_verdict(self.domains, facility.conditions)
 
-    def names(self) -> Iterable[str]:
-        """The group's nodes' names."""
-        for names in self.by_replicas.values():
-            yield from names
-
 
 class _Entry:
-    """One indexed node: its view, its group, and its hold reason under the current facility."""
+    """One indexed node: its view, its group, its hold reason under the current facility, and what a
+    shard of each draw adds to its domains' use (kept for its view: the shapes of one draw share it)."""
 
-    __slots__ = ("node", "group", "held")
+    __slots__ = ("node", "group", "held", "adds")
 
     def __init__(self, node: NodeView, group: _Group, held: str | None) -> None:
         self.node = node
         self.group = group
         self.held = held
+        self.adds: dict[float | None, float | None] = {}
 
 
 def _insert(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
@@ -165,68 +222,230 @@ class _NodesOf:
         return None if entry is None else entry.node
 
 
-class _Ranking:
-    """One model and profile's candidates, best first, kept between its plans.
+def _entry_of(base: tuple, cell: _Cell | None) -> tuple:
+    """A candidate's entry in its slate at the rack's use of now: ``((-step, pack, name), draw, added,
+    step, out, low, high)``, where (``low``, ``high``) is the range of the rack's use within which its
+    step holds."""
+    tail, draw, added, out = base
+    if cell is None or added is None:
+        return (-FULL_HEADROOM, *tail), draw, added, FULL_HEADROOM, out, -_INFINITY, _INFINITY
+    step, low, high = cell.stepped(added)
+    return (-step, *tail), draw, added, step, out, low, high
 
-    ``entries`` are ``(order key, draw, added, step, out)``, sorted; a key ends with the node's name, so
-    no two are equal. ``out`` is the node's ``unavailable_reason`` (not ready, cordoned, held), or None.
-    ``bases`` keeps what of each candidate's key only the node decides (``(key after the step, draw,
-    added)``) and ``current`` each one's entry. ``existing`` and
-    ``counts`` are the model's replicas as last asked and their spread counts; ``seen`` is how far
-    into the index's change log this ranking has caught up, ``epoch`` the index's epoch it was made in.
 
-    ``walk`` is what the last plan found ahead of its choice (:class:`_Walk`), and ``moved`` the first
-    position of ``entries`` changed since (an entry taken out or put in): a walk whose prefix nothing
-    moved in, and whose cells kept their use, is taken up where it stopped.
+class _Slate:
+    """Candidates alike for any model of a shape — one group's nodes of one GPU model (``gpu_model``)
+    holding the same ``weights`` — in order, each with the range of its rack's use within which its step
+    holds.
+
+    ``bases`` are the candidates' own parts — ``((pack, name), draw, added, out)``: bin packing and the
+    name, the shard's draw and what it adds to the domains' use, and the node's ``unavailable_reason`` —
+    and ``order`` their entries (:func:`_entry_of`), sorted; ``entries`` finds a candidate's. The order
+    is right while the rack's use is within (``low``, ``high``), every entry's range; above ``low``, no
+    entry's key is earlier than kept. ``version`` counts the changes of the order.
     """
 
-    __slots__ = ("entries", "current", "bases", "existing", "counts", "seen", "epoch", "walk", "moved")
+    __slots__ = ("sid", "group", "gpu_model", "weights", "bases", "entries", "order", "low", "high", "version")
 
-    def __init__(self, existing: tuple[frozenset[str], ...], counts: dict[Domain, int], seen: int, epoch: int):
-        self.entries: list[tuple] = []
-        self.current: dict[str, tuple] = {}
-        self.bases: dict[str, tuple | None] = {}
-        self.existing = existing
+    def __init__(self, sid: int, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> None:
+        self.sid = sid
+        self.group = group
+        self.gpu_model = gpu_model
+        self.weights = weights
+        self.bases: dict[str, tuple] = {}
+        self.entries: dict[str, tuple] = {}
+        self.order: list[tuple] = []
+        self.low = -_INFINITY
+        self.high = _INFINITY
+        self.version = 0
+
+    def is_current(self) -> bool:
+        """True when every entry's step is right at the rack's use of now."""
+        cell = self.group.step_cell
+        return cell is None or self.low < cell.use < self.high
+
+    def fill(self) -> None:
+        """The order made from ``bases``, at the rack's use of now."""
+        cell = self.group.step_cell
+        entries = self.entries
+        for name, base in self.bases.items():
+            entries[name] = _entry_of(base, cell)
+        self.order = sorted(entries.values())
+        self.low = max((entry[5] for entry in self.order), default=-_INFINITY)
+        self.high = min((entry[6] for entry in self.order), default=_INFINITY)
+        self.version += 1
+
+    def put(self, name: str, base: tuple) -> tuple:
+        """Add a candidate at the rack's use of now; its entry."""
+        entry = self.entries[name] = _entry_of(base, self.group.step_cell)
+        self.bases[name] = base
+        insort(self.order, entry)
+        if entry[5] > self.low:
+            self.low = entry[5]  # no earlier key while the use stays above this candidate's range too
+        if entry[6] < self.high:
+            self.high = entry[6]
+        self.version += 1
+        return entry
+
+    def take(self, name: str) -> None:
+        """Take a candidate out (the range stays as narrow: a later repair widens it)."""
+        entry = self.entries.pop(name)
+        del self.bases[name]
+        order = self.order
+        del order[bisect_left(order, entry)]
+        self.version += 1
+
+    def repair(self) -> None:
+        """Step again the entries whose range the rack's use left, and put them in order."""
+        cell = self.group.step_cell
+        use = cell.use
+        low, high = -_INFINITY, _INFINITY
+        order, entries = self.order, self.entries
+        stepped = cell.stepped
+        moved = False
+        for at, entry in enumerate(order):
+            below, above = entry[5], entry[6]
+            if not below < use < above:
+                (_, pack, name), draw, added, _, out, _, _ = entry
+                step, below, above = stepped(added)
+                order[at] = entries[name] = ((-step, pack, name), draw, added, step, out, below, above)
+                moved = True
+            if below > low:
+                low = below
+            if above < high:
+                high = above
+        if moved:
+            order.sort()
+            self.version += 1
+        self.low, self.high = low, high
+
+
+class _Shape:
+    """What the rankings of one shard shape share: the cards a shard asks (``gpus``: who is a candidate,
+    and bin packing) and how its draw is counted (``profile`` stands for them: draw_of). Its slates, by
+    ``(group, GPU model, weights)`` and by id; the slate each candidate is in; the slates of each rack
+    (its use steps them); and the log of slates whose first key came earlier (``improved``, from
+    position ``improved_start``), for the rankings to move them up in their heaps."""
+
+    __slots__ = (
+        "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "improved", "improved_start",
+    )
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.gpus = profile.gpus
+        self.draws: dict[float | None, float | None] = {}  # by the node's card limit
+        self.slates: dict[tuple, _Slate] = {}
+        self.by_id: list[_Slate] = []
+        self.of_node: dict[str, _Slate] = {}
+        self.in_rack: dict[Domain, list[_Slate]] = {}
+        self.improved: list[int] = []
+        self.improved_start = 0
+
+    def slate(self, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> _Slate:
+        """The slate of these alike nodes, made when first asked."""
+        kind = (group.domains, gpu_model, weights)
+        slate = self.slates.get(kind)
+        if slate is None:
+            slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights)
+            self.by_id.append(slate)
+            if group.step_cell is not None:
+                self.in_rack.setdefault(group.step_cell.budget.domain, []).append(slate)
+        return slate
+
+    def improve(self, slate: _Slate, first: tuple | None) -> None:
+        """Log the slate when its first key came earlier than ``first`` (its first entry's before)."""
+        if slate.order and (first is None or slate.order[0][0] < first):
+            self.improved.append(slate.sid)
+            if len(self.improved) > _IMPROVEMENTS_KEPT:
+                drop = len(self.improved) - _IMPROVEMENTS_KEPT // 2
+                del self.improved[:drop]
+                self.improved_start += drop
+
+
+def _shape_of(profile: Profile) -> tuple:
+    """What of a profile decides who is a candidate, the draw (draw_of) and bin packing."""
+    cores = profile.cpu_cores if profile.gpus == 0 and profile.power_watts is None else 0
+    return profile.gpus, profile.power_watts, cores
+
+
+class _Ranking:
+    """One model and profile's view of its shape's slates, kept between its plans.
+
+    ``heap`` holds ``(bound, sid, version)`` of every slate with candidates but those the kept walk went
+    through; ``bounds`` and ``versions`` are each slate's (entries of an older version are left behind
+    and skipped), ``middles`` what the model puts between a slate's step and bin packing (its efficiency
+    on the slate's GPU model, and whether the slate holds its weights). ``existing`` and ``counts`` are
+    the model's replicas as last asked and their spread counts, ``spread`` each group's; ``improved`` is
+    how far into the shape's log this ranking caught up, ``epoch`` the index's epoch it was made in.
+    """
+
+    __slots__ = (
+        "request", "shape", "bounds", "versions", "middles", "heap", "existing", "counts", "spread", "improved",
+        "epoch", "walk",
+    )
+
+    def __init__(self, request: ReplicaRequest, shape: _Shape, counts: dict[Domain, int], epoch: int) -> None:
+        self.request = request
+        self.shape = shape
+        self.bounds: list[tuple | None] = []
+        self.versions: list[int] = []
+        self.middles: list[tuple[int, int]] = []
+        self.heap: list[tuple] = []
+        self.existing = request.existing
         self.counts = counts
-        self.seen = seen
+        self.spread: dict[_Group, int] = {}
+        self.improved = shape.improved_start + len(shape.improved)
         self.epoch = epoch
         self.walk: _Walk | None = None
-        self.moved = 0
 
-    def take_out(self, entry: tuple) -> None:
-        at = bisect_left(self.entries, entry)
-        del self.entries[at]
-        self.moved = min(self.moved, at)
+    def learn(self) -> None:
+        """Take in the slates the shape made since this ranking last looked."""
+        profile, model = self.request.profile, self.request.model
+        for slate in self.shape.by_id[len(self.bounds) :]:
+            self.bounds.append(None)
+            self.versions.append(0)
+            self.middles.append((-efficiency_of(slate.gpu_model, profile), 0 if model in slate.weights else 1))
 
-    def put_in(self, entry: tuple) -> None:
-        at = bisect_right(self.entries, entry)
-        self.entries.insert(at, entry)
-        self.moved = min(self.moved, at)
+    def key_at(self, slate: _Slate, at: int) -> tuple:
+        """The ranking key (order_key's) of the candidate at ``at`` in the slate's order."""
+        group = slate.group
+        step, pack, name = slate.order[at][0]
+        efficiency, weights = self.middles[slate.sid]
+        return (self.spread[group], group.rank, step, efficiency, weights, pack, name)
 
 
 class _Walk:
-    """The candidates a plan passed over before its choice: how many (``ahead``), their rejections in
-    rank order, the exclusions it was made with, and the budgeted domains whose refusals it read, with
-    their versions. The next plan of the ranking starts at ``ahead`` with these rejections when nothing
-    moved among those candidates (a room's held nodes, the full racks), instead of walking them again.
+    """The candidates a plan passed over before its choice: their rejections in rank order (and each
+    reason's count), the last one's key, the exclusions it was made with, the budgeted domains whose
+    refusals it read (with their versions), and the slates it walked (with their versions): ``parked``
+    (every candidate passed over) and ``partial`` (passed over up to a position). The next plan of the
+    ranking starts from there when none of those slates moved and nothing came in ahead of ``end`` (a
+    room's held nodes, the full racks), instead of walking them again.
     """
 
-    __slots__ = ("ahead", "rejections", "reasons", "exclude", "cells")
+    __slots__ = ("rejections", "reasons", "end", "exclude", "cells", "parked", "partial", "versions", "groups")
 
-    def __init__(
-        self, ahead: int, rejections: dict[str, str], reasons: dict[str, int], exclude: frozenset[str], cells: dict
-    ) -> None:
-        self.ahead = ahead
+    def __init__(self, rejections: dict[str, str], reasons: dict[str, int], end: tuple, exclude: frozenset[str],
+                 cells: dict, parked: list[_Slate], partial: dict[_Slate, int]) -> None:
         self.rejections = rejections
         self.reasons = reasons  # each rejection reason's count: the explain's summary, not counted again
+        self.end = end
         self.exclude = exclude
         self.cells = cells  # _Cell → its version when read
+        self.parked = parked
+        self.partial = partial
+        self.versions = {slate: slate.version for slate in (*parked, *partial)}
+        self.groups = {slate.group for slate in self.versions}
 
-    def holds(self, ranking: _Ranking, exclude: frozenset[str]) -> bool:
+    def holds(self, exclude: frozenset[str]) -> bool:
+        """True when the walk can be taken up: the same exclusions, the same use where a refusal was read,
+        and every slate walked as it was, at its rack's use of now (a use that moved past a slate's range
+        steps it again only when it is next needed)."""
         return (
-            ranking.moved >= self.ahead
-            and exclude == self.exclude
+            exclude == self.exclude
             and all(cell.version == version for cell, version in self.cells.items())
+            and all(slate.version == version and slate.is_current() for slate, version in self.versions.items())
         )
 
 
@@ -244,12 +463,10 @@ class PlacementIndex:
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
         self._groups_in: dict[Domain, list[_Group]] = {}  # the groups in each rack and PDU
-        self._rankings: dict[tuple[str, Profile], _Ranking] = {}
-        # What changed, for the rankings to catch up on: (node name, its rack when the rack's use moved).
-        # ``_log_start`` is the position of the log's first item; ``_epoch`` moves when every ranking
-        # must be made afresh (new facility figures, a node come, gone or moved: spread counts change).
-        self._log: list[tuple[str, Domain | None]] = []
-        self._log_start = 0
+        self._rankings: dict[tuple, _Ranking] = {}
+        self._shapes: dict[tuple, _Shape] = {}
+        # Moves when every shape and ranking must be made afresh: new facility figures, a node come, gone
+        # or moved (groups and spread counts change).
         self._epoch = 0
         for node in nodes:
             if node.name in self._nodes:
@@ -282,34 +499,38 @@ class PlacementIndex:
     def update_node(self, node: NodeView) -> None:
         """Add a node, or replace its view (a heartbeat, a label change, a refresh after a lost race)."""
         old = self._nodes.get(node.name)
+        if old is not None and old.node.domains == node.domains:
+            if old.node != node:
+                self._replace(old, node)
+            return
         if old is not None:
             self._drop(old)
-        if old is None or old.node.domains != node.domains:
-            self._epoch += 1  # a node came, or moved: spread counts and groups change
         self._add(node)
+        self._afresh()  # a node came, or moved: groups and spread counts change
 
     def remove_node(self, name: str) -> None:
         """Forget a node (deleted); unknown names are ignored."""
         old = self._nodes.get(name)
         if old is not None:
             self._drop(old)
-            self._epoch += 1
+            self._afresh()
 
     def set_facility(self, facility: FacilityView) -> None:
         """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
         self._facility = facility
-        self._epoch += 1
         margin = facility.settings.margin
         self._cells = {domain: _Cell(budget, margin) for domain, budget in facility.budgets.items()}
         for group in self._groups.values():
             group.set_cells(self._cells)
             group.set_conditions(facility)
-        for entry in self._nodes.values():
+        for name, entry in self._nodes.items():
             entry.held = blocked_reason(entry.node, facility)
+            entry.adds = {}
             if entry.group.cells:
                 term = self._term(entry.node)
                 for cell in entry.group.cells:
-                    cell.add(term)
+                    cell.count(name, term)
+        self._afresh()
 
     def apply(self, plan: Plan) -> None:
         """Record a committed (or dry-run) plan: free cards, cores, memory, placed watts, replicas."""
@@ -319,6 +540,11 @@ class PlacementIndex:
     def apply_shard(self, shard: ShardPlan) -> None:
         """Record one committed shard."""
         self.update_node(apply_shard(self._nodes[shard.node].node, shard))
+
+    def _afresh(self) -> None:
+        """Every shape and ranking is made afresh when next asked."""
+        self._epoch += 1
+        self._shapes = {}
 
     def _term(self, node: NodeView) -> float:
         return node_use_watts(node.placed_watts, node.measured_watts, self._facility.settings)
@@ -334,44 +560,123 @@ class PlacementIndex:
         self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility))
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
-        self._count(node, group, 1)
+        if group.cells:
+            term = self._term(node)
+            for cell in group.cells:
+                cell.count(node.name, term)
 
     def _drop(self, entry: _Entry) -> None:
         node, group = entry.node, entry.group
         del self._nodes[node.name]
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
-        self._count(node, group, -1)
-
-    def _count(self, node: NodeView, group: _Group, sign: int) -> None:
-        """Add (or take away) the node's term from its group's budgeted domains; log the change."""
-        term = self._term(node) if group.cells else 0.0
         for cell in group.cells:
-            cell.add(sign * term)
-        rack = group.step_cell.budget.domain if group.step_cell is not None and term else None
-        self._log.append((node.name, rack))
+            cell.count(node.name, None)
 
-    # --- planning -------------------------------------------------------------------------------
+    def _replace(self, entry: _Entry, node: NodeView) -> None:
+        """The node's new view in its place (same domains: same group, same hold): its term's change goes
+        to its domains' use, its entry to its place in each shape; a rack whose use fell below a slate's
+        range steps that slate again."""
+        old = entry.node
+        group = entry.group
+        entry.node = node
+        entry.adds = {}
+        if len(old.free_gpus) != len(node.free_gpus):
+            _remove(group.by_free, len(old.free_gpus), node.name)
+            _insert(group.by_free, len(node.free_gpus), node.name)
+        if old.replicas != node.replicas:
+            _remove(group.by_replicas, old.replicas, node.name)
+            _insert(group.by_replicas, node.replicas, node.name)
+        fell = False
+        if group.cells:
+            term = self._term(node)
+            change = term - self._term(old)
+            if change:
+                for cell in group.cells:
+                    cell.count(node.name, term)
+                fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
+        for shape in self._shapes.values():
+            self._reshape(shape, entry)
+            if fell:
+                use = group.step_cell.use
+                for slate in shape.in_rack.get(group.step_cell.budget.domain, ()):
+                    if slate.order and use <= slate.low:  # a step may have risen: an earlier key
+                        first = slate.order[0][0]
+                        slate.repair()
+                        shape.improve(slate, first)
 
-    def _base(self, name: str, request: ReplicaRequest) -> tuple | None:
-        """What of a node's key only the node decides — ``(key after the step, draw, added)`` — or None
-        when it has too few free cards to be a candidate at all."""
-        node = self._nodes[name].node
-        profile = request.profile
-        if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
+    # --- the shapes and rankings ----------------------------------------------------------------
+
+    def _base(self, shape: _Shape, entry: _Entry) -> tuple | None:
+        """A node's own part of its key in a shape — ``((pack, name), draw, added, out)`` — or None when it
+        has too few free cards to be a candidate at all (order_key's parts, shared)."""
+        node = entry.node
+        gpus = shape.gpus
+        free = len(node.free_gpus)
+        if gpus > 0 and free < gpus:
             return None
-        settings = self._facility.settings
-        draw = draw_of(node, profile, settings)
-        return order_key(node, profile, request.model, 0, 0, 0)[3:], draw, added_of(node, draw, settings)
+        limit = node.gpu_power_limit_watts
+        draws = shape.draws
+        if limit in draws:
+            draw = draws[limit]
+        else:
+            draw = draws[limit] = draw_of(node, shape.profile, self._facility.settings)
+        adds = entry.adds
+        if draw in adds:
+            added = adds[draw]
+        else:
+            added = adds[draw] = added_of(node, draw, self._facility.settings)
+        pack = free - gpus if gpus > 0 else node.replicas  # pack_value
+        return (pack, node.name), draw, added, unavailable_reason(node, entry.held)
 
-    def _entry(self, indexed: _Entry, base: tuple, counts: dict[Domain, int]) -> tuple:
-        """A candidate's ranked entry: its base with the group's spread, rank and the rack's step."""
-        tail, draw, added = base
-        group = indexed.group
-        cell = group.step_cell
-        step = FULL_HEADROOM if cell is None or added is None else step_left(cell.limit, cell.use, added)
-        return ((spread_of(group.spread, counts), group.rank, -step, *tail), draw, added, step,
-                unavailable_reason(indexed.node, indexed.held))
+    def _reshape(self, shape: _Shape, entry: _Entry) -> None:
+        """The node's entry in the shape, after its view changed."""
+        node = entry.node
+        name = node.name
+        was = shape.of_node.get(name)
+        base = self._base(shape, entry)
+        if base is None:
+            if was is not None:
+                was.take(name)
+                del shape.of_node[name]
+            return
+        gpu_model = node.labels.get("gpu.model")
+        if was is not None and was.gpu_model == gpu_model and was.weights == node.weights:
+            slate = was
+            if slate.bases[name] == base:
+                return  # a reading that moves nothing of this shape's (measured below placed)
+        else:
+            slate = shape.slate(entry.group, gpu_model, node.weights)
+        if was is not None:
+            was.take(name)
+        first = slate.order[0][0] if slate.order else None
+        slate.put(name, base)
+        shape.of_node[name] = slate
+        shape.improve(slate, first)
+
+    def _shape(self, profile: Profile) -> _Shape:
+        """The profile's shape, made when first asked."""
+        kind = _shape_of(profile)
+        shape = self._shapes.get(kind)
+        if shape is not None:
+            return shape
+        shape = self._shapes[kind] = _Shape(profile)
+        gpus = profile.gpus
+        for group in self._groups.values():
+            buckets = group.by_free if gpus > 0 else group.by_replicas
+            for bucket, names in buckets.items():
+                if bucket < gpus:
+                    continue
+                for name in names:
+                    entry = self._nodes[name]
+                    base = self._base(shape, entry)
+                    if base is not None:
+                        node = entry.node
+                        slate = shape.of_node[name] = shape.slate(group, node.labels.get("gpu.model"), node.weights)
+                        slate.bases[name] = base
+        for slate in shape.by_id:
+            slate.fill()
+        return shape
 
     def _ranking(self, request: ReplicaRequest) -> _Ranking:
         """The request's kept ranking, caught up with what changed since its last plan, or made afresh."""
@@ -381,7 +686,7 @@ class PlacementIndex:
         if (
             ranking is None
             or ranking.epoch != self._epoch
-            or ranking.seen < self._log_start
+            or ranking.improved < ranking.shape.improved_start
             or len(existing) < len(ranking.existing)
             or existing[: len(ranking.existing)] != ranking.existing
         ):
@@ -389,75 +694,126 @@ class PlacementIndex:
         else:
             self._catch_up(ranking, request)
         if len(self._rankings) >= _RANKINGS_KEPT:
-            del self._rankings[next(iter(self._rankings))]
+            dropped = self._rankings.pop(next(iter(self._rankings)))
+            shape = dropped.shape
+            if all(other.shape is not shape for other in self._rankings.values()) and shape is not ranking.shape:
+                kind_of = next((k for k, s in self._shapes.items() if s is shape), None)
+                if kind_of is not None:
+                    del self._shapes[kind_of]  # its nodes' changes cost every placement something
         self._rankings[kind] = ranking  # the most recent last: the oldest goes first
-        if len(self._log) > _CHANGES_KEPT:
-            behind = min(r.seen for r in self._rankings.values())
-            keep = max(behind, self._log_start + len(self._log) - _CHANGES_KEPT // 2)
-            del self._log[: keep - self._log_start]
-            self._log_start = keep
         return ranking
 
     def _rank_afresh(self, request: ReplicaRequest) -> _Ranking:
         counts = spread_counts(request.existing, _NodesOf(self._nodes))
-        ranking = _Ranking(request.existing, counts, self._log_start + len(self._log), self._epoch)
-        gpus = request.profile.gpus
+        shape = self._shape(request.profile)
+        ranking = _Ranking(request, shape, counts, self._epoch)
         for group in self._groups.values():
-            buckets = group.by_free if gpus > 0 else group.by_replicas
-            for bucket, names in buckets.items():
-                if bucket < gpus:
-                    continue
-                for name in names:
-                    base = ranking.bases[name] = self._base(name, request)
-                    ranking.current[name] = self._entry(self._nodes[name], base, counts)
-        ranking.entries = sorted(ranking.current.values())
+            ranking.spread[group] = spread_of(group.spread, counts)
+        ranking.learn()
+        bounds, heap = ranking.bounds, ranking.heap
+        for slate in shape.by_id:
+            if slate.order:
+                # Its entries' keys as kept are never later than at the use of now: a lower bound.
+                bound = bounds[slate.sid] = ranking.key_at(slate, 0)
+                heap.append((bound, slate.sid, 0))
+        heapify(heap)
         return ranking
 
     def _catch_up(self, ranking: _Ranking, request: ReplicaRequest) -> None:
-        """Rank again the nodes that changed, those of racks whose use moved, and those of racks and
-        PDUs the model's new replicas went to (their spread)."""
-        log = self._log[ranking.seen - self._log_start :]
-        changed = {name for name, _ in log}
-        racks = {rack for _, rack in log if rack is not None}  # each rack's groups looked up once
-        again: set[_Group] = {g for rack in racks for g in self._groups_in.get(rack, ()) if g.step_cell is not None}
-        ranking.seen = self._log_start + len(self._log)
+        """Raise the spread of the groups in the racks and PDUs the model's new replicas went to (a later
+        key: where their slates sit in the heap stays a lower bound), and move up in the heap the slates
+        whose first key came earlier since the last plan."""
+        walk = ranking.walk
         existing = request.existing
         if len(existing) > len(ranking.existing):
-            added = spread_counts(existing[len(ranking.existing) :], _NodesOf(self._nodes))
-            for domain, count in added.items():
-                ranking.counts[domain] = ranking.counts.get(domain, 0) + count
-                again.update(self._groups_in.get(domain, ()))
+            counts, spread = ranking.counts, ranking.spread
+            for domain, count in spread_counts(existing[len(ranking.existing) :], _NodesOf(self._nodes)).items():
+                counts[domain] = counts.get(domain, 0) + count
+                for group in self._groups_in.get(domain, ()):
+                    spread[group] = spread_of(group.spread, counts)
+                    if walk is not None and group in walk.groups:
+                        self._walk_off(ranking)
+                        walk = None
         ranking.existing = existing
-        current, bases, counts = ranking.current, ranking.bases, ranking.counts
-        for name in changed:
-            old = current.pop(name, None)
-            if old is not None:
-                ranking.take_out(old)
-            indexed = self._nodes.get(name)
-            base = bases[name] = None if indexed is None else self._base(name, request)
-            if base is not None:
-                entry = current[name] = self._entry(indexed, base, counts)
-                ranking.put_in(entry)
-        for group in again:
-            spread, cell, rank = spread_of(group.spread, counts), group.step_cell, group.rank
-            steps: dict[float, int] = {}  # a group's nodes mostly add alike: one step each
-            for name in group.names():
-                base = bases.get(name)
-                if base is None or name in changed:
-                    continue
-                old = current[name]
-                tail, draw, added = base
-                if cell is None or added is None:
-                    step = FULL_HEADROOM
-                else:
-                    step = steps.get(added)
-                    if step is None:
-                        step = steps[added] = step_left(cell.limit, cell.use, added)
-                if old[3] == step and old[0][0] == spread:
-                    continue  # the rank moves only with the facility (a new epoch)
-                entry = current[name] = ((spread, rank, -step, *tail), draw, added, step, old[4])
-                ranking.take_out(old)
-                ranking.put_in(entry)
+        ranking.request = request
+        shape = ranking.shape
+        log = shape.improved[ranking.improved - shape.improved_start :]
+        ranking.improved = shape.improved_start + len(shape.improved)
+        if not log:
+            return
+        ranking.learn()
+        by_id, bounds = shape.by_id, ranking.bounds
+        for sid in set(log):
+            slate = by_id[sid]
+            if not slate.order:
+                continue
+            key = ranking.key_at(slate, 0)
+            if bounds[sid] is None or key < bounds[sid]:
+                if ranking.walk is not None and slate in ranking.walk.versions:
+                    self._walk_off(ranking)
+                self._push(ranking, slate, key)
+
+    def _push(self, ranking: _Ranking, slate: _Slate, key: tuple) -> None:
+        """Put the slate in the ranking's heap at ``key`` (its entries before are left behind)."""
+        sid = slate.sid
+        version = ranking.versions[sid] = ranking.versions[sid] + 1
+        ranking.bounds[sid] = key
+        heappush(ranking.heap, (key, sid, version))
+        walk = ranking.walk
+        if walk is not None and key < walk.end:
+            self._walk_off(ranking)  # a candidate may have come in ahead of the last one passed over
+
+    def _walk_off(self, ranking: _Ranking) -> None:
+        """Forget the kept walk: its slates go back into the heap where they were."""
+        walk = ranking.walk
+        if walk is None:
+            return
+        ranking.walk = None
+        heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
+        for slate in walk.versions:
+            sid = slate.sid
+            heappush(heap, (bounds[sid], sid, versions[sid]))
+
+    def _top(self, ranking: _Ranking) -> tuple | None:
+        """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
+        stepped at the use of now and at its true first key), or None when the heap is empty."""
+        heap, versions, bounds = ranking.heap, ranking.versions, ranking.bounds
+        spread, middles = ranking.spread, ranking.middles
+        shape = ranking.shape
+        by_id = shape.by_id
+        while heap:
+            key, sid, version = heap[0]
+            if version != versions[sid]:
+                heappop(heap)
+                continue
+            slate = by_id[sid]
+            order, group = slate.order, slate.group
+            cell = group.step_cell
+            if cell is not None and not slate.low < cell.use < slate.high:
+                first = order[0][0] if order else None
+                slate.repair()  # for every ranking of the shape
+                shape.improve(slate, first)
+            if not order:
+                bounds[sid] = None
+                heappop(heap)
+                continue
+            step, pack, name = order[0][0]
+            efficiency, weights = middles[sid]
+            first = (spread[group], group.rank, step, efficiency, weights, pack, name)
+            if first != key:  # a later key: the rack's use, the spread or the slate moved
+                version = versions[sid] = version + 1
+                bounds[sid] = first
+                top = (first, sid, version)
+                size = len(heap)
+                if (size < 2 or top < heap[1]) and (size < 3 or top < heap[2]):
+                    heap[0] = top  # still before both children: no need to sift it down
+                    return top
+                heapreplace(heap, top)
+                continue
+            return heap[0]
+        return None
+
+    # --- planning -------------------------------------------------------------------------------
 
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
@@ -466,48 +822,115 @@ class PlacementIndex:
         if profile.nodes > 1 or not self._nodes or REGISTRY.has_external:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
-        walk, start = ranking.walk, 0
-        if walk is not None and walk.holds(ranking, exclude):
+        walk = ranking.walk
+        if walk is not None and walk.holds(exclude):
             # Nothing moved among the candidates the last plan passed over: they are passed over again
             # for the same reasons (a lost room's 2,500 held nodes, walked by each of its replacements).
-            start, rejections, reasons, read = walk.ahead, dict(walk.rejections), dict(walk.reasons), dict(walk.cells)
+            ranking.walk = None
+            rejections, reasons, read = dict(walk.rejections), dict(walk.reasons), dict(walk.cells)
+            parked, end = list(walk.parked), walk.end
+            frontier = [(ranking.key_at(slate, at), slate.sid, at) for slate, at in walk.partial.items()]
+            heapify(frontier)
         else:
-            rejections, reasons, read = {}, {}, {}
-        entries = ranking.entries
-        for at in range(start, len(entries)):
-            key, draw, added, step, out = entries[at]
-            name = key[-1]
-            if out is not None:
-                # What base_rejection would say first, kept in the entry (a lost room's held nodes were
-                # two thirds of the entries a plan walked past).
-                rejections[name] = out
-                reasons[out] = reasons.get(out, 0) + 1
-                continue
-            indexed = self._nodes[name]
-            node = indexed.node
-            reason = base_rejection(node, profile, indexed.held, exclude)
-            if reason is None:
-                # The first budgeted domain in level order that refuses, as plan_replica says it.
-                cells = indexed.group.cells
-                for cell in cells:
-                    reason = cell.refusal(draw, added or 0.0)
-                    if reason is not None:
-                        for read_cell in cells:  # this rejection holds while their use does
-                            read[read_cell] = read_cell.version
+            self._walk_off(ranking)
+            rejections, reasons, read, parked, frontier, end = {}, {}, {}, [], [], None
+        heap, by_id, nodes = ranking.heap, ranking.shape.by_id, self._nodes
+        spread, middles = ranking.spread, ranking.middles
+        checked = None  # the heap's first entry, once _top made it exact (nothing moves during a plan)
+        last = None  # where the last candidate passed over is: (slate, position)
+        while True:
+            top = heap[0] if heap and heap[0] is checked else self._top(ranking)
+            checked = top
+            if frontier and (top is None or frontier[0][0] < top[0]):
+                _, sid, at = heappop(frontier)
+            elif top is not None:
+                _, sid, _ = heappop(heap)
+                at = 0
+            else:
+                break
+            slate = by_id[sid]
+            order, cells, size = slate.order, slate.group.cells, len(slate.order)
+            # The first key of the other slates: this one's entries go first until one passes it (all of
+            # them, when it is of a later spread or rank). Stale heap entries only stop the run early.
+            limit = frontier[0][0] if frontier else None
+            if heap and (limit is None or heap[0][0] < limit):
+                limit = heap[0][0]
+            first, second = spread[slate.group], slate.group.rank
+            efficiency, weights = middles[sid]
+            if limit is not None and (limit[0], limit[1]) > (first, second):
+                limit = None
+            while True:
+                key, draw, added, step, out, _, _ = order[at]
+                name = key[2]
+                reason = out  # what base_rejection would say first, kept in the entry
+                if reason is None:
+                    indexed = nodes[name]
+                    reason = base_rejection(indexed.node, profile, indexed.held, exclude)
+                    if reason is None:
+                        # The first budgeted domain in level order that refuses, as plan_replica says it.
+                        adds = added or 0.0
+                        for cell in cells:
+                            if cell.use + adds > cell.limit + EPSILON_WATTS:
+                                reason = cell.refusal(draw, adds)
+                                if reason is not None:
+                                    for read_cell in cells:  # this rejection holds while their use does
+                                        read[read_cell] = read_cell.version
+                                    break
+                    if reason is None:
+                        if last is not None:
+                            end = ranking.key_at(*last)
+                        return self._chosen(
+                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, read, parked,
+                            frontier, end, exclude,
+                        )
+                rejections[name] = reason
+                reasons[reason] = reasons.get(reason, 0) + 1
+                last = (slate, at)
+                at += 1
+                if at == size:
+                    parked.append(slate)
+                    break
+                if limit is not None:
+                    following = order[at][0]
+                    if limit < (first, second, following[0], efficiency, weights, following[1], following[2]):
+                        heappush(frontier, (ranking.key_at(slate, at), sid, at))
                         break
-            if reason is None:
-                ranking.walk, ranking.moved = _Walk(at, rejections, reasons, exclude, read), len(entries)
-                return Plan(
-                    shards=(shard_for(node, profile, draw),),
-                    why=why_text(node, request, ranking.counts, indexed.group.rank, step),
-                    rejections=rejections,  # the walk's too: a later plan copies it before adding
-                    notes=indexed.group.notes,
-                    reasons=reasons,  # likewise
-                )
-            rejections[name] = reason
-            reasons[reason] = reasons.get(reason, 0) + 1
-        ranking.walk = None
+        # Nothing fits: no walk is kept; every slate goes back into the heap.
+        bounds, versions = ranking.bounds, ranking.versions
+        for slate in parked:
+            heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
+        for _, sid, _ in frontier:
+            heappush(heap, (bounds[sid], sid, versions[sid]))
         return self._nofit(request, exclude)
+
+    def _chosen(
+        self, ranking: _Ranking, slate: _Slate, at: int, node: NodeView, draw: float | None, step: int,
+        rejections: dict[str, str], reasons: dict[str, int], read: dict, parked: list[_Slate], frontier: list,
+        end: tuple | None, exclude: frozenset[str],
+    ) -> Plan:
+        """The plan for the candidate at ``at`` of ``slate``; the walk that came before it kept."""
+        by_id, bounds, versions, heap = ranking.shape.by_id, ranking.bounds, ranking.versions, ranking.heap
+        partial = {by_id[sid]: pos for _, sid, pos in frontier}
+        if at:
+            partial[slate] = at
+        else:
+            heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
+        if end is not None:
+            ranking.walk = _Walk(rejections, reasons, end, exclude, read, parked, partial)
+        else:
+            for other in partial:  # nothing passed over: nothing to keep off the heap
+                heappush(heap, (bounds[other.sid], other.sid, versions[other.sid]))
+        if len(heap) > 4 * len(by_id) + 64:
+            heap[:] = [e for e in heap if e[2] == versions[e[1]]]
+            heapify(heap)
+        group = slate.group
+        return Plan(
+            shards=(shard_for(node, ranking.request.profile, draw),),
+            why=why_text(node, ranking.request, ranking.counts, group.rank, step),
+            rejections=rejections,  # the walk's too: a later plan copies it before adding
+            notes=group.notes,
+            reasons=reasons,  # likewise
+        )
 
     def _nofit(self, request: ReplicaRequest, exclude: frozenset[str]) -> Plan | NoFit:
         """Nothing fits: every node's rejection, as ``plan_replica`` words it, read off the index."""

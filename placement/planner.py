@@ -29,7 +29,6 @@ is the fast path for a long run of placements and gives the same plans.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -326,9 +325,13 @@ def plugin_key(key: OrderKey, node: NodeView, request: ReplicaRequest) -> tuple:
 def efficiency_step(node: NodeView, profile: Profile) -> int:
     """The model's measured tokens per joule on the node's GPU model, in hundredths (0: not measured), so
     noise in the figures does not reorder cards that serve alike."""
+    return efficiency_of(node.labels.get("gpu.model"), profile)
+
+
+def efficiency_of(gpu_model: str | None, profile: Profile) -> int:
+    """efficiency_step for a node of this GPU model (its ``gpu.model`` label)."""
     if not profile.tokens_per_joule:
         return 0
-    gpu_model = node.labels.get("gpu.model")
     for name, value in profile.tokens_per_joule:
         if name == gpu_model:
             return int(value * 100)
@@ -511,20 +514,26 @@ def power_rejection_in(
 
 
 def domain_uses(nodes: Iterable[NodeView], facility: FacilityView) -> dict[Domain, float]:
-    """Each budgeted domain's use, from every node in it (ready or not: they all draw)."""
+    """Each budgeted domain's use, from every node in it (ready or not: they all draw).
+
+    Summed exactly (math.fsum: whatever the order, the nearest float to the true sum), so a use kept up
+    to date node by node (the index's) words a refusal alike: a shard's use after it is often a round
+    figure (a node's measured draw cancels out), and a sum off by its last bit could round its 0.1 kW
+    the other way.
+    """
     budgets = facility.budgets
-    use = {domain: budget.other_watts for domain, budget in budgets.items()}
     if not budgets:
-        return use
+        return {}
+    terms: dict[Domain, list[float]] = {domain: [budget.other_watts] for domain, budget in budgets.items()}
     settings = facility.settings
     for node in nodes:
         term = None
         for domain in node.domains:
-            if domain in use:
+            if domain in terms:
                 if term is None:
                     term = node_use_watts(node.placed_watts, node.measured_watts, settings)
-                use[domain] += term
-    return use
+                terms[domain].append(term)
+    return {domain: math.fsum(values) for domain, values in terms.items()}
 
 
 def shard_for(node: NodeView, profile: Profile, draw: float | None) -> ShardPlan:
@@ -541,12 +550,24 @@ def shard_for(node: NodeView, profile: Profile, draw: float | None) -> ShardPlan
 def apply_shard(node: NodeView, shard: ShardPlan) -> NodeView:
     """The node as it is once the shard is placed on it (for dry runs and the index)."""
     taken = set(shard.gpu_indices)
-    return dataclasses.replace(
-        node,
+    # dataclasses.replace, spelt out (a test holds the two equal): a placement's own cost in the index.
+    return NodeView(
+        name=node.name,
+        ready=node.ready,
+        cordoned=node.cordoned,
+        labels=node.labels,
+        domains=node.domains,
+        fabric=node.fabric,
+        gpus_total=node.gpus_total,
         free_gpus=tuple(i for i in node.free_gpus if i not in taken),
+        cpu_cores_total=node.cpu_cores_total,
         cpu_cores_free=node.cpu_cores_free - shard.cpu_cores,
+        memory_gib_total=node.memory_gib_total,
         memory_gib_free=node.memory_gib_free - shard.memory_gib,
+        gpu_power_limit_watts=node.gpu_power_limit_watts,
         placed_watts=node.placed_watts + (shard.draw_watts or 0),
+        measured_watts=node.measured_watts,
+        weights=node.weights,
         replicas=node.replicas + 1,
     )
 

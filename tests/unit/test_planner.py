@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from facility.domains import Domain, domains_of
@@ -15,6 +17,7 @@ from placement.planner import (
     Profile,
     ReplicaRequest,
     ShardPlan,
+    apply_shard,
     nofit_summary,
     plan_replica,
 )
@@ -515,3 +518,19 @@ def test_index_words_a_passed_over_node_with_the_exclusions_of_now():
     result = index.plan(request(4), exclude=frozenset({"a"}))
     assert result == plan_replica(request(4), nodes, fac, exclude=frozenset({"a"}))
     assert result.rejections == {"a": "excluded (lost a race)"}
+
+
+def test_apply_shard_keeps_every_other_field_of_the_view():
+    # apply_shard builds the view field by field (dataclasses.replace was a placement's own cost in the
+    # index): a field added to NodeView and not passed on would come back at its default here.
+    view = node("a", rack="r1", free=(1, 3, 5), fabric="ib1", cores_free=40, memory_free=512, limit=700,
+                placed=1400, measured=2100, weights=("m1",), replicas=2, cordoned=True, ready=False)
+    shard = ShardPlan("a", (3, 5), 8, 128, 1400)
+    changed = {
+        "free_gpus": (1,), "cpu_cores_free": 32, "memory_gib_free": 384, "placed_watts": 2800, "replicas": 3,
+    }
+    assert apply_shard(view, shard) == dataclasses.replace(view, **changed)
+    defaults = NodeView("x", True, False, {}, (), None, 0, (), 0, 0, 0, 0)
+    assert all(
+        getattr(view, f.name) != getattr(defaults, f.name) for f in dataclasses.fields(NodeView) if f.name not in changed
+    )

@@ -161,9 +161,10 @@ def test_no_plan_takes_a_domain_past_its_limit(case):
 
 
 def assert_same_plan(got, expected) -> None:
-    """The index's answer is the plain path's, and the reasons it counted as it walked (kept from one
-    plan to the next) are its rejections' own."""
+    """The index's answer is the plain path's, its rejections in the same (rank) order, and the reasons
+    it counted as it walked (kept from one plan to the next) are its rejections' own."""
     assert got == expected
+    assert list(got.rejections) == list(expected.rejections)
     if isinstance(got, Plan) and got.reasons is not None:
         assert dict(got.reasons) == dict(Counter(got.rejections.values()))
 
@@ -401,3 +402,83 @@ def test_replicas_stay_even_across_racks_by_count(racks, per_rack, data):
     per = Counter(name.split("-")[0] for replica in existing for name in replica)
     assert max(per.values()) - min(per.values()) <= 1, per
     assert max(per.values()) <= 2, per
+
+
+@st.composite
+def drifting(draw):
+    """A cluster whose every node reads a draw of its own, racks and PDUs budgeted to bind, some racks
+    warm or hot (enforced), and models of a few shard shapes — alike shapes with their own tokens per
+    joule and weights — to place in turns."""
+    nodes: list[NodeView] = []
+    for r in range(draw(st.integers(2, 6))):
+        for i in range(draw(st.integers(2, 6))):
+            labels = {
+                "llmgw.io/rack": f"r{r}",
+                "llmgw.io/pdu": f"r{r}-{'ab'[i % 2]}",
+                "gpu.model": draw(st.sampled_from(["H100", "H200"])),
+            }
+            placed = float(draw(st.sampled_from([0, 700, 2800, 4200])))
+            nodes.append(
+                NodeView(
+                    name=f"n{r}-{i}", ready=True, cordoned=draw(st.integers(0, 19)) == 0, labels=labels,
+                    domains=domains_of(labels), fabric=None, gpus_total=8,
+                    free_gpus=tuple(range(int(placed // 700), 8)), cpu_cores_total=64, cpu_cores_free=64,
+                    memory_gib_total=1024, memory_gib_free=1024, gpu_power_limit_watts=700.0,
+                    placed_watts=placed,
+                    measured_watts=draw(st.floats(300, 6500, allow_nan=False)),
+                    weights=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=1))),
+                )
+            )
+    budgets = {}
+    for domain in all_domains(nodes):
+        members = sum(1 for n in nodes if domain in n.domains)
+        budgets[domain] = Budget(domain, float(draw(st.integers(2500, 6500)) * members), 500.0)
+    racks = sorted(d for d in all_domains(nodes) if d.level == "rack")
+    found = {
+        rack: DomainCondition(draw(st.sampled_from(["warm", "hot"])), enforce=True)
+        for rack in racks
+        if draw(st.integers(0, 4)) == 0
+    }
+    facility = FacilityView(settings=FacilitySettings(), budgets=budgets, conditions=found)
+    shapes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=2))
+    reqs = [
+        ReplicaRequest(
+            model=model,
+            profile=Profile(
+                gpus=draw(st.sampled_from(shapes)),
+                tokens_per_joule=(("H100", draw(st.sampled_from([0.0, 1.5, 2.5]))), ("H200", 2.0)),
+            ),
+        )
+        for model in MODELS
+    ]
+    return nodes, facility, reqs
+
+
+@FAST
+@given(st.data())
+def test_the_index_keeps_the_plain_paths_plans_through_drifting_readings(data):
+    """Every node's reading its own and moving between plans (most by less than a headroom step), while
+    models of shared shard shapes place in turns, lose races and see nodes freed: the index's plans stay
+    the plain path's, rejections in rank order."""
+    nodes, facility, reqs = data.draw(drifting())
+    index = PlacementIndex(nodes, facility)
+    existing: dict[str, list[frozenset[str]]] = {}
+    for _ in range(data.draw(st.integers(6, 40))):
+        for _ in range(data.draw(st.integers(0, 3))):
+            at = data.draw(st.integers(0, len(nodes) - 1))
+            node = nodes[at]
+            drift = data.draw(st.sampled_from([0.0, 1e-9, 3.0, -3.0, 150.0, -150.0, 1500.0, -1500.0]))
+            measured = max(0.0, (node.measured_watts or 0.0) + drift)
+            if data.draw(st.integers(0, 9)) == 0:
+                node = dataclasses.replace(node, free_gpus=tuple(range(8)), placed_watts=0.0)  # freed
+            nodes[at] = dataclasses.replace(node, measured_watts=measured)
+            index.update_node(nodes[at])
+        req = data.draw(st.sampled_from(reqs))
+        req = dataclasses.replace(req, existing=tuple(existing.get(req.model, ())))
+        exclude = frozenset(data.draw(st.lists(st.sampled_from([n.name for n in nodes]), max_size=1)))
+        expected = plan_replica(req, nodes, facility, exclude=exclude)
+        assert_same_plan(index.plan(req, exclude=exclude), expected)
+        if isinstance(expected, Plan):
+            index.apply(expected)
+            nodes = applied(nodes, expected)
+            existing.setdefault(req.model, []).append(expected.nodes)
