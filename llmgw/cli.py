@@ -24,7 +24,19 @@ on a GPU node:
 
 def main(argv: list[str] | None = None) -> int:
     """The command; ``argv`` None is the process's own command line (the `llmgw` script), which then
-    exits after it: only then does ctl take the collector over for its start (llmgw.ctl.main)."""
+    exits after it: only then does ctl take the collector over for its start (llmgw.ctl.main).
+
+    A setting from the environment that does not parse is one ``error:`` line and exit 2."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        return _main(argv)
+    except ImproperlyConfigured as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:

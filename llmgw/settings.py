@@ -15,6 +15,22 @@ import dj_database_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+def env_number(name: str, default: str, kind: type = float):
+    """A number from the environment; one that is not is refused naming the variable (``llmgw`` prints
+    it as one ``error:`` line, never a traceback)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    text = os.environ.get(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ImproperlyConfigured(f"{name}: {text!r} is not {what}") from None
+    if kind is float and value != value:
+        raise ImproperlyConfigured(f"{name}: {text!r} is not a number")
+    return value
+
+
 def env_bool(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None:
@@ -71,7 +87,7 @@ CSRF_TRUSTED_ORIGINS = [
 
 # Production behind TLS (README, Configuration): all off by default, so `make demo` works over plain HTTP.
 # HSTS: browsers use only HTTPS for this many seconds once they have seen it (0: not sent).
-SECURE_HSTS_SECONDS = int(os.environ.get("LLMGW_HSTS_SECONDS", "0"))
+SECURE_HSTS_SECONDS = env_number("LLMGW_HSTS_SECONDS", "0", int)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("LLMGW_HSTS_INCLUDE_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = env_bool("LLMGW_HSTS_PRELOAD")
 # Plain HTTP requests are redirected to HTTPS.
@@ -201,12 +217,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # PostgreSQL down or out of reach costs a request a bounded wait, then a 503 (llmgw.dependencies): a
     # connection is given up after LLMGW_DB_CONNECT_TIMEOUT (refused: at once), a wait for one from the pool
     # after LLMGW_DB_POOL_TIMEOUT.
-    DATABASES["default"]["OPTIONS"]["connect_timeout"] = int(os.environ.get("LLMGW_DB_CONNECT_TIMEOUT", "3"))
+    DATABASES["default"]["OPTIONS"]["connect_timeout"] = env_number("LLMGW_DB_CONNECT_TIMEOUT", "3", int)
     if env_bool("LLMGW_DB_POOL", True):
-        pool_timeout = float(os.environ.get("LLMGW_DB_POOL_TIMEOUT", "3"))
+        pool_timeout = env_number("LLMGW_DB_POOL_TIMEOUT", "3", float)
         DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": 1,
-            "max_size": int(os.environ.get("LLMGW_DB_POOL_SIZE", "10")),
+            "max_size": env_number("LLMGW_DB_POOL_SIZE", "10", int),
             "timeout": pool_timeout,
             # The pool stops retrying a failed connection after this long, so the one a request asks for
             # once the database is back is tried at once, not after minutes of growing back-off.
@@ -292,7 +308,7 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # Redis down or out of reach costs a request this long at most (connecting, or waiting for an answer): a
 # live update is then dropped and a reconcile not queued, and the answer says so (llmgw.dependencies).
-LLMGW_REDIS_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_REDIS_TIMEOUT", "2"))
+LLMGW_REDIS_TIMEOUT_SECONDS = env_number("LLMGW_REDIS_TIMEOUT", "2", float)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -317,8 +333,8 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "120"))
-CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "180"))
+CELERY_TASK_SOFT_TIME_LIMIT = env_number("CELERY_TASK_SOFT_TIME_LIMIT", "120", int)
+CELERY_TASK_TIME_LIMIT = env_number("CELERY_TASK_TIME_LIMIT", "180", int)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Sending a task tries once, bounded: with Redis out of reach the sender hears so within the timeout
 # (a worker's wait for its next task, BRPOP, answers within 1 s, so an answer may take 2 s).
@@ -327,8 +343,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": max(LLMGW_REDIS_TIMEOUT_SECONDS, 2.0),
 }
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 0}
-RECONCILE_INTERVAL_SECONDS = float(os.environ.get("LLMGW_RECONCILE_INTERVAL", "15"))
-CONDITIONS_INTERVAL_SECONDS = float(os.environ.get("LLMGW_CONDITIONS_INTERVAL", "15"))
+RECONCILE_INTERVAL_SECONDS = env_number("LLMGW_RECONCILE_INTERVAL", "15", float)
+CONDITIONS_INTERVAL_SECONDS = env_number("LLMGW_CONDITIONS_INTERVAL", "15", float)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "placement.tasks.reconcile",
@@ -356,31 +372,31 @@ LLMGW_METRICS_TOKEN = os.environ.get("LLMGW_METRICS_TOKEN", "")
 # A node is ready while its heartbeats are fresh: three intervals missed and it is not.
 LLMGW_MISSED_HEARTBEATS = 3
 # Replicas on a node silent this long are replaced elsewhere (replacement first); 0 never.
-LLMGW_EVICT_AFTER_SECONDS = float(os.environ.get("LLMGW_EVICT_AFTER_SECONDS", "300"))
+LLMGW_EVICT_AFTER_SECONDS = env_number("LLMGW_EVICT_AFTER_SECONDS", "300", float)
 # Replacements a drain keeps in flight per model (1: one at a time). More moves a lost room faster, at
 # the price of as many extra replicas running at once while they come up.
-LLMGW_DRAIN_SURGE = max(1, int(os.environ.get("LLMGW_DRAIN_SURGE", "1")))
+LLMGW_DRAIN_SURGE = max(1, env_number("LLMGW_DRAIN_SURGE", "1", int))
 # On PostgreSQL a reconcile sends each batch's write and COMMIT in pipeline mode and plans the next
 # batch while they run (placement.commit.replicas_place); false: it waits for each commit first.
 LLMGW_COMMIT_PIPELINE = env_bool("LLMGW_COMMIT_PIPELINE", True)
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120
 # A node's measured draw is the highest reading of this window (server.yaml facility.measured_window).
-LLMGW_MEASURED_WINDOW_SECONDS = float(os.environ.get("LLMGW_MEASURED_WINDOW_SECONDS", "900"))
+LLMGW_MEASURED_WINDOW_SECONDS = env_number("LLMGW_MEASURED_WINDOW_SECONDS", "900", float)
 # Request limits (llmgw.bodies): a heartbeat's body, any other body (Django's own limit, 2.5 MiB), and
 # how long a body may take to arrive; past them the answer is 413 or 408 at once.
-LLMGW_HEARTBEAT_MAX_BYTES = int(os.environ.get("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024)))
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("LLMGW_REQUEST_MAX_BYTES", str(2_621_440)))
-LLMGW_BODY_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_BODY_TIMEOUT_SECONDS", "10"))
+LLMGW_HEARTBEAT_MAX_BYTES = env_number("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024), int)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_number("LLMGW_REQUEST_MAX_BYTES", str(2_621_440), int)
+LLMGW_BODY_TIMEOUT_SECONDS = env_number("LLMGW_BODY_TIMEOUT_SECONDS", "10", float)
 # WebSocket messages from the console (a list of the rows a page shows) are small; larger ones are refused.
-LLMGW_WS_MAX_BYTES = int(os.environ.get("LLMGW_WS_MAX_BYTES", str(256 * 1024)))
+LLMGW_WS_MAX_BYTES = env_number("LLMGW_WS_MAX_BYTES", str(256 * 1024), int)
 # The server's own limits (llmgw.serving): a request's head (request line and headers) in bytes, the time
 # its headers may take to arrive, how long an idle kept-alive connection stays, and how many connections
 # and requests at once (beyond that, 503).
-LLMGW_MAX_HEADER_BYTES = int(os.environ.get("LLMGW_MAX_HEADER_BYTES", str(16 * 1024)))
-LLMGW_HEADER_TIMEOUT_SECONDS = float(os.environ.get("LLMGW_HEADER_TIMEOUT_SECONDS", "10"))
-LLMGW_KEEP_ALIVE_SECONDS = int(os.environ.get("LLMGW_KEEP_ALIVE_SECONDS", "5"))
-LLMGW_MAX_CONNECTIONS = int(os.environ.get("LLMGW_MAX_CONNECTIONS", "2048"))
+LLMGW_MAX_HEADER_BYTES = env_number("LLMGW_MAX_HEADER_BYTES", str(16 * 1024), int)
+LLMGW_HEADER_TIMEOUT_SECONDS = env_number("LLMGW_HEADER_TIMEOUT_SECONDS", "10", float)
+LLMGW_KEEP_ALIVE_SECONDS = env_number("LLMGW_KEEP_ALIVE_SECONDS", "5", int)
+LLMGW_MAX_CONNECTIONS = env_number("LLMGW_MAX_CONNECTIONS", "2048", int)
 
 # The NetBox instances the server itself may read for POST /api/v1/facility/import/netbox {"url": …} (a remote
 # `llmgw ctl facility import netbox --url`), space or comma separated: none by default, so a client's

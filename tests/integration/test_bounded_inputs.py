@@ -310,3 +310,8 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_setting_that_does_not_parse_is_one_error_line(tmp_path):
+    done = _llmgw(tmp_path, "ctl", "nodes", env={"LLMGW_RECONCILE_INTERVAL": "abc"})
+    assert (done.returncode, done.stderr) == (2, "error: LLMGW_RECONCILE_INTERVAL: 'abc' is not a number\n")
