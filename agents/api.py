@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
-from agents.filtersets import MAX_TERMS, MAX_TEXT, STATES, NodeFilterSet
+from agents.filtersets import MAX_TERMS, STATES, NodeFilterSet, filter_pattern
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from agents.serializers import (
@@ -44,10 +44,9 @@ class NodeListView(ApiView):
         ok={200: NodeRowSerializer(many=True)},
         parameters=[
             OpenApiParameter(
-                "domain", str, pattern=STORABLE_TEXT_PATTERN,
+                "domain", str, pattern=filter_pattern(),
                 description="Only nodes in this domain (rack:r12-07, any level), in the rack of this name (r12-07) "
-                "or with this label (gpu.model=H200); several, separated by spaces, must all hold "
-                f"(at most {MAX_TERMS} terms, {MAX_TEXT} characters)",
+                f"or with this label (gpu.model=H200); several, separated by spaces, must all hold (at most {MAX_TERMS})",
             ),
             OpenApiParameter("state", str, enum=[*STATES, ""], description="Only nodes in this state (empty: any)"),
             OpenApiParameter(

@@ -21,19 +21,30 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
-from facility.domains import LEVELS, DomainError, parse_domain
+from facility.domains import LEVELS, MAX_VALUE_LENGTH, DomainError, parse_domain
 from facility.nodes import held_domains, node_state
 
 STATES = ("ready", "not-ready", "cordoned", "held")
 
 # What one filter text may hold: more is not a person typing.
 MAX_TERMS = 8
-MAX_TEXT = 500
 LABEL_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9._/-]{0,252}")
-# `gpu.model = H200` (the node_selector's spacing) is one term.
-_SPACED_EQUALS = re.compile(r"\s*=\s*")
+# Terms are separated by spaces or tabs; `gpu.model = H200` (the node_selector's spacing) is one term.
+_BLANKS = re.compile(r"[ \t]+")
 SUGGESTIONS = 3
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]")
+
+
+def filter_pattern() -> str:
+    """The text `domain` takes, as a regular expression (the API's schema states it, so a client can
+    check a filter before sending it): what :func:`parse_terms` accepts, no more and no less."""
+    levels = "|".join(LEVELS)
+    name = rf"[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}}"
+    label = rf"[A-Za-z][A-Za-z0-9._/-]{{0,252}}[ \t]*=[ \t]*[^\x00-\x20\x7f]{{1,{MAX_VALUE_LENGTH}}}"
+    # A level alone (`rack`) is a domain half written, not a name.
+    bare = rf"(?!(?:{levels})(?![A-Za-z0-9._-])){name}"
+    term = rf"(?:{label}|(?:{levels}):{name}|{bare})"
+    return rf"^[ \t]*(?:{term}(?:[ \t]+{term}){{0,{MAX_TERMS - 1}}})?[ \t]*$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +58,26 @@ class Term:
     value: str = ""
 
 
+def _joined_labels(words: list[str]) -> list[str]:
+    """`gpu.model = H200`, `gpu.model= H200`, `gpu.model =H200` → `gpu.model=H200`: a key (a word without
+    `=`) and its value written apart, the node_selector's way."""
+    out: list[str] = []
+    for word in words:
+        if out and "=" not in out[-1] and word.startswith("="):
+            out[-1] += word  # `key` then `=value` or `=` (its value comes next)
+        elif out and out[-1].endswith("=") and out[-1].count("=") == 1 and not out[-1].startswith("="):
+            out[-1] += word  # `key=` then the value
+        else:
+            out.append(word)
+    return out
+
+
 def parse_terms(text: str) -> list[Term]:
     """The terms of a `domain` filter; a bad one raises DomainError with the parser's words."""
-    text = _SPACED_EQUALS.sub("=", text.strip())
-    if len(text) > MAX_TEXT:
-        raise DomainError(f"at most {MAX_TEXT} characters")
     if _CONTROL.search(text):
         raise DomainError("a filter must not hold a control character")
-    words = text.split()
+    text = text.strip(" \t")
+    words = _joined_labels(_BLANKS.split(text) if text else [])
     if len(words) > MAX_TERMS:
         raise DomainError(f"at most {MAX_TERMS} terms (a rack, a domain or a key=value label each)")
     terms = []
@@ -67,6 +90,8 @@ def parse_terms(text: str) -> list[Term]:
                 )
             if not value:
                 raise DomainError(f"{word!r}: a label is key=value, with a value")
+            if len(value) > MAX_VALUE_LENGTH:
+                raise DomainError(f"{word!r}: a label's value is at most {MAX_VALUE_LENGTH} characters")
             terms.append(Term("label", word, key, value))
         elif ":" in word or word in LEVELS:
             # A level alone (`rack`) is a domain half written: the parser says how to write it.

@@ -4,7 +4,11 @@ refused naming the field; queries that do not grow with nodes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.integration.test_console import login, row_names  # noqa: F401  (login: a fixture)
 
@@ -35,6 +39,7 @@ def test_the_api_takes_bare_names_labels_and_several_terms(nodes, api):
     assert names(api, "pdu-b7") == ["gpu04"]
     assert names(api, "gpu.model=H200") == ["gpu01", "gpu03"]
     assert names(api, "gpu.model = H200 r12-07") == ["gpu01"]
+    assert names(api, "r12-07\tgpu.model= H100") == ["gpu02"]
     assert names(api, "pool=batch rack:b7") == ["gpu04"]
     assert names(api, "r99") == []  # a name no node has: none, not an error
     assert names(api, "gpu.model=B200") == []
@@ -74,6 +79,22 @@ def test_the_console_suggests_what_an_unknown_name_or_label_could_have_meant(nod
     # Both terms known, together no node: nothing to suggest.
     page = client.get("/nodes/", {"domain": "r12-08 gpu.model=H100"}).content.decode()
     assert row_names(page) == [] and 'id="filter-suggestions"' not in page
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from([*"ab rk:=.-_/\t\n\x0bR1é\u3000", "rack", "pdu", "rack:", "gpu.model", " = ", "= "]),
+                max_size=25).map("".join))
+def test_the_schema_states_exactly_what_the_filter_takes(text):
+    """The API's schema gives `domain` a pattern: a text it matches is taken, one it does not is refused."""
+    from agents.filtersets import filter_pattern, parse_terms
+    from facility.domains import DomainError
+
+    try:
+        parse_terms(text)
+        taken = True
+    except DomainError:
+        taken = False
+    assert taken == bool(re.fullmatch(filter_pattern(), text)), repr(text)
 
 
 @pytest.mark.parametrize("count", [20, 150])
