@@ -46,7 +46,8 @@ class NodeListView(ApiView):
             OpenApiParameter(
                 "domain", str, pattern=filter_pattern(),
                 description="Only nodes in this domain (rack:r12-07, any level), in the rack of this name (r12-07) "
-                f"or with this label (gpu.model=H200); several, separated by spaces, must all hold (at most {MAX_TERMS})",
+                "or with this label (gpu.model=H200); several separated by spaces: those of one level or label key "
+                f"are any of them, different ones all hold (at most {MAX_TERMS})",
             ),
             OpenApiParameter("state", str, enum=[*STATES, ""], description="Only nodes in this state (empty: any)"),
             OpenApiParameter(

@@ -2,8 +2,9 @@
 
 ``domain`` takes what a facility engineer types: a domain (``rack:r12-07``, ``pdu:r12-07-a``), a bare name
 (``r12-07``: the rack, or the one domain of another level so named), a label (``gpu.model=H200``), or
-several of them separated by spaces, all of which must hold. A name or label value no node has gets
-suggestions (:meth:`NodeFilterSet.suggestions`, difflib's close matches), which the console shows.
+several of them separated by spaces: those of one level or label key are any of them, different ones all
+hold (``r12-07 r12-08 gpu.model=H200``: the H200 nodes of either rack). A name or label value no node has
+gets suggestions (:meth:`NodeFilterSet.suggestions`, difflib's close matches), which the console shows.
 """
 
 from __future__ import annotations
@@ -135,14 +136,21 @@ class DomainFilter(django_filters.CharFilter):
     field_class = DomainField
 
     def filter(self, qs, value):
+        # Terms of one level (two racks) or one label key are any of them; different ones all hold:
+        # `r12-07 r12-08 gpu.model=H200` is the H200 nodes of either rack.
+        domains: dict[str, set[str]] = defaultdict(set)
+        labels: dict[str, set[str]] = defaultdict(set)
         for term in value or ():
-            if term.kind == "domain":
-                # One NodeDomain row per node and domain, so the join never repeats a node.
-                qs = qs.filter(pk__in=NodeDomain.objects.filter(domain=term.text).values("node_id"))
-            elif term.kind == "name":
-                qs = qs.filter(pk__in=NodeDomain.objects.filter(domain__in=name_domains(term.text)).values("node_id"))
-            else:
-                qs = qs.filter(pk__in=label_value(Node.objects.all(), term.key).filter(label_value=term.value).values("pk"))
+            if term.kind == "label":
+                labels[term.key].add(term.value)
+                continue
+            found = [term.text] if term.kind == "domain" else name_domains(term.text)
+            levels = {d.split(":", 1)[0] for d in found}
+            domains[levels.pop() if len(levels) == 1 else f"name:{term.text}"].update(found)
+        for group in domains.values():
+            qs = qs.filter(pk__in=NodeDomain.objects.filter(domain__in=group).values("node_id"))
+        for key, values in labels.items():
+            qs = qs.filter(pk__in=label_value(Node.objects.all(), key).filter(label_value__in=values).values("pk"))
         return qs
 
 
@@ -175,8 +183,8 @@ def node_state_lines(queryset: QuerySet[Node], now: datetime | None = None) -> l
 
 
 class NodeFilterSet(django_filters.FilterSet):
-    """`domain=rack:r12-07` (any level; or `r12-07`, `gpu.model=H200`, several), `state=held`, `q=gpu01`
-    (part of the name)."""
+    """`domain=rack:r12-07` (any level; or `r12-07`, `gpu.model=H200`, several: see the module), `state=held`,
+    `q=gpu01` (part of the name)."""
 
     domain = DomainFilter(label="Domain")
     state = django_filters.ChoiceFilter(
@@ -198,7 +206,7 @@ class NodeFilterSet(django_filters.FilterSet):
     def suggestions(self) -> list[dict]:
         """For each term of `domain` that no node has, in words and what it could have meant: ``{"term":
         "r12-7", "text": "No node is in rack r12-7.", "matches": ["r12-07", "r12-17"]}`` (``matches`` may be
-        empty). Read only when asked (the console asks when the list is empty)."""
+        empty). Read only when asked: a query for each term, and the known names only for a term no node has."""
         if not self.is_bound or not self.is_valid():
             return []
         out = []

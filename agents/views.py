@@ -232,8 +232,8 @@ def node_list_context(request: HttpRequest) -> dict[str, Any]:
     params.pop("sort", None)
     return {
         "filterset": filterset,
-        # Only an empty list asks: a term no node has is what empties it.
-        "suggestions": filter_suggestions(filterset, request.GET) if not lines and filterset.is_bound else [],
+        # A term no node has says so even when another term of its level found nodes (`r12-07 r12-7`).
+        "suggestions": filter_suggestions(filterset, request.GET) if filterset.is_bound else [],
         "rows": rows,
         "page": page,
         "total": len(lines),
