@@ -248,34 +248,127 @@ class FilteredPageConsumer(ReaderConsumer):
         raise NotImplementedError
 
 
+def scope_csrf_token(scope) -> str:
+    """A CSRF token for the forms a live update renders (Release…), from the socket's CSRF cookie: the same
+    secret the page's own forms carry, masked once, so the card swapped in posts as the page's would."""
+    from django.conf import settings as django_settings
+    from django.http import HttpRequest
+    from django.middleware.csrf import get_token
+
+    cookies = {}
+    for name, value in scope.get("headers") or ():
+        if name == b"cookie":
+            for part in value.decode("latin-1").split(";"):
+                key, _, item = part.strip().partition("=")
+                cookies[key] = item
+    secret = cookies.get(django_settings.CSRF_COOKIE_NAME, "")
+    if len(secret) != 32 or not secret.isalnum():
+        return ""
+    request = HttpRequest()
+    request.META["CSRF_COOKIE"] = secret
+    return get_token(request)
+
+
 class FacilityConsumer(FilteredPageConsumer):
-    """The Facility page's socket: rack map, bars, domain table, holds (with drain progress), conditions and
-    GPU capping rendered again when placement, a hold, a budget or a cap changes, and at most every few
-    seconds for new readings."""
+    """The Facility page's socket: sends what changed on the page, part by part — a summary count, a rack
+    tile, a row or room heading, a worst-first row, the holds, conditions or capping card, the open detail —
+    or the rack map or list whole when its shape changed (a rack joined, the order moved).
+
+    Placement, a hold, a budget or a cap render again within RENDER_SECONDS; heartbeats at most every
+    READINGS_RENDER_SECONDS. A change that comes inside the window is not dropped: the socket's own tick
+    renders it once the window has passed. The page says its filter and page (`filter`) and the domain whose
+    detail is open (`detail`); a first `filter` sends every part once, as the page may be older than the socket.
+    """
+
+    RENDER_SECONDS = 1.0
+    TICK_SECONDS = 1.0
+
+    async def __call__(self, scope, receive, send):
+        self.due_at: float | None = None  # when a render is owed; the tick asks for it then
+        ticker = asyncio.ensure_future(self.tick_forever())
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            ticker.cancel()
+
+    async def tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.TICK_SECONDS)
+            due = self.due_at
+            name = getattr(self, "channel_name", None)
+            if due is not None and name and time.monotonic() >= due:
+                self.due_at = None
+                try:
+                    await self.channel_layer.send(name, {"type": "facility.tick"})
+                except Exception:  # the layer is down: the next change asks again
+                    log.warning("facility socket %s: tick not sent", name, exc_info=True)
 
     def groups_to_join(self) -> list[str]:
+        self.sent: dict = {}
+        self.detail = ""
+        self.csrf_token = scope_csrf_token(self.scope)
         return [*super().groups_to_join(), NODES_GROUP]
 
-    def node_changed(self, event: dict) -> None:
-        if time.monotonic() - self.last_render >= READINGS_RENDER_SECONDS:
+    def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        message = page_message(text_data)
+        changed = False
+        if isinstance(message.get("filter"), str) and message["filter"][:1000] != self.filter:
+            self.filter = message["filter"][:1000]
+            changed = True
+            self.sent = {}  # the page's body is this filter's now, as the socket has not seen it
+        if isinstance(message.get("detail"), str) and message["detail"][:300] != self.detail:
+            self.detail = message["detail"][:300]
+            changed = True
+        if changed or not self.sent:
             self.render()
+
+    def owe(self, seconds: float) -> None:
+        """A render is owed within `seconds` of the last one: now if that has passed, else at the tick."""
+        due = self.last_render + seconds
+        if time.monotonic() >= due:
+            self.render()
+        elif self.due_at is None or due < self.due_at:
+            self.due_at = due
+
+    def placement_changed(self, event: dict) -> None:
+        self.owe(self.RENDER_SECONDS)
+
+    def node_changed(self, event: dict) -> None:
+        self.owe(READINGS_RENDER_SECONDS)
 
     nodes_readings = node_changed
 
     def nodes_changed(self, event: dict) -> None:
         pass  # a hold or a budget: placement.changed follows it
 
-    def html(self) -> str:
-        from facility.views import facility_context
+    def facility_tick(self, event: dict) -> None:
+        self.render()
+
+    def fragments(self) -> dict:
+        from facility.views import facility_fragments
         from llmgw.permissions import can_operate
 
-        context = {**facility_context(self.params()), "oob": True, "can_operate": can_operate(self.scope.get("user"))}
-        return "".join(
-            render_to_string(template, context)
-            for template in (
-                "facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html", "facility/_capping.html"
-            )
+        return facility_fragments(
+            self.params(), detail=getattr(self, "detail", ""), can_operate=can_operate(self.scope.get("user")),
+            csrf_token=getattr(self, "csrf_token", ""),
         )
+
+    def html(self) -> str:
+        """Every part the page shows, as one message (what a first render sends)."""
+        from facility.views import fragments_changed
+
+        return "".join(fragments_changed({}, self.fragments()))
+
+    def render(self) -> None:
+        from facility.views import fragments_changed
+
+        self.last_render = time.monotonic()
+        self.due_at = None
+        fragments = self.fragments()
+        messages = fragments_changed(self.sent, fragments)
+        self.sent = fragments
+        for html in messages:
+            self.send(text_data=html)
 
 
 class ModelsConsumer(FilteredPageConsumer):

@@ -100,7 +100,8 @@ def reading_age(node: Node, now=None) -> dict[str, Any]:
         text = f"{seconds // 60} min"
     else:
         text = f"{seconds // 3600} h"
-    return {"age_text": f"read {text} ago", "stale": seconds > settings.LLMGW_MEASURED_FRESH_SECONDS}
+    return {"age_text": f"read {text} ago", "stale": seconds > settings.LLMGW_MEASURED_FRESH_SECONDS,
+            "at": node.sensors_at.timestamp(), "since_text": text}
 
 
 def throttle_text(reasons: Iterable[str]) -> str:
@@ -342,7 +343,6 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "age": reading_age(node),
         **node_power(node),
         "placed_kw": kw(placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0)),
-        "history": node_history_spark(node.name),
     }
 
 
@@ -389,18 +389,6 @@ def topology_matrix(node: Node) -> dict[str, Any] | None:
     return {"rows": rows, "legend": TOPOLOGY_LEGEND, "one_node": bool(numa) and all(n == -1 for n in numa)}
 
 
-def node_history_spark(name: str):
-    """The node's last 48 h of use as a sparkline (15-minute points)."""
-    from facility.history import node_history
-    from llmgw.charts import sparkline
-
-    series = node_history(node_name=name, hours=48)
-    points = series["points"]
-    if len(points) > 192:  # minute points: one in fifteen is enough for 120 pixels
-        points = points[::15] + [points[-1]]
-    return sparkline([p["use_watts"] for p in points])
-
-
 def node_page_context(
     request: HttpRequest,
     node: Node,
@@ -409,6 +397,7 @@ def node_page_context(
     errors: Mapping[str, str] | None = None,
     values: Mapping[str, str] | None = None,
     warnings: Sequence[str] = (),
+    preview: Any = None,
 ) -> dict[str, Any]:
     context = node_live_context(node)
     store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
@@ -440,6 +429,8 @@ def node_page_context(
             "release_text": facility_services.release_text(domain=rack_domain) if rack_domain else "",
             "warnings": list(warnings),
             "topology": topology_matrix(node),
+            # Hold rack's preview (placement.services.hold_preview), shown in the menu before it holds.
+            "preview": preview,
         }
     )
     return context
@@ -467,7 +458,7 @@ def _after_change(request: HttpRequest, node: Node, **page) -> HttpResponse:
     status = 422 if failed else 200
     if request.htmx:
         return render(request, "agents/_node_page.html", node_page_context(request, node, **page), status=status)
-    if failed or page.get("warnings"):
+    if failed or page.get("warnings") or page.get("preview"):
         return render(request, "agents/node_detail.html", node_page_context(request, node, **page), status=status)
     return redirect(reverse("node-detail", args=[node.name]))
 
@@ -526,13 +517,22 @@ def node_location(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def node_hold(request: HttpRequest, name: str) -> HttpResponse:
-    """Hold rack: hold the node's rack through facility.services.hold_create (reason, drain)."""
+    """Hold rack: first the preview of what holding the node's rack (and draining it) would move, with its
+    warnings (placement.services.hold_preview, as on the Facility page); once confirmed, the hold
+    (placement.services.hold_create, the flow of the API and ctl too)."""
+    from placement import services as placement_services
+
     require_operator(request)
     node = _node(name)
     domain = request.POST.get("domain", "")
     values = {"reason": request.POST.get("reason", ""), "drain": request.POST.get("drain", "")}
     try:
-        facility_services.hold_create(
+        if not request.POST.get("confirm") or request.POST.get("previewed", f"{domain}|{values['drain']}") != (
+            f"{domain}|{values['drain']}"
+        ):
+            preview = placement_services.hold_preview(domain=domain, reason=values["reason"], drain=bool(values["drain"]))
+            return _after_change(request, node, open_form="hold", values=values, preview=preview)
+        placement_services.hold_create(
             domain=domain,
             reason=values["reason"],
             drain=bool(values["drain"]),
@@ -546,11 +546,13 @@ def node_hold(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def node_release(request: HttpRequest, name: str) -> HttpResponse:
-    """Release rack: undo the hold through facility.services.hold_release."""
+    """Release rack: undo the hold through placement.services.hold_release (the one hold flow)."""
+    from placement import services as placement_services
+
     require_operator(request)
     node = _node(name)
     try:
-        facility_services.hold_release(domain=request.POST.get("domain", ""))
+        placement_services.hold_release(domain=request.POST.get("domain", ""))
     except LlmgwError as exc:
         return _after_change(request, node, open_form="hold", errors={"form": exc.message})
     return _after_change(request, node)

@@ -3,7 +3,8 @@
 Makes its own database (``llmgw_bench_facility`` on the server of DATABASE_URL), bulk-loads the cluster of
 bench/placements.py (budgets on every rack and PDU, a few holds), writes 48 h of minute points and their
 quarter-hour roll-ups for every domain, then times GET /facility/ (the whole page), the filtered
-body htmx asks for, and what the live socket renders (facility_context + its three partials).
+body htmx asks for, and what the live socket renders (facility.views.facility_fragments: every part it
+compares, sending those that changed).
 Run: ``.venv/bin/python bench/facility_page.py`` (``--nodes``, ``--runs``). Prints figures, asserts nothing.
 """
 
@@ -94,10 +95,9 @@ def main() -> None:
     prepare(args.nodes)
 
     from django.contrib.auth import get_user_model
-    from django.template.loader import render_to_string
     from django.test import Client
 
-    from facility.views import facility_context
+    from facility.views import facility_fragments
     from llmgw.users_cli import token_create
 
     token_create(username="bench", role="viewer")
@@ -110,9 +110,7 @@ def main() -> None:
     print(f"GET /facility/?q=r01 (htmx body): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
 
     def live():
-        context = {**facility_context({}), "oob": True}
-        for template in ("facility/_facility_body.html", "facility/_holds.html", "facility/_conditions.html"):
-            render_to_string(template, context)
+        facility_fragments({})  # every part the socket compares (and sends, when it changed)
 
     p50, p99 = timed(args.runs, live)
     print(f"live render (socket): p50 {p50:.0f} ms, p99 {p99:.0f} ms")

@@ -9,6 +9,7 @@ from django.forms.models import construct_instance
 from facility import services
 from facility.models import Budget, FacilitySettings, Hold, Source
 from llmgw.errors import LlmgwError
+from placement import services as placement_services
 
 
 class ServiceForm(forms.ModelForm):
@@ -97,16 +98,16 @@ class HoldAdmin(admin.ModelAdmin):
     search_fields = ["domain", "reason"]
 
     def save_model(self, request, obj, form, change):
-        services.hold_create(
+        placement_services.hold_create(
             domain=obj.domain, reason=obj.reason, drain=obj.drain, created_by=request.user.get_username()
         )
 
     def delete_model(self, request, obj):
-        services.hold_release(domain=obj.domain)
+        placement_services.hold_release(domain=obj.domain)
 
     def delete_queryset(self, request, queryset):
         for obj in queryset:  # "delete selected" releases through the service too
-            services.hold_release(domain=obj.domain)
+            placement_services.hold_release(domain=obj.domain)
 
 
 class FacilitySettingsForm(ServiceForm):

@@ -33,7 +33,7 @@ from facility.serializers import (
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput
 from placement import selectors as placement_selectors
-from placement import whatif
+from placement import services as placement_services
 
 DOMAIN_IN_PATH = [OpenApiParameter("domain", str, OpenApiParameter.PATH, pattern=DOMAIN_PATTERN, description="level:name")]
 
@@ -85,12 +85,10 @@ class HoldListView(ApiView):
     def post(self, request):
         data = HoldSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        warnings = whatif.hold_warnings(
-            domain=data.validated_data["domain"], drain=bool(data.validated_data.get("drain"))
-        )
-        warning = "; ".join(warnings) or None
-        hold = services.hold_create(**data.validated_data, created_by=request.user.get_username())
-        return Response({**hold_body(hold), "warning": warning}, status=status.HTTP_201_CREATED)
+        # The one hold flow (the console's and ctl's): the hold with its preview's warnings.
+        created = placement_services.hold_create(**data.validated_data, created_by=request.user.get_username())
+        warning = "; ".join(created.warnings) or None
+        return Response({**hold_body(created.hold), "warning": warning}, status=status.HTTP_201_CREATED)
 
 
 class HoldDetailView(ApiView):
@@ -98,7 +96,7 @@ class HoldDetailView(ApiView):
         summary="Release a hold (and stop its drain)", ok={204: None}, errors=(404, 409), parameters=DOMAIN_IN_PATH
     )
     def delete(self, request, domain: str):
-        services.hold_release(domain=domain)
+        placement_services.hold_release(domain=domain)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

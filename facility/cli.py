@@ -13,7 +13,7 @@ from llmgw.remote import lazy, listing, read, write
 feed_selectors = lazy("facility.feed_selectors")
 services = lazy("facility.services")
 placement_selectors = lazy("placement.selectors")
-whatif = lazy("placement.whatif")
+placement_services = lazy("placement.services")
 
 
 def register(commands) -> None:
@@ -352,9 +352,10 @@ def _feeds_applied(feeds: dict | None) -> str:
 
 def hold(args) -> int:
     def local() -> dict:
-        warning = "; ".join(whatif.hold_warnings(domain=args.domain, drain=bool(args.drain)))
-        h = services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain, created_by="ctl")
-        return {"domain": h.domain, "reason": h.reason, "drain": h.drain, "warning": warning or None}
+        created = placement_services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain,
+                                                 created_by="ctl")
+        h = created.hold
+        return {"domain": h.domain, "reason": h.reason, "drain": h.drain, "warning": "; ".join(created.warnings) or None}
 
     body = {"domain": args.domain, "reason": args.reason, "drain": args.drain}
     h = write(args, "POST", "facility/holds", body, local)
@@ -365,7 +366,7 @@ def hold(args) -> int:
 
 def release(args) -> int:
     write(args, "DELETE", f"facility/holds/{quote(args.domain, safe=':')}", None,
-          lambda: services.hold_release(domain=args.domain))
+          lambda: placement_services.hold_release(domain=args.domain))
     print(f"{args.domain} released")
     return 0
 

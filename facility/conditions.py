@@ -344,13 +344,25 @@ def describe(
     condition: str, state: DomainState, values: Mapping[str, float], now: float, reason: str,
     thresholds: Thresholds = Thresholds(),
 ) -> str:
-    """A condition's reading in words, now: ``inlet 33.1 °C for 6 min, hot above 32 °C`` (else ``reason``)."""
+    """A condition's reading in words, now, from the latest reading: ``inlet 33.1 °C for 6 min, hot above
+    32 °C``; while the condition waits to leave, the reading now and how long it has been back under
+    (``inlet 24.0 °C, under 31 °C for 40 s of the 5 min hot takes to leave``), never the reading that made
+    it hot; else ``reason`` (an alarm, GPUs throttling, or no inlet reading)."""
     inlet = values.get(INLET)
-    if condition == HOT and inlet is not None and state.above_hot_since is not None:
-        return f"inlet {inlet:.1f} °C for {_minutes(now - state.above_hot_since)}, hot above {thresholds.hot_inlet_c:g} °C"
-    if condition == WARM and inlet is not None and state.above_warm_since is not None:
+    t = thresholds
+    if condition not in (HOT, WARM) or inlet is None:
+        return reason
+    above = state.above_hot_since if condition == HOT else state.above_warm_since
+    edge = t.hot_inlet_c if condition == HOT else t.warm_inlet_c
+    if above is not None:
+        return f"inlet {inlet:.1f} °C for {_minutes(now - above)}, {condition} above {edge:g} °C"
+    if reason and not reason.startswith("inlet "):
+        # Entered for an alarm or GPUs throttling: that reason, with the inlet as it reads now.
+        return f"{reason}; inlet {inlet:.1f} °C now"
+    under = state.under_hot_band_since if condition == HOT else state.under_warm_band_since
+    if under is not None:
         return (
-            f"inlet {inlet:.1f} °C for {_minutes(now - state.above_warm_since)}, "
-            f"warm above {thresholds.warm_inlet_c:g} °C"
+            f"inlet {inlet:.1f} °C, under {edge - t.band_c:g} °C for {_minutes(now - under)} of the "
+            f"{_minutes(t.leave_seconds)} {condition} takes to leave"
         )
-    return reason
+    return f"inlet {inlet:.1f} °C, {condition} until it stays under {edge - t.band_c:g} °C for {_minutes(t.leave_seconds)}"

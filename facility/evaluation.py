@@ -313,7 +313,10 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
 def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, Any]]:
     """Each domain's condition as placement reads it: the override where one is set, else the evaluated one.
 
-    ``{domain: {condition, enforce, detail, overridden, readings, age_seconds}}``.
+    ``{domain: {condition, enforce, detail, overridden, readings, age_seconds, since, inlet}}``; ``inlet`` is
+    the latest inlet reading (``{celsius, at, source, warm_c, hot_c, above_since}``: epoch seconds, the
+    thresholds, and since when it has stood above the edge of its warm or hot condition) or None, for a
+    page that shows the figure and counts its time up live rather than a text frozen at its render.
     """
     now = now or timezone.now()
     epoch = now.timestamp()
@@ -323,21 +326,37 @@ def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, 
         rule = config.rule(row.domain)
         values = {s: r["value"] for s, r in (row.readings or {}).items()}
         ages = [epoch - r["at"] for r in (row.readings or {}).values()]
+        state = _state_of(row)
         found[row.domain] = {
             "condition": row.condition,
             "enforce": rule.enforce,
-            "detail": cond.describe(row.condition, _state_of(row), values, epoch, row.reason, rule.thresholds),
+            "detail": cond.describe(row.condition, state, values, epoch, row.reason, rule.thresholds),
             "overridden": False,
             "readings": values,
             "age_seconds": max(0.0, max(ages)) if ages else None,
             "since": row.since,
+            "inlet": _inlet_of(row, state, rule.thresholds),
         }
     for override in ConditionOverride.objects.all():
         if override.until is not None and override.until <= now:
             continue
         entry = found.setdefault(
             override.domain,
-            {"readings": {}, "age_seconds": None, "since": None, "enforce": config.rule(override.domain).enforce},
+            {"readings": {}, "age_seconds": None, "since": None, "inlet": None,
+             "enforce": config.rule(override.domain).enforce},
         )
         entry.update(condition=override.condition, detail=f"set by hand: {override.reason}", overridden=True)
     return found
+
+
+def _inlet_of(row: DomainCondition, state: cond.DomainState, thresholds: cond.Thresholds) -> dict[str, Any] | None:
+    """The domain's latest inlet reading with its time, source and thresholds (None without one)."""
+    reading = (row.readings or {}).get(cond.INLET)
+    if not reading:
+        return None
+    above = state.above_hot_since if row.condition == cond.HOT else state.above_warm_since
+    return {
+        "celsius": reading["value"], "at": reading["at"], "source": reading.get("source") or "",
+        "warm_c": thresholds.warm_inlet_c, "hot_c": thresholds.hot_inlet_c,
+        "above_since": above if row.condition in (cond.HOT, cond.WARM) else None,
+    }

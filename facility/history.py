@@ -2,12 +2,11 @@
 
 `history_record` runs once a minute (Celery beat, or the embedded server's thread): it writes the minute's
 points, rolls each finished quarter hour up (use and reserved averaged, measured: the peak) and prunes
-what is past its keep. Reads (`domain_history`, `node_history`, `recent_use`) pick the resolution.
+what is past its keep. Reads (`domain_history`, `node_history`: the console's charts and the API) pick the resolution.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -114,25 +113,3 @@ def domain_history(*, domain: str, hours: float = 48, now: datetime | None = Non
 def node_history(*, node_name: str, hours: float = 48, now: datetime | None = None) -> dict[str, Any]:
     """A node's points over the last `hours` (as domain_history)."""
     return {"node": node_name, "hours": hours, **_series(NodeSample, "node_name", node_name, hours, now)}
-
-
-def recent_use(*, hours: float = 48, now: datetime | None = None) -> dict[str, list[float]]:
-    """Every domain's use over the last `hours` in 15-minute points (what the console's sparklines draw,
-    one read for the whole page)."""
-    now = now or timezone.now()
-    out: dict[str, list[float]] = defaultdict(list)
-    rows = (
-        DomainSample.objects.filter(resolution=Resolution.QUARTER, at__gte=now - timedelta(hours=hours))
-        .order_by("at")
-        .values_list("domain", "use_watts")
-    )
-    for domain, use in rows:
-        out[domain].append(use)
-    # The quarter under way is not rolled up yet: its latest minute point ends the line.
-    latest = DomainSample.objects.filter(resolution=Resolution.MINUTE, at__gte=_floor(now, 15)).order_by("at")
-    last: dict[str, float] = {}
-    for domain, use in latest.values_list("domain", "use_watts"):
-        last[domain] = use
-    for domain, use in last.items():
-        out[domain].append(use)
-    return dict(out)

@@ -121,4 +121,6 @@ def node_condition(domains: list[str], *, now=None) -> dict[str, Any]:
         "detail": (state or {}).get("detail") or ("no fresh reading" if condition == UNKNOWN else ""),
         "age_seconds": None if state is None or state.get("age_seconds") is None else round(state["age_seconds"]),
         "enforce": bool(state and state.get("enforce")),
+        # The domain's latest inlet reading (time, source, thresholds): the page names whose figure it is.
+        "inlet": (state or {}).get("inlet"),
     }

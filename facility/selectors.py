@@ -145,7 +145,7 @@ def condition_dict(state: dict[str, Any] | None) -> dict[str, Any]:
     """A domain's condition as shown: condition, mode, the reading in words, readings and their age."""
     if state is None:
         return {"condition": "unknown", "mode": None, "detail": "no reading", "overridden": False,
-                "readings": {}, "age_seconds": None}
+                "readings": {}, "age_seconds": None, "inlet": None}
     return {
         "condition": state["condition"],
         "mode": "enforce" if state["enforce"] else "observe",
@@ -153,6 +153,7 @@ def condition_dict(state: dict[str, Any] | None) -> dict[str, Any]:
         "overridden": state["overridden"],
         "readings": state["readings"],
         "age_seconds": None if state["age_seconds"] is None else round(state["age_seconds"], 1),
+        "inlet": state.get("inlet"),
     }
 
 

@@ -86,6 +86,17 @@ class DomainHoldSerializer(serializers.Serializer):
 CONDITIONS = ("ok", "warm", "hot", "unknown")
 
 
+class InletSerializer(serializers.Serializer):
+    celsius = serializers.FloatField(help_text="the latest inlet reading")
+    at = serializers.FloatField(help_text="when it was read (seconds since the epoch)")
+    source = serializers.CharField(allow_blank=True, help_text="the source that gave it: agents, prometheus, …")
+    warm_c = serializers.FloatField(help_text="warm above this")
+    hot_c = serializers.FloatField(help_text="hot above this")
+    above_since = serializers.FloatField(
+        allow_null=True, help_text="warm or hot: since when it has stood above that edge (seconds since the epoch)"
+    )
+
+
 class ConditionStateSerializer(serializers.Serializer):
     condition = serializers.ChoiceField(choices=CONDITIONS)
     mode = serializers.ChoiceField(choices=("observe", "enforce"), allow_null=True)
@@ -93,6 +104,7 @@ class ConditionStateSerializer(serializers.Serializer):
     overridden = serializers.BooleanField(help_text="set by hand")
     readings = serializers.DictField(child=serializers.FloatField(), help_text="signal → latest value")
     age_seconds = serializers.FloatField(allow_null=True, help_text="age of the oldest of those readings")
+    inlet = InletSerializer(allow_null=True, help_text="the latest inlet reading with its thresholds")
 
 
 class SourceStatusSerializer(serializers.Serializer):

@@ -1,8 +1,19 @@
-"""Console page of the facility: every domain's power and holds, worst first, a rack map, a bar per rack and
-PDU, history sparklines. The live socket (agents.consumers.FacilityConsumer) renders the same partials."""
+"""Console page of the facility, built to be read at a thousand nodes.
+
+Top to bottom: a summary strip (over, near, hot, warm, held, draining, racks at risk under N−1); holds and
+drains, with the hold form; the rack map in physical order (room → row → rack), coloured by power, condition
+or N−1 margin at the flick of a switch; one worst-first list that ranks power and heat together (domains with
+a budget or a condition only, a row or room carrying its worst rack's condition), by pages; a domain's detail
+with its history charts; then the condition timeline, capping, shedding and feeds.
+
+Every domain says what llmgw does there — or, in observe mode, what enforce would do ("would refuse new
+replicas", "would cap 10 nodes to 490 W"). The live socket (agents.consumers.FacilityConsumer) renders the
+same fragments (:func:`facility_fragments`) and sends only those whose HTML changed.
+"""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
@@ -10,31 +21,39 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
-from facility import feed_selectors, selectors, services
-from facility.domains import LABEL_PREFIX, LEVELS, PDU_KEY
-from facility.history import recent_use
+from facility import feed_selectors, selectors
+from facility.conditions import SEVERITY
+from facility.domains import LABEL_PREFIX, PDU_KEY
 from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
-from llmgw.charts import sparkline
+from facility.response import CappingConfig
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
-from placement import whatif
+from placement import services as placement_services
 from placement.capping import capping_config, capping_rows
 from placement.planner import gpus_text
 from placement.selectors import facility_overview
 
 # Headroom (share of the limit still free) under which a rack is shown as tight.
 TIGHT = 0.25
-# Worst first: the order of the headroom classes.
-HEADROOM_ORDER = {"over": 0, "near": 1, "tight": 2, "ok": 3, "none": 4}
-# Conditions (facility.conditions) that put a domain before any power figure.
-CONDITION_ORDER = {"critical": 0, "hot": 0, "warning": 1, "warm": 1}
+# One scale of trouble for power and heat together: worst first.
+STATE_ORDER = {"hot": 0, "over": 1, "warm": 2, "near": 3, "tight": 4, "ok": 5, "none": 6, "unknown": 6}
+# Levels a condition rolls up to (a row with a hot rack is not ok); the most specific level first on a tie.
+ROLLED_LEVELS = ("row", "room", "site")
+LEVEL_RANK = {"rack": 0, "pdu": 1, "leg": 2, "row": 3, "room": 4, "site": 5}
+# The worst-first list shows this many domains a page.
+WORST_PAGE = 15
+# The colourings of the rack map.
+COLOURINGS = (("power", "power"), ("condition", "condition"), ("n1", "N−1 margin"))
 
 
 def shown_watts(watts: float) -> float:
@@ -85,127 +104,337 @@ def power_bar(domain: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def rack_places() -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
-    """Each rack's room and row (the first node that says), and the PDUs its nodes are fed from."""
+def natural_key(text: str) -> tuple:
+    """``r2`` before ``r10``: digits compared as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)
+
+
+def rack_places() -> tuple[dict[str, tuple[str, str]], dict[str, set[str]], dict[str, str]]:
+    """Each rack's room and row (the first node that says), the PDUs its nodes are fed from, and each
+    node's rack."""
     places: dict[str, tuple[str, str]] = {}
     feeds: dict[str, set[str]] = defaultdict(set)
-    for labels in Node.objects.values_list("labels", flat=True):
-        rack = labels.get(LABEL_PREFIX + "rack")
+    node_racks: dict[str, str] = {}
+    for name, labels in Node.objects.values_list("name", "labels"):
+        rack = (labels or {}).get(LABEL_PREFIX + "rack")
         if not rack:
             continue
+        node_racks[name] = rack
         if rack not in places:
             places[rack] = (labels.get(LABEL_PREFIX + "room", ""), labels.get(LABEL_PREFIX + "row", ""))
         feeds[rack].update(p.strip() for p in labels.get(PDU_KEY, "").split(",") if p.strip())
-    return places, feeds
+    return places, feeds, node_racks
 
 
-def worst_first(domain: Mapping[str, Any]) -> tuple:
-    """Sort key: a bad condition first, then least headroom (over, near, tight…), held, then name."""
-    condition = domain.get("condition") or {}
-    state = condition.get("condition") if isinstance(condition, Mapping) else condition
+def n1_by_rack(feeds: Mapping[str, set[str]], node_racks: Mapping[str, str]) -> dict[str, Any]:
+    """What the loss of one feed would do to each rack: ``{known, report, racks: {rack: [text, …]}}`` — a rack
+    is at risk when a feed's loss takes it, one of its PDUs or legs past what carries it, or leaves nodes of
+    it dark. Not known without feeds."""
+    if not Feed.objects.exists():
+        return {"known": False, "report": {"text": "0 violations", "feeds": []}, "racks": {}}
+    report = feed_selectors.feed_loss_report()
+    pdu_racks: dict[str, set[str]] = defaultdict(set)
+    for rack, pdus in feeds.items():
+        for pdu in pdus:
+            pdu_racks[pdu].add(rack)
+    racks: dict[str, list[str]] = defaultdict(list)
+    for item in report["feeds"]:
+        for v in item["violations"]:
+            hit: set[str] = set()
+            level, _, name = (v["domain"] or "").partition(":")
+            if level == "rack":
+                hit.add(name)
+            elif level == "pdu":
+                hit |= pdu_racks.get(name, set())
+            elif level == "leg":
+                hit |= pdu_racks.get(name.split(".", 1)[0], set())
+            hit |= {node_racks[n] for n in v["dark_nodes"] if n in node_racks}
+            for rack in hit:
+                if v["text"] not in racks[rack]:
+                    racks[rack].append(v["text"])
+    return {"known": True, "report": report, "racks": dict(racks)}
+
+
+def capping_by_domain(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What capping does (or, under observe mode, would do) in each domain it acts on, from its rows
+    (placement.capping.capping_rows): ``{"rack:r12-07": {"nodes": 10, "text": "would cap 10 nodes to 490 W",
+    "capped": False}}``."""
+    by_domain: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        # The reason names the domain first: `rack r12-07 warm`, `pdu p1 within 5% of its power limit`.
+        level, _, rest = row["reason"].partition(" ")
+        name = rest.split(" ", 1)[0]
+        if level in LEVEL_RANK and name:
+            by_domain[f"{level}:{name}"].append(row)
+    out = {}
+    for domain, rows in by_domain.items():
+        capped = any(r["state"] == "capped" for r in rows)
+        limits = sorted({r["limit"] for r in rows}, key=natural_key)
+        limit = limits[0] if len(limits) == 1 else f"{limits[0]} to {limits[-1]}"
+        count = f"{len(rows)} node{'s' if len(rows) != 1 else ''}"
+        out[domain] = {"nodes": len(rows), "capped": capped,
+                       "text": f"{'caps' if capped else 'would cap'} {count} to {limit}"}
+    return out
+
+
+def actions_of(domain: Mapping[str, Any], capping: Mapping[str, dict[str, Any]]) -> list[str]:
+    """What llmgw does in a domain because of its condition and power — or, in observe mode, what enforce
+    would do: ``would refuse new replicas``, ``would cap 10 nodes to 490 W``."""
+    condition = domain["condition"]
+    state = condition["condition"]
+    enforce = condition.get("mode") == "enforce"
+    out = []
+    if domain["headroom"] == "over":
+        out.append("refuses new replicas: past its power limit")
+    if state == "hot":
+        out.append("refuses new replicas" if enforce else "would refuse new replicas")
+    elif state == "warm":
+        out.append("places new replicas elsewhere first" if enforce else "would place new replicas elsewhere first")
+    capped = capping.get(domain["domain"])
+    if capped is not None:
+        out.append(capped["text"])
+    return out
+
+
+def inlet_shown(condition: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The latest inlet reading as the page shows it (the age and the time above the edge count up live)."""
+    inlet = condition.get("inlet")
+    if not inlet:
+        return None
+    state = condition["condition"]
+    return {
+        **inlet,
+        "text": f"{inlet['celsius']:.1f} °C",
+        "class": "hot" if inlet["celsius"] > inlet["hot_c"] else "warm" if inlet["celsius"] > inlet["warm_c"] else "",
+        "edge": inlet["hot_c"] if state == "hot" else inlet["warm_c"] if state == "warm" else None,
+    }
+
+
+def decorate(domain: dict[str, Any], capping: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """A domain row of the overview with what the page shows of it (figures in kW, bar, inlet, actions)."""
+    domain["bar"] = power_bar(domain)
+    domain["headroom"] = domain["bar"]["class"]
+    domain["use_text"] = kw(domain["use_watts"])
+    for key in ("limit", "cap", "reserved", "measured"):
+        value = domain[f"{key}_watts"]
+        domain[f"{key}_kw"] = None if value is None else kw(value)
+    domain["cond"] = domain["condition"]["condition"]
+    domain["rolled"] = domain["cond"]  # a row's, room's or site's: the worst of its own and its racks'
+    domain["rolled_from"] = ""
+    domain["inlet"] = inlet_shown(domain["condition"])
+    domain["observe"] = domain["condition"].get("mode") == "observe"
+    domain["actions"] = actions_of(domain, capping)
+    domain["slug"] = f"{domain['level']}-{slug(domain['name'])}"
+    return domain
+
+
+def domain_state(domain: Mapping[str, Any]) -> str:
+    """Power and heat on one scale: hot, over, warm, near, tight, ok (none: no budget and no condition)."""
+    heat = domain["rolled"] if domain["rolled"] in ("hot", "warm") else None
+    power = domain["headroom"] if domain["headroom"] != "none" else None
+    known = [s for s in (heat, power) if s is not None]
+    if not known:
+        return "ok" if domain["rolled"] == "ok" else "none"
+    return min(known, key=lambda s: STATE_ORDER[s])
+
+
+def worst_key(domain: Mapping[str, Any]) -> tuple:
+    """Worst first: the state (hot, over, warm, near, tight, ok), held first, the most specific level, the
+    least left, then the name."""
     return (
-        CONDITION_ORDER.get(str(state), 2),
-        HEADROOM_ORDER[domain["headroom"]],
+        STATE_ORDER[domain["state"]],
         domain["hold"] is None,
+        LEVEL_RANK.get(domain["level"], 9),
         domain["bar"].get("left_share", 1.0),
-        domain["domain"],
+        natural_key(domain["name"]),
     )
 
 
+def roll_up(domains: list[dict[str, Any]], node_racks: Mapping[str, str]) -> None:
+    """A row's, room's and site's condition is the worst of its own and its racks' (a row with a hot rack is
+    not ok), with the rack that gives it (``rolled_from``)."""
+    racks = {d["name"]: d for d in domains if d["level"] == "rack"}
+    for domain in domains:
+        if domain["level"] not in ROLLED_LEVELS:
+            continue
+        inside = [racks[name] for name in sorted({node_racks[n] for n in domain["nodes"] if n in node_racks},
+                                                 key=natural_key) if name in racks]
+        worst = domain["cond"]
+        domain["racks_worst"] = max((r["cond"] for r in inside), key=lambda c: SEVERITY.get(c, 0), default="unknown")
+        for rack in inside:
+            if SEVERITY.get(rack["cond"], 0) > SEVERITY.get(worst, 0):
+                worst = rack["cond"]
+                domain["rolled_from"] = f"rack {rack['name']}"
+        domain["rolled"] = worst
+
+
 def facility_filters(params: Mapping[str, str]) -> dict[str, str]:
-    """The page's filter: search text (a domain or a node name), room and row."""
-    return {key: (params.get(key) or "").strip()[:100] for key in ("q", "room", "row")}
+    """The page's filter: search text (a domain or a node name), room and row; the worst-first list's page."""
+    found = {key: (params.get(key) or "").strip()[:100] for key in ("q", "room", "row")}
+    page = (params.get("page") or "").strip()
+    found["page"] = page if page.isdigit() else ""
+    return found
 
 
 def _matches(domain: Mapping[str, Any], q: str) -> bool:
     return not q or q in domain["domain"].lower() or any(q in n.lower() for n in domain["nodes"])
 
 
+def summary_of(domains: list[dict[str, Any]], n1: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The strip at the top: how many domains are over, near, hot, warm, held, draining, and racks at risk
+    under N−1, each with the names (the first few) it counts. Heat counts the most specific domain: a hot rack
+    is one hot domain, not also its row, room and site."""
+    def heat(state: str) -> list[str]:
+        return [
+            d["domain"] for d in domains
+            if d["cond"] == state
+            and not (d["level"] in ROLLED_LEVELS and SEVERITY.get(d.get("racks_worst", "unknown"), 0) >= SEVERITY[state])
+        ]
+
+    groups = [
+        ("over", "over", "over their power limit", [d["domain"] for d in domains if d["headroom"] == "over"]),
+        ("near", "near", "near their power limit", [d["domain"] for d in domains if d["headroom"] == "near"]),
+        ("hot", "hot", "hot", heat("hot")),
+        ("warm", "warm", "warm", heat("warm")),
+        ("held", "held", "held", [d["domain"] for d in domains if d["hold"]]),
+        ("draining", "draining", "draining", [d["domain"] for d in domains if d["hold"] and d["hold"]["drain"]]),
+        ("n1", "at risk under N−1", "racks that the loss of one feed takes past what carries them",
+         [f"rack:{r}" for r in sorted(n1["racks"], key=natural_key)]),
+    ]
+    out = []
+    for key, label, title, names in groups:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        out.append({"key": key, "label": label, "count": len(names), "title": f"{title}: {shown}" if names else f"none {title}"})
+    if not n1["known"]:
+        out[-1].update(count=None, title="no feeds known: N−1 is not judged")
+    return out
+
+
 def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Everything the Facility page shows, filtered by `params` (q, room, row); the live socket renders it too."""
+    """Everything the Facility page shows, filtered by `params` (q, room, row, page); the socket renders it too."""
     filters = facility_filters(params or {})
     q = filters["q"].lower()
     overview = facility_overview()
-    history = recent_use()
-    places, feeds = rack_places()
-    pdu_racks: dict[str, list[str]] = defaultdict(list)
-    for rack, pdus in feeds.items():
-        if len(pdus) > 1:
-            for pdu in pdus:
-                pdu_racks[pdu].append(rack)
-    by_level: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    rooms_known: set[str] = set()
-    rows_known: set[str] = set()
-    for domain in overview["domains"]:
-        domain["bar"] = power_bar(domain)
-        domain["headroom"] = domain["bar"]["class"]
-        domain["use_text"] = kw(domain["use_watts"])
-        for key in ("limit", "cap", "reserved", "measured"):
-            value = domain[f"{key}_watts"]
-            domain[f"{key}_kw"] = None if value is None else kw(value)
-        domain["spark"] = sparkline(history.get(domain["domain"], []), limit=domain["limit_watts"])
-        if domain["level"] == "rack":
-            room, row = places.get(domain["name"], ("", ""))
-            domain["room"], domain["row"] = room or "no room", row or "no row"
-            rooms_known.add(domain["room"])
-            rows_known.add(domain["row"])
-            if len(feeds.get(domain["name"], ())) > 1:
-                domain["dual_fed"] = sorted(feeds[domain["name"]])
-        if domain["level"] == "pdu" and pdu_racks.get(domain["name"]):
-            domain["feeds_racks"] = sorted(pdu_racks[domain["name"]])
-        if not _matches(domain, q):
-            continue
-        if domain["level"] == "rack" and (
-            (filters["room"] and domain["room"] != filters["room"]) or (filters["row"] and domain["row"] != filters["row"])
+    places, feeds, node_racks = rack_places()
+    config = capping_config()
+    cap_rows = capping_rows() if config.enabled else []  # read once: the card and each domain's words
+    capping = capping_by_domain(cap_rows)
+    n1 = n1_by_rack(feeds, node_racks)
+    domains = [decorate(d, capping) for d in overview["domains"]]
+    roll_up(domains, node_racks)
+    for d in domains:
+        d["state"] = domain_state(d)
+        if d["level"] == "rack":
+            room, row = places.get(d["name"], ("", ""))
+            d["room"], d["row"] = room or "no room", row or "no row"
+            d["n1"] = "risk" if d["name"] in n1["racks"] else "ok" if n1["known"] else "unknown"
+            d["n1_texts"] = n1["racks"].get(d["name"], [])
+            if len(feeds.get(d["name"], ())) > 1:
+                d["dual_fed"] = sorted(feeds[d["name"]])
+    by_name = {d["domain"]: d for d in domains}
+
+    def shown(d: Mapping[str, Any]) -> bool:
+        if not _matches(d, q):
+            return False
+        if d["level"] == "rack" and (
+            (filters["room"] and d["room"] != filters["room"]) or (filters["row"] and d["row"] != filters["row"])
         ):
-            continue
-        by_level[domain["level"]].append(domain)
-    for domains in by_level.values():
-        domains.sort(key=worst_first)
-    # The rack map: rooms (worst room first), rows, racks worst first; a room with nothing wrong starts folded.
+            return False
+        return True
+
+    # The rack map, as the racks stand: rooms, rows, racks by name (r2 before r10).
     rooms: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for rack in by_level.get("rack", []):
-        rooms[rack["room"]][rack["row"]].append(rack)
+    for d in domains:
+        if d["level"] == "rack" and shown(d):
+            rooms[d["room"]][d["row"]].append(d)
     rack_map = []
-    for room, rows in rooms.items():
-        racks = [r for rs in rows.values() for r in rs]
-        worst = min(racks, key=worst_first)
-        trouble = sum(1 for r in racks if r["headroom"] in ("over", "near") or r["hold"])
-        rack_map.append(
-            {
-                "room": room,
-                "slug": "".join(c if c.isalnum() else "-" for c in room),
-                "rows": [{"row": row, "racks": rs} for row, rs in sorted(rows.items())],
-                "racks": len(racks),
-                "trouble": trouble,
-                "open": trouble > 0 or len(rooms) == 1 or bool(q or filters["room"] or filters["row"]),
-                "key": worst_first(worst),
-            }
-        )
-    rack_map.sort(key=lambda room: (room["key"], room["room"]))
-    holds = [d for d in overview["domains"] if d["hold"]]
+    for room in sorted(rooms, key=natural_key):
+        rows = []
+        for row in sorted(rooms[room], key=natural_key):
+            racks = sorted(rooms[room][row], key=lambda r: natural_key(r["name"]))
+            rows.append({"row": row, "slug": slug(f"{room}-{row}"), "racks": racks,
+                         "domain": by_name.get(f"row:{row}"), "rolled": worst_of(racks, by_name.get(f"row:{row}"))})
+        all_racks = [r for row in rows for r in row["racks"]]
+        rack_map.append({"room": room, "slug": slug(room), "rows": rows, "racks": len(all_racks),
+                         "domain": by_name.get(f"room:{room}"), "rolled": worst_of(all_racks, by_name.get(f"room:{room}")),
+                         "counts": counts_of(all_racks)})
+    # One worst-first list: power and heat together, only domains with a budget or a condition (or a hold).
+    ranked = sorted(
+        (d for d in domains if shown(d) and (d["limit_watts"] is not None or d["rolled"] != "unknown" or d["hold"])),
+        key=worst_key,
+    )
+    paginator = Paginator(ranked, WORST_PAGE)
+    page = paginator.get_page(filters["page"] or 1)
+    holds = [d for d in domains if d["hold"]]
     for d in holds:
-        d["release_text"] = services.release_text(domain=d["domain"])
+        d["release_text"] = release_text(d["domain"])
+    settings = overview["settings"]
+    window = settings.get("measured_window_seconds")
+    observe = sorted({d["condition"].get("mode") for d in domains if d["condition"].get("mode")})
     return {
-        "settings": overview["settings"],
-        "margin_pct": f"{round(overview['settings']['margin'] * 100, 2):g}%",
-        "levels": [(level, by_level[level]) for level in LEVELS if by_level.get(level)],
-        "racks": by_level.get("rack", []),
-        "pdus": by_level.get("pdu", []),
+        "settings": settings,
+        "margin_pct": f"{round(settings['margin'] * 100, 2):g}%",
+        "window_text": _duration(window) if window else "the measured window",
+        "modes": observe,
+        "summary": summary_of(domains, n1),
         "rack_map": rack_map,
+        "racks_shown": sum(room["racks"] for room in rack_map),
+        "worst": page,
+        "worst_total": len(ranked),
         "holds": holds,
         "filters": filters,
         "filter_query": urlencode({k: v for k, v in filters.items() if v}),
-        "rooms": sorted(rooms_known),
-        "rows": sorted(rows_known),
+        "page_query": urlencode({k: v for k, v in filters.items() if v and k != "page"}),
+        "rooms": sorted({d["room"] for d in domains if d["level"] == "rack"}, key=natural_key),
+        "rows": sorted({d["row"] for d in domains if d["level"] == "rack"}, key=natural_key),
         "near_pct": f"{round((1 - NEAR_LIMIT_SHARE) * 100):g}%",
-        **feeds_context(),
+        "colourings": COLOURINGS,
+        "n1": n1,
+        "domains_by_name": by_name,
+        **feeds_context(n1),
         **conditions_context(overview),
-        "capping": capping_shown(),
+        "capping": capping_shown(config, cap_rows),
     }
 
 
+def worst_of(racks: list[Mapping[str, Any]], own: Mapping[str, Any] | None) -> dict[str, str]:
+    """A row's or room's condition for its label on the map: the worst of its own and its racks', and where from."""
+    condition, where = (own["cond"], "") if own else ("unknown", "")
+    for rack in racks:
+        if SEVERITY.get(rack["cond"], 0) > SEVERITY.get(condition, 0):
+            condition, where = rack["cond"], f"rack {rack['name']}"
+    return {"condition": condition, "from": where}
+
+
+def counts_of(racks: list[Mapping[str, Any]]) -> str:
+    """``2 over · 1 near · 1 held`` for a room's heading (empty when nothing is wrong)."""
+    parts = []
+    for key, test in (("over", lambda r: r["headroom"] == "over"), ("near", lambda r: r["headroom"] == "near"),
+                      ("held", lambda r: r["hold"]), ("at risk under N−1", lambda r: r.get("n1") == "risk")):
+        n = sum(1 for r in racks if test(r))
+        if n:
+            parts.append(f"{n} {key}")
+    return " · ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} seconds"
+
+
+def release_text(domain: str) -> str:
+    try:
+        return placement_services.release_preview(domain=domain)
+    except LlmgwError as exc:
+        return exc.message
+
+
 LEVER_WORDS = {"power_limit": "power limit", "locked_clocks": "locked SM clocks"}
+# The capping card lists this many nodes; `llmgw ctl facility capping` lists them all.
+CAPPING_SHOWN = 20
 
 
 def capping_failures(sensors: Mapping[str, Any] | None) -> list[dict[str, str]]:
@@ -225,21 +454,24 @@ def capping_failures(sensors: Mapping[str, Any] | None) -> list[dict[str, str]]:
     ]
 
 
-def capping_shown() -> dict[str, Any]:
+def capping_shown(config: CappingConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The GPU capping card: off, or each node capping acts on (capped, or would cap under observe mode),
-    as `llmgw ctl facility capping` lists them, with what its agent reported it could not apply."""
-    config = capping_config()
+    as `llmgw ctl facility capping` lists them (`rows`), with what its agent reported it could not apply;
+    the first CAPPING_SHOWN (those whose agent failed first), the rest counted."""
     if not config.enabled:
         return {"enabled": False}
-    rows = capping_rows()
+    rows = [dict(row) for row in rows]
     sensors = dict(Node.objects.filter(name__in=[row["node"] for row in rows]).values_list("name", "sensors"))
     for row in rows:
         row["failures"] = capping_failures(sensors.get(row["node"]))
+    rows.sort(key=lambda r: (not r["failures"], natural_key(r["node"])))
     return {
         "enabled": True,
         "lever": LEVER_WORDS.get(config.lever, config.lever),
         "floor_pct": f"{config.floor_fraction:.0%}",
-        "rows": rows,
+        "rows": rows[:CAPPING_SHOWN],
+        "total": len(rows),
+        "more": max(0, len(rows) - CAPPING_SHOWN),
     }
 
 
@@ -269,42 +501,121 @@ def conditions_context(overview: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
-    template = "facility/_facility_body.html" if request.htmx and request.method == "GET" else "facility/facility.html"
-    return render(request, template, context, status=status)
-
-
-def feeds_context() -> dict[str, Any]:
-    """Feeds with what the loss of each would pass (the page's minimal N−1 listing)."""
-    if not Feed.objects.exists():
+def feeds_context(n1: Mapping[str, Any]) -> dict[str, Any]:
+    """Feeds with what the loss of each would pass (the page's N−1 listing, from the report read once)."""
+    if not n1["known"]:
         return {"feeds": [], "feed_loss": {"text": "0 violations"}}
-    loss = feed_selectors.feed_loss_report()
-    by_feed = {item["feed"]: item["violations"] for item in loss["feeds"]}
+    by_feed = {item["feed"]: item["violations"] for item in n1["report"]["feeds"]}
     feeds = [{**f, "loss": by_feed.get(f["name"], [])} for f in feed_selectors.feeds_overview()["feeds"]]
-    return {"feeds": feeds, "feed_loss": loss}
+    return {"feeds": feeds, "feed_loss": n1["report"]}
 
 
-@login_required
-def facility_page(
-    request: HttpRequest,
-    *,
-    errors: dict[str, str] | None = None,
-    warnings: list[str] | None = None,
-    status: int = 200,
-) -> HttpResponse:
-    """Facility: worst first, search and room/row filter; use, limit, reserved, measured, holds, history."""
-    require_reader(request)
+# -- the fragments: the page's parts, rendered alike for the page and for the live socket -------------------
+
+
+def oob(html: str) -> str:
+    """An element's HTML swapped in by id from the socket (hx-swap-oob on its first tag)."""
+    return re.sub(r"^(\s*<[a-zA-Z]+)", r'\1 hx-swap-oob="true"', html, count=1)
+
+
+def render_parts(context: dict[str, Any]) -> dict[str, Any]:
+    """Render the tiles, row and room headings and worst-first rows one by one (each kept in the context for
+    the page's templates as ``html``), and return them by element id with the structures they sit in."""
+    tiles: dict[str, str] = {}
+    heads: dict[str, str] = {}
+    for room in context["rack_map"]:
+        room["head_html"] = mark_safe(render_to_string("facility/_room_head.html", {"room": room}).strip())
+        heads[f"room-head-{room['slug']}"] = room["head_html"]
+        for row in room["rows"]:
+            row["head_html"] = mark_safe(render_to_string("facility/_row_head.html", {"row": row}).strip())
+            heads[f"row-head-{row['slug']}"] = row["head_html"]
+            for rack in row["racks"]:
+                rack["html"] = mark_safe(render_to_string("facility/_tile.html", {"r": rack}).strip())
+                tiles[f"rack-{rack['name']}"] = rack["html"]
+    rows: dict[str, str] = {}
+    for d in context["worst"].object_list:
+        d["row_html"] = mark_safe(render_to_string("facility/_worst_row.html", {"d": d}).strip())
+        rows[f"wf-{d['slug']}"] = d["row_html"]
+    map_shape = repr([(room["slug"], [(row["slug"], [r["name"] for r in row["racks"]]) for row in room["rows"]])
+                      for room in context["rack_map"]])
+    worst_shape = repr(([d["slug"] for d in context["worst"].object_list], context["worst"].number,
+                        context["worst_total"]))
+    return {"tiles": tiles, "heads": heads, "rows": rows, "map_shape": map_shape, "worst_shape": worst_shape}
+
+
+def facility_fragments(params: Mapping[str, str], *, detail: str = "", can_operate: bool = False,
+                       csrf_token: str = "") -> dict[str, Any]:
+    """What the live socket compares and sends: each card by its element id (HTML with hx-swap-oob), the rack
+    map and the worst-first list whole (with the shape they have) and part by part (tiles, headings, rows)."""
+    context = facility_context(params)
+    context.update(can_operate=can_operate, csrf_token=csrf_token, errors={}, oob=True)
+    parts = render_parts(context)
+    cards = {
+        "facility-summary": render_to_string("facility/_summary.html", context),
+        "holds": render_to_string("facility/_holds.html", context),
+        "facility-conditions": render_to_string("facility/_conditions.html", context),
+        "capping": render_to_string("facility/_capping.html", context),
+    }
+    if detail:
+        found = context["domains_by_name"].get(detail)
+        if found is not None:
+            cards["domain-live"] = render_to_string("facility/_domain_live.html", {**context, "d": found})
+    return {
+        "cards": cards,
+        "map": (parts["map_shape"], render_to_string("facility/_rack_map.html", context),
+                {key: oob(html) for key, html in {**parts["heads"], **parts["tiles"]}.items()}),
+        "worst": (parts["worst_shape"], render_to_string("facility/_worst.html", context),
+                  {key: oob(html) for key, html in parts["rows"].items()}),
+    }
+
+
+def fragments_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The messages to send for what changed from `before` to `after` (both :func:`facility_fragments`): each
+    card that differs, and of the map and the list the parts that differ — or the whole when its shape
+    changed. The list's rows go in a message of their own: HTML parses a `<tr>` only among table rows, so
+    beside a tile or a card it would lose its tags (htmx: oobErrorNoTarget)."""
+    out = [html for key, html in after["cards"].items() if before.get("cards", {}).get(key) != html]
+    rows: list[str] = []
+    for key in ("map", "worst"):
+        shape, whole, parts = after[key]
+        old = before.get(key)
+        if old is None or old[0] != shape:
+            out.append(whole)
+        else:
+            (rows if key == "worst" else out).extend(html for part, html in parts.items() if old[2].get(part) != html)
+    return [message for message in ("".join(out), "".join(rows)) if message]
+
+
+# -- views ---------------------------------------------------------------------------------------------------
+
+
+def _page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    render_parts(context)
+    if request.htmx and request.method == "GET":
+        return render(request, "facility/_facility_body.html", context, status=status)
+    return render(request, "facility/facility.html", context, status=status)
+
+
+def page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     context = facility_context(request.GET)
     context.update(
         {
             "can_operate": can_operate(request.user),
-            "errors": errors or {},
-            "warnings": warnings or [],
-            "values": request.POST,
+            "errors": {},
+            "values": {},
+            "preview": None,
             "shed_moves": shed_moves_shown(),
+            **extra,
         }
     )
-    return _page(request, context, status=status)
+    return context
+
+
+@login_required
+def facility_page(request: HttpRequest) -> HttpResponse:
+    """Facility: the summary, holds, the rack map and worst-first list (search, room and row filter, pages)."""
+    require_reader(request)
+    return _page(request, page_context(request))
 
 
 def shed_moves_shown() -> list[dict[str, Any]]:
@@ -314,61 +625,129 @@ def shed_moves_shown() -> list[dict[str, Any]]:
     return shed_plan()
 
 
-def hold_warnings(domain: str, drain: bool = False) -> list[str]:
-    """What a person should confirm before holding `domain`: a name no node is in (a typo?), and with a
-    drain the dry run's domains past their limit and replicas that cannot move (placement.whatif)."""
+def _hold_form(request: HttpRequest, *, status: int = 200, **context: Any) -> HttpResponse:
+    """The hold form again, in place (htmx), with its preview or its errors; a plain post gets the page."""
+    values = {"domain": request.POST.get("domain", ""), "reason": request.POST.get("reason", ""),
+              "drain": request.POST.get("drain", "")}
+    form = {"values": values, "errors": {}, "preview": None, "can_operate": True, **context}
+    if request.htmx:
+        return render(request, "facility/_hold_form.html", form, status=status)
+    return _page(request, page_context(request, **form), status=status)
+
+
+@login_required
+@require_POST
+def hold_preview(request: HttpRequest) -> HttpResponse:
+    """The hold form's Preview: what holding the domain (and draining it) would move, where, and the warnings
+    to confirm (placement.services.hold_preview), shown under the form; nothing is written."""
+    require_reader(request)
     try:
-        return whatif.hold_warnings(domain=domain, drain=drain)
-    except LlmgwError:
-        return []  # hold_create refuses it, naming the field
+        preview = placement_services.hold_preview(
+            domain=request.POST.get("domain", ""), reason=request.POST.get("reason", ""),
+            drain=bool(request.POST.get("drain")),
+        )
+    except LlmgwError as exc:
+        return _hold_form(request, errors={exc.field or "form": exc.message}, status=422)
+    return _hold_form(request, preview=preview)
 
 
 @login_required
 @require_POST
 def hold_create(request: HttpRequest) -> HttpResponse:
-    """Hold any domain from the facility page (facility.services.hold_create); a name no node is in asks
-    for a second, explicit confirmation first."""
+    """Hold a domain from the Facility page once its preview was seen and confirmed (``confirm``); without it,
+    the preview (placement.services: the one hold flow of the node menu, the API and ctl)."""
     require_operator(request)
-    domain = request.POST.get("domain", "").strip()
-    if not request.POST.get("confirm"):
-        warnings = hold_warnings(domain, bool(request.POST.get("drain")))
-        if warnings:
-            return facility_page(request, warnings=warnings, status=200)
+    asked = f"{request.POST.get('domain', '').strip()}|{'1' if request.POST.get('drain') else ''}"
+    if not request.POST.get("confirm") or request.POST.get("previewed", asked) != asked:
+        return hold_preview(request)  # not confirmed, or changed since its preview: the preview (again)
     try:
-        services.hold_create(
-            domain=domain,
+        created = placement_services.hold_create(
+            domain=request.POST.get("domain", ""),
             reason=request.POST.get("reason", ""),
             drain=bool(request.POST.get("drain")),
             created_by=request.user.get_username(),
         )
     except LlmgwError as exc:
-        return facility_page(request, errors={exc.field or "form": exc.message}, status=422)
+        return _hold_form(request, errors={exc.field or "form": exc.message}, status=422)
+    if request.htmx:
+        done = f"{created.hold.domain} held{' and draining' if created.hold.drain else ''}: {created.hold.reason}"
+        response = render(request, "facility/_hold_form.html", {"values": {}, "errors": {}, "done": done, "can_operate": True})
+        holds = facility_context({})
+        response.content += render_to_string(
+            "facility/_holds.html", {**holds, "oob": True, "can_operate": True, "errors": {}}, request
+        ).encode()
+        return response
     return redirect("facility")
 
 
 @login_required
 @require_POST
 def hold_release(request: HttpRequest) -> HttpResponse:
-    """Release a held domain from the facility page (facility.services.hold_release), once confirmed."""
+    """Release a held domain from the facility page (placement.services.hold_release), once confirmed."""
     require_operator(request)
     try:
-        services.hold_release(domain=request.POST.get("domain", ""))
+        placement_services.hold_release(domain=request.POST.get("domain", ""))
     except LlmgwError as exc:
-        return facility_page(request, errors={"release": exc.message}, status=422)
+        if request.htmx:
+            context = {**facility_context({}), "can_operate": True, "errors": {"release": exc.message}}
+            return render(request, "facility/_holds.html", context, status=422)
+        return _page(request, page_context(request, errors={"release": exc.message}), status=422)
+    if request.htmx:
+        return render(request, "facility/_holds.html", {**facility_context({}), "can_operate": True, "errors": {}})
     return redirect("facility")
 
 
 @login_required
-@require_POST
-def what_if_preview(request: HttpRequest) -> HttpResponse:
-    """The Hold form's Preview: the hold (and drain) as a dry run, shown on the facility page; nothing written."""
+def domain_detail(request: HttpRequest, domain: str) -> HttpResponse:
+    """A domain's detail (a tile or a row clicked): its figures, condition, what llmgw does there, its nodes,
+    a hold button, and its history charts."""
     require_reader(request)
-    try:
-        result = whatif.what_if(hold=request.POST.get("domain", "").strip(), drain=bool(request.POST.get("drain")))
-    except LlmgwError as exc:
-        return facility_page(request, errors={exc.field or "form": exc.message}, status=422)
-    context = facility_context()
-    context.update(
-        {"can_operate": can_operate(request.user), "errors": {}, "values": request.POST, "what_if": result}
-    )
-    return render(request, "facility/facility.html", context)
+    context = facility_context({})
+    found = context["domains_by_name"].get(domain)
+    if found is None:
+        raise Http404(f"{domain} is not known")
+    context.update(d=found, can_operate=can_operate(request.user))
+    return render(request, "facility/_domain_detail.html", context)
+
+
+HISTORY_RANGES = {"48h": 48, "30d": 30 * 24}
+
+
+def history_json(points: list[dict[str, Any]], hours: int) -> dict[str, Any]:
+    """A series as the charts take it: epoch seconds and whole watts (a null where nothing was measured)."""
+    return {
+        "hours": hours,
+        "t": [int(p["at"].timestamp()) for p in points],
+        "use": [round(p["use_watts"]) for p in points],
+        "reserved": [round(p["reserved_watts"]) for p in points],
+        "measured": [None if p["measured_peak_watts"] is None else round(p["measured_peak_watts"]) for p in points],
+    }
+
+
+@login_required
+def domain_history(request: HttpRequest, domain: str) -> JsonResponse:
+    """A domain's power history for its chart (48 h of minute points, 30 d of quarter hours) with its limit
+    and cap, and its inlet readings against the thresholds where they are kept."""
+    from facility.history import domain_history as history
+
+    require_reader(request)
+    hours = HISTORY_RANGES.get(request.GET.get("range", "48h"), 48)
+    overview = {d["domain"]: d for d in facility_overview()["domains"]}
+    figures = overview.get(domain)
+    body = history_json(history(domain=domain, hours=hours)["points"], hours)
+    body.update(limit=figures["limit_watts"] if figures else None, cap=figures["cap_watts"] if figures else None)
+    body["text"] = (f"use against the {kw(body['limit'])} limit ({kw(body['cap'])} cap)" if body["limit"] is not None
+                    else "use (no budget)")
+    return JsonResponse(body)
+
+
+@login_required
+def node_history(request: HttpRequest, name: str) -> JsonResponse:
+    """A node's power history for its chart (its own use, what is placed on it, its measured peak)."""
+    from facility.history import node_history as history
+
+    require_reader(request)
+    hours = HISTORY_RANGES.get(request.GET.get("range", "48h"), 48)
+    body = history_json(history(node_name=name, hours=hours)["points"], hours)
+    body.update(limit=None, cap=None, text="this node's use, placed draw and measured peak")
+    return JsonResponse(body)

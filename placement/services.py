@@ -186,3 +186,108 @@ def nodes_lock(node_ids: Iterable[int], *, nowait: bool = False) -> list[int]:
         return []
     rows = Node.objects.select_for_update(nowait=nowait).filter(pk__in=any_of(ids)).order_by("name")
     return list(rows.values_list("id", flat=True))
+
+
+# -- holds: the one flow every interface takes (Facility page, node menu, API, ctl, admin) ----------------
+
+
+@dataclass(frozen=True)
+class HoldPreview:
+    """Holding a domain, before anything is written: the warnings a person confirms and the dry run.
+
+    ``what_if`` is :func:`placement.whatif.what_if`'s result, its refusals quoting the operator's reason;
+    ``changes`` are the budgeted domains whose use the hold (and drain) would change, as a person reads them
+    (``rack:r1-02``, ``3.4 kW``, ``9.2 kW``, ``14.4 kW``, over or not).
+    """
+
+    domain: str
+    reason: str
+    drain: bool
+    warnings: list[str]
+    what_if: dict[str, Any]
+    held_already: bool
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        from facility.power import kw
+
+        return [
+            {
+                "domain": d["domain"],
+                "before": kw(d["use_watts_before"]),
+                "after": kw(d["use_watts_after"]),
+                "limit": kw(d["limit_watts"]),
+                "over": d["use_watts_after"] > d["limit_watts"],
+            }
+            for d in self.what_if["domains"]
+            if d["use_watts_before"] != d["use_watts_after"]
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "domain": self.domain, "reason": self.reason, "drain": self.drain, "warnings": self.warnings,
+            "held_already": self.held_already, "what_if": self.what_if,
+        }
+
+
+@dataclass(frozen=True)
+class HoldCreated:
+    """A hold written, with the warnings its preview gave (the API's ``warning``, what ctl prints)."""
+
+    hold: Any
+    warnings: list[str]
+
+
+def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None) -> HoldPreview:
+    """What holding `domain` for `reason` would do: the dry run (which replicas would move where, which are
+    blocked, each domain's use before and after) and the warnings to confirm (a name no node is in; with
+    drain, a domain it would take past its limit, a replica that cannot move). Nothing is written.
+
+    Bad input raises InvalidInput naming the field, as :func:`hold_create` would. ``drain`` None: as the
+    domain's hold has it (no drain for a domain not held).
+    """
+    from facility import services as facility_services
+    from facility.models import Hold
+    from placement import whatif
+
+    values = facility_services.hold_check(domain=domain, reason=reason)
+    existing = Hold.objects.filter(domain=values["domain"]).values_list("drain", flat=True).first()
+    if drain is None:
+        drain = bool(existing)
+    result = whatif.what_if(hold=values["domain"], drain=drain, reason=values["reason"])
+    warnings = whatif.hold_warnings(domain=values["domain"], drain=drain, result=result)
+    return HoldPreview(values["domain"], values["reason"], drain, warnings, result, existing is not None)
+
+
+def hold_create(*, domain: Any, reason: Any, drain: bool | None = None, created_by: str = "") -> HoldCreated:
+    """Hold a domain (nothing new placed in it; ``drain``: its replicas move out), after the same preview
+    every interface shows: the hold and the preview's warnings. The console asks for a confirmation of
+    those warnings before calling this; the API and ctl say them with the answer."""
+    from facility import services as facility_services
+
+    preview = hold_preview(domain=domain, reason=reason, drain=drain)
+    hold = facility_services.hold_create(
+        domain=preview.domain, reason=preview.reason, drain=drain, created_by=created_by
+    )
+    return HoldCreated(hold, preview.warnings)
+
+
+def release_preview(*, domain: Any) -> str:
+    """What releasing a hold puts back in play, for the confirmation (``new replicas may be placed on rack
+    r1-01's 4 nodes (…) again``); NotFound when the domain is not held."""
+    from facility import services as facility_services
+    from facility.models import Hold
+
+    domain = facility_services.clean_domain(domain)
+    if not Hold.objects.filter(domain=domain).exists():
+        raise NotFound(f"{domain} is not held", field="domain")
+    return facility_services.release_text(domain=domain)
+
+
+def hold_release(*, domain: Any) -> str:
+    """Release a hold (and stop its drain); returns what it put back in play, as :func:`release_preview` said."""
+    from facility import services as facility_services
+
+    text = release_preview(domain=domain)
+    facility_services.hold_release(domain=domain)
+    return text

@@ -119,8 +119,13 @@ def _run(index: PlacementIndex, leaving: dict[str, list[_Leaving]]) -> tuple[lis
     return moves, blocked
 
 
-def what_if(*, hold: str | None = None, drain: bool = False, feed: str | None = None) -> dict[str, Any]:
+def what_if(
+    *, hold: str | None = None, drain: bool = False, feed: str | None = None, reason: str = ""
+) -> dict[str, Any]:
     """A dry run of holding a domain (``drain``: and moving its replicas out) or of losing a feed.
+
+    ``reason``: the hold's reason as the operator gave it, which the dry run's refusals quote (``rack r1-01
+    is held: PDU swap``), as the real hold's would.
 
     Returns the moves (replica, from, to, why), the replicas blocked and why, the replicas that stay
     (a hold without drain), each budgeted domain's use before and after against its limit, and for a
@@ -134,8 +139,7 @@ def what_if(*, hold: str | None = None, drain: bool = False, feed: str | None = 
     out: dict[str, Any] = {}
     if hold is not None:
         domain = parse_domain(clean_domain(hold))
-        reason = "what-if hold"
-        facility = dataclasses.replace(facility, holds={**facility.holds, domain: reason})
+        facility = dataclasses.replace(facility, holds={**facility.holds, domain: reason.strip() or "held"})
         leaving_nodes = {v.name for v in views if domain in v.domains}
         out["scenario"] = f"hold {domain}{' --drain' if drain else ''}"
     else:
@@ -200,14 +204,15 @@ def hold_result_warnings(result: dict[str, Any]) -> list[str]:
     return warnings
 
 
-def hold_warnings(*, domain: str, drain: bool) -> list[str]:
+def hold_warnings(*, domain: str, drain: bool, result: dict[str, Any] | None = None) -> list[str]:
     """Every warning before holding `domain`: a name no node is in (a typo?), and with `drain` what the
-    dry run finds (domains past their limit, replicas that cannot move). The console asks for confirmation
-    with them; the API's `warning` and ctl say them."""
+    dry run finds (domains past their limit, replicas that cannot move); `result`: that dry run, when it
+    was run already (placement.services.hold_preview). The console asks for confirmation with them; the
+    API's `warning` and ctl say them."""
     warnings = []
     typo = domain_warning(domain=domain)
     if typo:
         warnings.append(typo)
     elif drain:
-        warnings.extend(hold_result_warnings(what_if(hold=domain, drain=True)))
+        warnings.extend(hold_result_warnings(result if result is not None else what_if(hold=domain, drain=True)))
     return warnings

@@ -13,6 +13,28 @@
   document.body.addEventListener("htmx:wsClose", function () { mark("closed"); });
   document.body.addEventListener("htmx:wsError", function () { mark("closed"); });
 
+  // Ages and durations count up live from the time the server rendered (`<time class="since" data-since>`,
+  // seconds since the epoch; #server-now corrects the browser's clock): a figure never freezes between two
+  // updates, and the server's HTML stays the same while time passes, so a live update sends only changes.
+  var skew = 0;
+  var now = document.getElementById("server-now");
+  if (now) { skew = Number(now.dataset.now) - Date.now() / 1000; }
+  function ago(seconds) {
+    seconds = Math.max(0, Math.round(seconds));
+    return seconds < 120 ? seconds + " s" : seconds < 7200 ? Math.floor(seconds / 60) + " min" : Math.floor(seconds / 3600) + " h";
+  }
+  function tick() {
+    var t = Date.now() / 1000 + skew;
+    document.querySelectorAll("time[data-since]").forEach(function (el) {
+      var text = ago(t - Number(el.dataset.since));
+      if (el.textContent !== text) { el.textContent = text; }
+    });
+  }
+  tick();
+  setInterval(tick, 1000);
+  document.body.addEventListener("htmx:afterSettle", tick);
+  document.body.addEventListener("htmx:oobAfterSwap", tick);
+
   var opened = {};
   document.body.addEventListener("toggle", function (e) {
     var d = e.target;

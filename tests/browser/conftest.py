@@ -29,6 +29,8 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "browser"
 PASSWORD = "browser-pass-9"
+# Each server's log by its base URL, for a test that reads what the server logged.
+SERVER_LOGS: dict[str, Path] = {}
 
 
 def free_port() -> int:
@@ -99,6 +101,7 @@ def serve(extra_env: dict[str, str] | None = None):
     log = open(Path(data_dir) / "server.log", "w")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen([llmgw, "serve", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    SERVER_LOGS[base] = Path(data_dir) / "server.log"
     deadline = time.monotonic() + 30
     while True:
         try:

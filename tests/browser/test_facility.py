@@ -104,7 +104,7 @@ def test_a_typo_in_a_hold_is_caught_with_its_suggestion(racks, page):
         "no node is in rack r1-10 yet; known racks nearest that name: r1-01"
     )
     assert not Hold.objects.exists()
-    page.click("#hold-warning button[name=confirm]")
+    page.click("#hold-confirm")
     expect(page.locator("#hold-rack-r1-10")).to_be_visible()
     assert Hold.objects.filter(domain="rack:r1-10").exists()
 
@@ -152,16 +152,18 @@ def test_release_asks_first_naming_what_is_placed_there_again(racks, page):
 
 def test_facility_filters_apply_on_change_and_typing_and_stay_in_the_url(racks, page):
     page.goto("/facility/")
-    expect(page.locator("details.tile")).to_have_count(2)
-    # Worst first: r1-02 (near its limit) before r1-01.
-    assert page.locator("details.tile").first.get_attribute("id") == "rack-r1-02"
+    expect(page.locator("button.tile")).to_have_count(2)
+    # The map as the racks stand (r1-01, r1-02); the list worst first (r1-02, near its limit).
+    assert page.locator("button.tile").first.get_attribute("id") == "rack-r1-01"
+    assert page.locator("#worst-rows tr").first.get_attribute("id") == "wf-rack-r1-02"
     page.fill("#facility-q", "gpu01")
-    expect(page.locator("details.tile")).to_have_count(1)
+    expect(page.locator("button.tile")).to_have_count(1)
     assert "q=gpu01" in page.url  # hx-push-url: the filtered view is a link
     page.fill("#facility-q", "")
-    expect(page.locator("details.tile")).to_have_count(2)
-    page.click("#rack-r1-02 summary")
-    expect(page.locator("#rack-r1-02 .tile-detail")).to_contain_text("last 48 h")
+    expect(page.locator("button.tile")).to_have_count(2)
+    page.click("#rack-r1-02")
+    expect(page.locator("#domain-live")).to_contain_text("3.4 kW of 3.6 kW limit")
+    expect(page.locator("#domain-detail .chart-range")).to_contain_text("48 h")
 
 
 def test_nodes_state_filter_applies_on_change(racks, page):

@@ -65,8 +65,11 @@ def test_node_page_shows_the_worst_of_its_domains_with_reading_and_age(viewer, j
     line = viewer.get("/nodes/gpu01/").content.decode()
     line = line[line.index('id="node-condition"'):]
     line = line[: line.index("</p>")]
-    assert 'cond-hot">hot<' in line and "from rack:r1-01 (observe only)" in line
-    assert "inlet 35.0 °C" in line and " s ago" in line
+    assert 'cond-hot">hot<' in line and "from rack:r1-01 (observe mode: would refuse new replicas)" in line
+    # The rack's latest reading, named as the rack's (the node's own inlet sensor is shown apart), with its
+    # source and how long it has stood above the edge and how old it is, counted up live by the page.
+    assert 'rack:r1-01 inlet <strong class="inlet-domain">35.0 °C</strong> for <time class="since" data-since="' in line
+    assert "hot above 32 °C" in line and '(simulated, read <time class="since" data-since="' in line
     other = viewer.get("/nodes/gpu09/").content.decode()
     other = other[other.index('id="node-condition"'):]
     assert 'cond-unknown">unknown<' in other[: other.index("</p>")]

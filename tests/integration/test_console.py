@@ -321,7 +321,14 @@ def test_hold_and_release_the_rack_from_the_node_page(login):
     assert "reason: say why the domain is held" in refused.content.decode()
     assert not Hold.objects.exists()
 
-    done = client.post("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "PDU swap", "drain": "1"}, HTTP_HX_REQUEST="true")
+    # Preview first, in the menu: what the hold and drain would do, with the reason as typed; nothing written.
+    preview = client.post("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "PDU swap", "drain": "1"},
+                          HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="hold-preview"' in preview and "Hold rack:r1 and drain it" in preview and "PDU swap" in preview
+    assert "2 nodes take nothing new: gpu01, gpu02" in preview
+    assert not Hold.objects.exists()
+    done = client.post("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "PDU swap", "drain": "1", "confirm": "1",
+                                             "previewed": "rack:r1|1"}, HTTP_HX_REQUEST="true")
     assert done.status_code == 200
     assert "Release rack r1" in done.content.decode()
     hold = Hold.objects.get()
@@ -358,14 +365,21 @@ def test_facility_page_shows_domains_bars_and_a_rack_map(login):
     budget_set(domain="rack:r1", cap_watts=6000)  # 8×600 + 210 CPU + 350 of a 5400 W limit: 40 W left
     budget_set(domain="rack:r2", cap_watts=16000)
     hold_create(domain="rack:r2", reason="PDU swap")
-    page = login("viewer").get("/facility/").content.decode()
-    assert re.search(r'class="tile h-near" id="rack-r1"', page)
-    assert re.search(r'class="tile h-ok held" id="rack-r2"', page)
-    assert "5.4 kW of 5.4 kW limit (6.0 kW cap) · <strong class=\"left-near\">40 W left</strong>" in page
+    client = login("viewer")
+    page = client.get("/facility/").content.decode()
+    assert re.search(r'class="tile p-near c-unknown n-unknown" id="rack-r1"', page)
+    assert re.search(r'class="tile p-ok c-unknown n-unknown held" id="rack-r2"', page)
     assert "room hall-a" in page and "row 1" in page
-    assert "pdu:r1-a" in page
+    assert re.search(r'id="summary-near".*><strong>1</strong> near', page)
+    assert re.search(r'id="summary-held".*><strong>1</strong> held', page)
+    # Worst first: the near rack leads; a domain with neither a budget nor a condition is left out.
+    rows = re.findall(r'<tr class="s-(\w+)" id="wf-([\w-]+)"', page)
+    assert rows[0] == ("near", "rack-r1") and ("ok", "rack-r2") in rows
+    assert "pdu-r1-a" not in [slug for _, slug in rows]
+    assert "5.4 kW of 5.4 kW" in page and '<strong class="left-near">40 W left</strong>' in page
     assert "PDU swap" in page
-    assert "0.3 kW in use, no budget" in page  # pdu r2-a: the node's own 350 W
+    detail = client.get("/facility/domains/pdu:r2-a/").content.decode()
+    assert "0.3 kW in use, no budget" in detail  # pdu r2-a: the node's own 350 W
 
 
 def test_facility_hold_form_refuses_a_bad_domain(login):

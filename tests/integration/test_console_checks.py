@@ -126,11 +126,15 @@ def test_facility_page_sorts_worst_first_filters_and_draws_history(racks, client
     user, _ = make_user("viewer1", "viewer")
     client.force_login(user)
     page = client.get("/facility/").content.decode()
-    assert page.index('id="rack-r1-02"') < page.index('id="rack-r1-01"')  # near before ok
-    assert "<svg class=\"spark\"" in page
+    assert page.index('id="wf-rack-r1-02"') < page.index('id="wf-rack-r1-01"')  # near before ok
+    assert page.index('id="rack-r1-01"') < page.index('id="rack-r1-02"')  # the map: as they stand
     assert "left-near" in page and "W left" in page
     assert "use</strong> = the domain's other draw" in page
-    assert "each feed is sized to carry the rack alone" in page
+    assert "measured</strong> in the last 15 minutes" in page  # the measured window, as set
+    # A rack's detail: its bar (a dual-fed rack's note) and its history chart, drawn from the JSON.
+    detail = client.get("/facility/domains/rack:r1-01/").content.decode()
+    assert "each feed is sized to carry the rack alone" in detail and 'class="chart"' in detail
+    assert len(client.get("/facility/domains/rack:r1-01/history").json()["t"]) == 3
     filtered = client.get("/facility/?q=gpu02", HTTP_HX_REQUEST="true").content.decode()
     assert 'id="rack-r1-02"' in filtered and 'id="rack-r1-01"' not in filtered
     assert filtered.startswith('\n<div id="facility-body"') or 'id="facility-body"' in filtered[:200]

@@ -44,8 +44,12 @@ def test_no_warning_when_the_drain_fits_or_nothing_moves(pinned):
 
 
 def test_a_replica_that_cannot_move_is_said_everywhere_and_the_console_asks_first(pinned, client, make_user, api, capsys):
-    warnings = hold_warnings(domain="rack:r1", drain=True)
-    assert len(warnings) == 1 and warnings[0].startswith("m#1 could not move: ")
+    from placement.services import hold_preview
+
+    assert hold_warnings(domain="rack:r1", drain=True)[0].startswith("m#1 could not move: ")
+    # The one hold flow's preview: the refusal quotes the reason the operator gave, as the real hold's will.
+    warnings = hold_preview(domain="rack:r1", reason="swap", drain=True).warnings
+    assert len(warnings) == 1 and warnings[0].startswith("m#1 could not move: ") and "rack r1 is held: swap" in warnings[0]
 
     user, _ = make_user("op1", "operator")
     client.force_login(user)

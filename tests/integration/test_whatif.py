@@ -119,9 +119,12 @@ def test_console_preview_and_feeds_listing(admin_client):
     rack = _busiest_rack()
     page = admin_client.get("/facility/").content.decode()
     assert 'id="feeds"' in page and "Preview" in page
-    shown = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
+    shown = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": "PDU swap"})
     text = shown.content.decode()
-    preview = what_if(hold=f"rack:{rack}", drain=True)
-    assert shown.status_code == 200 and f"Preview: hold rack:{rack} --drain" in text
-    assert all(m["replica"] in text for m in preview["moves"])
+    preview = what_if(hold=f"rack:{rack}", drain=True, reason="PDU swap")
+    assert shown.status_code == 200 and f"Hold rack:{rack} and drain it</strong> — “PDU swap”" in text
+    assert all(m["replica"] in text for m in preview["moves"][:8])
     assert not Hold.objects.exists()
+    # The reason is asked for before the preview, as the hold asks for it.
+    refused = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
+    assert refused.status_code == 422 and "reason: say why the domain is held" in refused.content.decode()
