@@ -1,6 +1,6 @@
 """Committed placements per second on PostgreSQL: plan (the index) + guarded commit, one replica at a time.
 
-Makes its own database (``llmgw_bench_placements`` on the server of DATABASE_URL, default
+Makes its own database (``llmgw_bench_placements``, or ``--database``, on the server of DATABASE_URL, default
 ``postgres://postgres@127.0.0.1:5432/llmgw``), migrates it, and bulk-loads 1,000 ready nodes × 8 GPUs
 over 40 racks (25 nodes each) and 80 PDUs (two per rack), with power budgets on every rack and PDU that
 bind near 85% of the cards. Twenty models with 8-, 4-, 2- and 1-GPU profiles take turns: each turn
@@ -35,12 +35,15 @@ NODES_PER_RACK = 25
 GPU_SIZES = (8, 8, 8, 4, 4, 4, 2, 2, 1, 1)
 MODELS = 20
 BENCH_DB = "llmgw_bench_placements"
+PROBE_DB = "llmgw_bench_probe"
 
 
-def bench_database(base_url: str, name: str = BENCH_DB) -> str:
-    """Drop and create the bench database ``name`` on the server of ``base_url``; its URL."""
+def bench_database(base_url: str, name: str | None = None) -> str:
+    """Drop and create the bench database ``name`` (default: BENCH_DB, as ``--database`` set it) on the
+    server of ``base_url``; its URL."""
     import psycopg
 
+    name = name or BENCH_DB
     parts = urlparse(base_url)
     admin = urlunparse(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -132,6 +135,16 @@ def load_cluster(count: int) -> None:
     )
 
 
+def analyze() -> None:
+    """The planner's statistics of the tables just loaded, as a server with autovacuum has them minutes
+    later (a server with it off, as one of these machines is, never does: the commit's read then scanned
+    every node's domains, 3 ms of each placement)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
 def load_models(per_model: int) -> list:
     """Twenty models and ``per_model`` pending replicas each (scaling is not what is timed)."""
     from placement.models import Model, Replica
@@ -160,10 +173,13 @@ def percentile(samples: list[float], share: float) -> float:
 
 
 def place_all(models: list) -> tuple[list[float], float, int, int]:
-    """Round-robin over the models, one replica at a time, through replica_place; until none fits."""
+    """Round-robin over the models, one replica at a time, through replica_place; until none fits. As a
+    run of one-by-one placements does (placement.commit.batches._lanes_one_by_one), placement_changed goes
+    out once a round of turns, for the round's nodes, its time counted with the round's last placement."""
     from placement import snapshot
     from placement.commit import replica_place
     from placement.index import PlacementIndex
+    from placement.signals import placement_changed_on_commit
 
     started = time.perf_counter()
     index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
@@ -174,22 +190,28 @@ def place_all(models: list) -> tuple[list[float], float, int, int]:
     conflicts = 0
     open_models = [m.name for m in models]
     while open_models:
+        placed: set[str] = set()
         for name in list(open_models):
             if not queues[name]:
                 open_models.remove(name)
                 continue
             replica = queues[name].pop(0)
             t0 = time.perf_counter()
-            outcome = replica_place(replica=replica, request=requests[name], index=index)
+            outcome = replica_place(replica=replica, request=requests[name], index=index, announce=False)
             elapsed = time.perf_counter() - t0
             if outcome.plan is None:
                 open_models.remove(name)
                 continue
             timings.append(elapsed)
+            placed |= outcome.plan.nodes
             conflicts += len(outcome.plan and replica.explain.get("conflicts", []) or [])
             requests[name] = dataclasses.replace(
                 requests[name], existing=(*requests[name].existing, outcome.plan.nodes)
             )
+        if placed:
+            t0 = time.perf_counter()
+            placement_changed_on_commit(nodes=placed)
+            timings[-1] += time.perf_counter() - t0
     return timings, built, conflicts, sum(len(q) for q in queues.values())
 
 
@@ -246,9 +268,21 @@ def place_one_model(model, batch: int) -> tuple[int, float]:
 
 
 class Phases:
-    """Wall time spent in the steps of the batched path, by wrapping them (``--phases``): where a batched
-    placement's time goes, in the figures the README quotes."""
+    """Wall time spent in the steps of a path, by wrapping them (``--phases``): where a placement's time
+    goes, in the figures the README quotes. ``STEPS`` are the batched path's, ``ONE_AT_A_TIME`` the steps of
+    replica_place (one placement per transaction)."""
 
+    ONE_AT_A_TIME = (
+        ("placement.index", "PlacementIndex", "plan", "plan (index)"),
+        ("placement.commit.single", None, "placed_explain", "explain"),
+        ("placement.commit.single", None, "_commit_pipelined", "lock, read, check, write, COMMIT (2 trips)"),
+        # The plain way (a transaction of the caller's, SQLite, or a strict write's lost race):
+        ("placement.commit.writes", None, "_locked_state", "lock budgets and nodes, read use"),
+        ("placement.commit.writes", None, "_write_postgresql_batch", "write (one statement)"),
+        ("psycopg", "Connection", "commit", "commit"),
+        ("placement.index", "PlacementIndex", "apply", "apply the plan to the index"),
+        ("placement.signals", None, "placement_changed_on_commit", "placement_changed (sent)"),
+    )
     STEPS = (
         ("placement.snapshot", None, "pending_replicas", "load pending replicas"),
         ("placement.snapshot", None, "replica_request", "load each model's request"),
@@ -265,13 +299,14 @@ class Phases:
         ("placement.commit.run", None, "_marks_write", "write the stops' reasons"),
     )
 
-    def __init__(self) -> None:
+    def __init__(self, steps: tuple | None = None) -> None:
         import importlib
 
+        self.steps = steps or self.STEPS
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._undo = []
-        for module, cls, name, label in self.STEPS:
+        for module, cls, name, label in self.steps:
             owner = importlib.import_module(module)
             if cls is not None:
                 owner = getattr(owner, cls)
@@ -294,9 +329,9 @@ class Phases:
         for owner, name, original in self._undo:
             setattr(owner, name, original)
 
-    def print(self, wall: float, placed: int) -> None:
-        print(f"where the batched run's {wall:.2f} s went (wall time in each step, {placed} placements):")
-        for label in dict.fromkeys(label for *_, label in self.STEPS):
+    def print(self, wall: float, placed: int, what: str = "the batched run") -> None:
+        print(f"where {what}'s {wall:.2f} s went (wall time in each step, {placed} placements):")
+        for label in dict.fromkeys(label for *_, label in self.steps):
             if label in self.seconds:
                 seconds = self.seconds[label]
                 print(f"  {label:36} {seconds * 1000:7.0f} ms  {seconds / wall:4.0%}  "
@@ -314,7 +349,9 @@ def fresh_cluster(nodes: int, per_model: int) -> list:
     bench_database(os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres")
     call_command("migrate", verbosity=0)
     load_cluster(nodes)
-    return load_models(per_model)
+    models = load_models(per_model)
+    analyze()
+    return models
 
 
 def _placer(share: list) -> tuple[list[float], int]:
@@ -355,6 +392,7 @@ def run_concurrently(models: list, processes: int, nodes: int) -> None:
 
 
 def main() -> None:
+    global BENCH_DB
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--per-model", type=int, default=250, help="pending replicas made per model")
@@ -369,10 +407,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="batched runs, each between two probes")
     parser.add_argument("--probe-seconds", type=float, default=3.0, help="how long each probe commits")
     parser.add_argument(
+        "--database", default=BENCH_DB,
+        help="the bench database's name, dropped and made afresh (the probe's: this name and _probe)",
+    )
+    parser.add_argument(
         "--processes", type=int, default=1,
         help="placers at once, each with its own index and its share of the models (default 1: one at a time)",
     )
     args = parser.parse_args()
+    BENCH_DB = args.database
+    probe_database = PROBE_DB if args.database == "llmgw_bench_placements" else f"{args.database}_probe"
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
     os.environ["DATABASE_URL"] = bench_database(base)
@@ -388,6 +432,7 @@ def main() -> None:
     t0 = time.perf_counter()
     load_cluster(args.nodes)
     models = load_models(args.per_model)
+    analyze()
     print(
         f"loaded {args.nodes} nodes × 8 GPUs, 40 racks, 80 PDUs with budgets in {time.perf_counter() - t0:.1f} s"
     )
@@ -401,7 +446,10 @@ def main() -> None:
     if args.processes > 1:
         run_concurrently(models, args.processes, args.nodes)
         return
+    one_phases = Phases(Phases.ONE_AT_A_TIME) if args.phases else None
     timings, built, conflicts, left = place_all(models)
+    if one_phases is not None:
+        one_phases.close()
     if args.profile:
         profiler.disable()
     from placement.models import GpuBooking
@@ -413,6 +461,8 @@ def main() -> None:
         f"p50 {percentile(timings, 0.5) * 1000:.2f} ms, p99 {percentile(timings, 0.99) * 1000:.2f} ms; "
         f"{booked} of {args.nodes * 8} GPUs booked, {conflicts} lost races, {left} replicas left pending"
     )
+    if one_phases is not None:
+        one_phases.print(sum(timings), len(timings), "one at a time")
     if args.profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
     one_rate = len(timings) / sum(timings)
@@ -425,7 +475,7 @@ def main() -> None:
     from bench.probe import probe
 
     settled = [quiet(base)]
-    count, probe_wall = probe(base, seconds=args.probe_seconds)
+    count, probe_wall = probe(base, seconds=args.probe_seconds, database=probe_database)
     probes = [count / probe_wall]
     rates = []
     separate = []  # the same turns, one call a turn: what the run of batches saves
@@ -449,9 +499,13 @@ def main() -> None:
         placed, wall, _ = place_batched(models, args.batch, together=False)
         separate.append(placed / wall)
         settled.append(quiet(base))
-        count, probe_wall = probe(base, seconds=args.probe_seconds)
+        count, probe_wall = probe(base, seconds=args.probe_seconds, database=probe_database)
         probes.append(count / probe_wall)
     print(f"the server settled before each run in {'; '.join(settled)}")
+    print(
+        f"one at a time: {one_rate:,.0f}/s against the probe just after it, {probes[0]:,.0f}/s: "
+        f"{one_rate / probes[0]:.2f}× the probe"
+    )
     ratios = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(rates)]
     alone = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(separate)]
     print(

@@ -1,6 +1,6 @@
 """The lean single-commit probe: what one guarded commit per placement allows on this PostgreSQL.
 
-Plain psycopg on its own tables in a scratch database (``llmgw_bench_probe``), no Django, no planning:
+Plain psycopg on its own tables in a scratch database (``llmgw_bench_probe``, or ``--database``), no Django, no planning:
 each placement locks two budget rows (rack and PDU, sorted), makes a guarded node update (a free card
 left), a guarded budget update (the draw within the cap), inserts the booking, and commits. The
 figure is the ceiling of placing one replica per transaction; bench/placements.py prints it beside
@@ -20,13 +20,14 @@ RACKS = 40
 NODES_PER_RACK = 25
 
 
-def probe(base_url: str, seconds: float = 5.0) -> tuple[int, float]:
-    """Commit guarded placements for ``seconds``; (placements, wall seconds)."""
+def probe(base_url: str, seconds: float = 5.0, database: str = BENCH_DB) -> tuple[int, float]:
+    """Commit guarded placements for ``seconds`` in the scratch database ``database``; (placements, wall
+    seconds)."""
     import psycopg
 
     from bench.placements import bench_database
 
-    url = bench_database(base_url, BENCH_DB)
+    url = bench_database(base_url, database)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE budget (domain text PRIMARY KEY, cap double precision, used double precision);"
@@ -69,8 +70,10 @@ def probe(base_url: str, seconds: float = 5.0) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--database", default=BENCH_DB, help="the scratch database's name, dropped and made afresh")
     args = parser.parse_args()
-    count, wall = probe(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw"), args.seconds)
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
+    count, wall = probe(base, args.seconds, args.database)
     print(f"lean single-commit probe: {count} commits in {wall:.2f} s, {count / wall:,.0f}/s")
 
 

@@ -1,6 +1,6 @@
 """Room loss, timed: 10,000 nodes in 400 racks and 4 rooms, ~80 % full, one room held with drain.
 
-Makes its own database (``llmgw_bench_room_loss`` on the server of DATABASE_URL) and inserts the rows
+Makes its own database (``llmgw_bench_room_loss``, or ``--database``, on the server of DATABASE_URL) and inserts the rows
 directly (what heartbeats and past reconciles would have left): ``--nodes`` ready nodes × 8 GPUs, each
 with its agent's last sensors document, 25 to a rack, racks in 4 rooms, budgets on every rack and PDU;
 10 models (8- and 4-GPU) whose placed replicas fill ~80 % of the cards, spread over every rack. Then,
@@ -139,12 +139,13 @@ def main() -> None:
     parser.add_argument("--fill", type=float, default=0.8, help="share of the cards the replicas take")
     parser.add_argument("--surge", type=int, default=100_000, help="LLMGW_DRAIN_SURGE for the drain")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of the hold and reconciles")
+    parser.add_argument("--database", default=BENCH_DB, help="the bench database's name, dropped and made afresh")
     args = parser.parse_args()
 
     from bench.placements import bench_database
 
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llmgw")
-    os.environ["DATABASE_URL"] = bench_database(base, BENCH_DB)
+    os.environ["DATABASE_URL"] = bench_database(base, args.database)
     os.environ.pop("REDIS_URL", None)
     os.environ["LLMGW_DB_POOL"] = "false"
     os.environ["LLMGW_DRAIN_SURGE"] = str(args.surge)

@@ -27,26 +27,32 @@ from placement.signals import placement_changed_on_commit
 def _lanes_one_by_one(lanes: list[Lane], index: PlacementIndex, now: datetime, max_tries: int | None) -> None:
     """lanes_place one replica per transaction (SQLite, whose writers are serialised anyway)."""
     started = 0
-    for lane in lanes:
-        try:
-            while lane.queue:
-                if max_tries is not None and started >= max_tries:
-                    lane.cut = True
-                    break
-                started += 1
-                replica = lane.queue.pop(0).replica
-                request = dataclasses.replace(lane.request, existing=tuple(lane.existing))
-                outcome = lane.outcomes[replica.pk] = replica_place(
-                    replica=replica, request=request, index=index, now=now
-                )
-                if outcome.plan is not None:
-                    lane.existing.append(outcome.plan.nodes)
-                elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
-                    lane.stopped = replica
-                    break
-        except Exception as exc:
-            lane.error = exc
-            raise
+    placed: set[str] = set()
+    try:
+        for lane in lanes:
+            try:
+                while lane.queue:
+                    if max_tries is not None and started >= max_tries:
+                        lane.cut = True
+                        break
+                    started += 1
+                    replica = lane.queue.pop(0).replica
+                    request = dataclasses.replace(lane.request, existing=tuple(lane.existing))
+                    outcome = lane.outcomes[replica.pk] = replica_place(
+                        replica=replica, request=request, index=index, now=now, announce=False
+                    )
+                    if outcome.plan is not None:
+                        lane.existing.append(outcome.plan.nodes)
+                        placed |= outcome.plan.nodes
+                    elif not outcome.gone and not outcome.reason.startswith("Unschedulable"):
+                        lane.stopped = replica
+                        break
+            except Exception as exc:
+                lane.error = exc
+                raise
+    finally:
+        if placed:  # one placement_changed for the run, its placements committed one by one
+            placement_changed_on_commit(nodes=placed)
 
 
 class _BatchLost(Exception):

@@ -14,69 +14,107 @@ from llmgw.sqlin import sql_in
 from placement.models import NodeBooking
 from placement.planner import FacilityView
 
-
-def _locked_state(
-    cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime
-) -> tuple[
+LockedState = tuple[
     dict[str, tuple], dict[str, tuple[float, float]], dict[str, str], dict[str, float], dict[str, tuple[float, float]]
-]:
+]
+
+
+def _locked_state(cursor, names: list[str], touched: list[str], facility: FacilityView, now: datetime) -> LockedState:
     """Lock the budgets (sorted by domain), then the nodes (sorted by name); read them, holds and use.
 
     Returns (node rows by name, budgets (cap, other) by domain, holds by domain, each locked budget's
     domain use, each node's (placed, max(placed, fresh measured)) when a budget is touched). Raw SQL:
-    this is the hot path of every placement.
+    this is the hot path of every placement. Two statements: the budgets' lock (_budgets_sql), then the
+    read (_read_sql), which on PostgreSQL also locks every member of the budgeted domains.
     """
+    budget_rows: list[tuple] = []
+    if touched:
+        cursor.execute(*_budgets_sql(touched))
+        budget_rows = cursor.fetchall()
+    if connection.features.has_select_for_update:
+        cursor.execute(*_read_sql(names, touched, now))
+    else:
+        cursor.execute(*_read_sql_unlocked(names, sorted(row[0] for row in budget_rows), now))
+    return _state_of(budget_rows, cursor.fetchall(), facility)
+
+
+def _budgets_sql(touched: list[str]) -> tuple[str, list[Any]]:
+    """Lock the touched domains' budget rows, sorted by domain: (domain, effective cap, other watts)."""
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    where, params = sql_in("domain", touched)
+    # The effective cap (Budget.effective_cap_watts): a written cap never above the feeds'.
     # The replica row is not locked here: the write's guarded UPDATE of it (state still pending) is
     # the check, and saves a round trip on every placement.
-    budgets: dict[str, tuple[float, float]] = {}
-    if touched:
-        where, params = sql_in("domain", touched)
-        cursor.execute(
-            # The effective cap (Budget.effective_cap_watts): a written cap never above the feeds'.
-            f"SELECT domain, CASE WHEN feed_cap_watts IS NOT NULL AND feed_cap_watts < cap_watts "
-            f"THEN feed_cap_watts ELSE cap_watts END, other_watts FROM {Budget._meta.db_table} "
-            f"WHERE {where} ORDER BY domain{lock}",
-            params,
-        )
-        budgets = {domain: (cap, other) for domain, cap, other in cursor.fetchall()}
-    if budgets and lock:
-        # Every member of the budgeted domains too, by name (the one node order): a heartbeat raising a
-        # member's measured draw waits for this commit, or has committed before the sums below are
-        # read; else a drift landing between the read and the commit could carry the domain past its
-        # limit with fresh data at the commit. The chosen nodes are among them.
-        named, named_params = sql_in("name", names)
-        member, member_params = sql_in("domain", sorted(budgets))
-        cursor.execute(
-            f"SELECT 1 FROM {Node._meta.db_table} WHERE {named} OR id IN "
-            f"(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE {member}) "
-            f"ORDER BY name{lock}",
-            [*named_params, *member_params],
-        )
-    # One statement for the rest: it starts after the budget locks are held, so the members' draws it
-    # sums include every placement committed into those domains before us. The nodes are locked in it,
-    # by name, before the sums are read.
+    return (
+        f"SELECT domain, CASE WHEN feed_cap_watts IS NOT NULL AND feed_cap_watts < cap_watts "
+        f"THEN feed_cap_watts ELSE cap_watts END, other_watts FROM {Budget._meta.db_table} "
+        f"WHERE {where} ORDER BY domain{lock}",
+        params,
+    )
+
+
+def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL, run once the budgets' locks are held (in the same transaction, after _budgets_sql;
+    the two may go out together in pipeline mode): lock the chosen nodes and every member of the touched
+    domains that have a budget, by name, and read the chosen nodes, the holds, each budgeted domain's use
+    and the chosen nodes' draws.
+
+    A heartbeat raising a member's measured draw waits for this commit, or committed before the lock was
+    granted; either way the sums see it: they read the members' rows as locked (the latest version: a
+    locked row is read again once the lock is granted), not the statement's snapshot, so a drift landing
+    between the read and the commit cannot carry the domain past its limit with fresh data at the commit.
+    The placed watts are the snapshot's, taken once the budgets' locks were held: every placement into
+    those domains committed before is in them. (The members were locked by a statement of their own
+    before the read: a round trip, and a scan of every node, each placement.)
+    """
+    node_table, domain_table, booking_table = Node._meta.db_table, NodeDomain._meta.db_table, NodeBooking._meta.db_table
+    fresh_after = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=measured_fresh_seconds()))
+    # node_watts (added by _state_of, per member) + the larger of placed and fresh measured draw: the rule
+    # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
+    draw = node_draw_sql("n", placed="COALESCE(b.placed_watts, 0)")
+    # The budgeted domains as an array (an InitPlan): each member found through the domain's index, not by
+    # a join the planner may make a scan of every node's domains.
+    budgeted = f"ARRAY(SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(%b::text[]))"
+    sql = (
+        f"WITH locked AS MATERIALIZED (SELECT id, name, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
+        f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE id = ANY(ARRAY("
+        f"SELECT node_id FROM {domain_table} WHERE domain = ANY({budgeted}) "
+        f"UNION SELECT id FROM {node_table} WHERE name = ANY(%b::text[]))) ORDER BY name FOR UPDATE), "
+        f"chosen AS (SELECT n.*, COALESCE(b.placed_watts, 0) AS placed, {draw} AS drawn "
+        f"FROM locked n LEFT JOIN {booking_table} b ON b.node_id = n.id WHERE n.name = ANY(%b::text[])) "
+        f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
+        f"CAST(labels AS text), CAST(NULL AS double precision) FROM chosen"
+        f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
+        f"FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[])"
+        f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM({draw}) "
+        f"FROM {domain_table} nd JOIN locked n ON n.id = nd.node_id LEFT JOIN {booking_table} b ON b.node_id = n.id "
+        f"WHERE nd.domain = ANY({budgeted}) GROUP BY nd.domain"
+        f" UNION ALL SELECT 'placed', name, NULL, NULL, NULL, NULL, NULL, placed FROM chosen"
+        f" UNION ALL SELECT 'drawn', name, NULL, NULL, NULL, NULL, NULL, drawn FROM chosen"
+    )
+    return sql, [touched, names, fresh_after, names, touched, fresh_after, touched]
+
+
+def _read_sql_unlocked(names: list[str], domains: list[str], now: datetime) -> tuple[str, list[Any]]:
+    """The read of _read_sql where rows are not locked (SQLite: its IMMEDIATE transactions serialise the
+    writers instead), for the budgeted ``domains``."""
     node_table = Node._meta.db_table
     named, named_params = sql_in("name", names)
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"labels FROM {node_table} WHERE {named} ORDER BY name{lock}) "
+        f"labels FROM {node_table} WHERE {named} ORDER BY name) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"CAST(labels AS text), CAST(NULL AS double precision) FROM locked"
     )
     params: list[Any] = list(named_params)
-    domains = sorted(budgets)
-    if touched:
-        held, held_params = sql_in("domain", touched)
+    if domains:
+        held, held_params = sql_in("domain", domains)
         sql += (
             f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
             f"FROM {Hold._meta.db_table} WHERE {held}"
         )
         params += held_params
-    if domains:
-        # node_watts (added below, per member) + the larger of placed and fresh measured draw: the rule
-        # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
-        fresh_after = now - timedelta(seconds=measured_fresh_seconds())
+        fresh_after = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=measured_fresh_seconds()))
         sql += (
             f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, "
             f"SUM({node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')}) "
@@ -84,9 +122,7 @@ def _locked_state(
             f"LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
             f"WHERE {sql_in('nd.domain', domains)[0]} GROUP BY nd.domain"
         )
-        params += [connection.ops.adapt_datetimefield_value(fresh_after), *sql_in("", domains)[1]]
-        # Each placed node's placed draw and its term less node_watts, by the same SQL rule: the check
-        # is on the use after the shard, max(placed + shard, measured), as facility.power says it.
+        params += [fresh_after, *sql_in("", domains)[1]]
         sql += (
             f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
@@ -96,21 +132,27 @@ def _locked_state(
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
             f"WHERE {sql_in('n.name', names)[0]}"
         )
-        params += [*named_params, connection.ops.adapt_datetimefield_value(fresh_after), *named_params]
-    cursor.execute(sql, params)
+        params += [*named_params, fresh_after, *named_params]
+    return sql, params
+
+
+def _state_of(budget_rows: list[tuple], rows: list[tuple], facility: FacilityView) -> LockedState:
+    """_locked_state's answer from the budgets' rows and the read's."""
+    budgets = {domain: (cap, other) for domain, cap, other in budget_rows}
     nodes: dict[str, tuple] = {}
     holds: dict[str, str] = {}
     node_watts = facility.settings.node_watts or 0
-    use = {domain: budgets[domain][1] for domain in domains}
+    use = {domain: other for domain, (_, other) in budgets.items()}
     draws: dict[str, list[float]] = {}
-    for kind, key, a, b, c, d, reason, drawn in cursor.fetchall():
+    for kind, key, a, b, c, d, reason, drawn in rows:
         if kind == "node":
             # The labels are the locked row's latest: a relabel committed since the plan is seen here.
             nodes[key] = (key, a, b, c, d, reason)
         elif kind == "hold":
             holds[key] = reason
         elif kind == "use":
-            use[key] += a * node_watts + (drawn or 0)
-        else:
+            if key in use:  # a domain without a budget row (PostgreSQL's read finds only budgeted ones)
+                use[key] += a * node_watts + (drawn or 0)
+        elif budgets:
             draws.setdefault(key, [0.0, 0.0])[kind == "drawn"] = drawn or 0.0
     return nodes, budgets, holds, use, {name: (placed, drawn) for name, (placed, drawn) in draws.items()}

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from placement import snapshot
 from placement.commit.outcomes import LostRace, Pending, Placement, ReplicaGone
-from placement.commit.writes import _commit
+from placement.commit.writes import _commit, _commit_pipelined
 from placement.explain import pending_explain, placed_explain
 from placement.index import PlacementIndex
 from placement.models import Replica, ReplicaState
@@ -21,9 +22,17 @@ MAX_ATTEMPTS = 3
 
 
 def replica_place(
-    *, replica: Pending, request: ReplicaRequest, index: PlacementIndex, now: datetime | None = None
+    *,
+    replica: Pending,
+    request: ReplicaRequest,
+    index: PlacementIndex,
+    now: datetime | None = None,
+    announce: bool = True,
 ) -> Placement:
-    """Plan and commit one pending replica through the guarded commit; record why when it cannot go."""
+    """Plan and commit one pending replica through the guarded commit; record why when it cannot go.
+
+    ``announce``: send placement_changed for its node once it committed; a caller placing many one by
+    one passes False and sends one for all of them (each send reaches every live page)."""
     now = now or timezone.now()
     exclude: set[str] = set()
     conflicts: list[str] = []
@@ -36,8 +45,12 @@ def replica_place(
             return replica_pending(replica, result.summary, pending_explain(result))
         explain = placed_explain(result, attempts=attempt, conflicts=conflicts)
         try:
-            with transaction.atomic():
-                committed = _commit(replica.pk, result, index, explain, now)
+            committed = None
+            if _pipelined():
+                committed = _commit_pipelined(replica.pk, result, index, explain, now)
+            if committed is None:  # no pipeline here, or its strict write found a race: the plain way
+                with transaction.atomic():
+                    committed = _commit(replica.pk, result, index, explain, now)
         except ReplicaGone:
             committed = False
         except LostRace as race:
@@ -50,10 +63,16 @@ def replica_place(
             return Placement(gone=True)
         index.apply(result)
         replica.state = ReplicaState.PLACED
-        placement_changed_on_commit(nodes=result.nodes)
+        if announce:
+            placement_changed_on_commit(nodes=result.nodes)
         return Placement(plan=result)
     reason = f"Unschedulable after {MAX_ATTEMPTS} conflicting attempts: {'; '.join(conflicts)}"
     return replica_pending(replica, reason, {"summary": reason, "conflicts": conflicts, "rejections": []})
+
+
+def _pipelined() -> bool:
+    """Whether a commit may go out in pipeline mode (PostgreSQL, outside any transaction of the caller's)."""
+    return settings.LLMGW_COMMIT_PIPELINE and connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
 def replicas_pending_mark(replicas: list[Pending], reason: str, explain: dict | None) -> None:

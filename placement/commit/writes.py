@@ -9,12 +9,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.db import connection
 from django.db.models import F
 
 from agents.models import GPU, Node
 from facility.models import Hold
-from placement.commit.locks import _locked_state
+from placement.commit.locks import _budgets_sql, _locked_state, _read_sql, _state_of
 from placement.commit.outcomes import LostRace, ReplicaGone
 from placement.commit.recheck import _Locked
 from placement.index import PlacementIndex
@@ -38,6 +39,54 @@ def _commit(
         if connection.vendor == "postgresql":
             return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)
         return _write_portable(replica_id, shards, ids, explain, now)
+
+
+def _commit_pipelined(
+    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime
+) -> bool | None:
+    """_commit on PostgreSQL outside any transaction, in two round trips: BEGIN, the budgets' locks and
+    the locked read go out together; the plan is checked; the write (strict) and COMMIT go out together.
+    False when the replica is no longer pending; raises LostRace from the check. None when the strict
+    write found a lost race: the database rolled it all back, and the caller commits the plan again the
+    plain way (_commit), which finds the race again with its words, or commits.
+
+    The transaction is begun by hand (the connection stays in autocommit for Django), as the batches'
+    pipeline does; whatever goes wrong, it is rolled back before this returns or raises.
+    """
+    from psycopg.pq import TransactionStatus
+
+    shards = sorted(plan.shards, key=lambda s: s.node)
+    names = [s.node for s in shards]
+    facility = index.facility
+    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    touched = sorted({d for ds in domains_of.values() for d in ds})
+    connection.ensure_connection()
+    pg = connection.connection
+    try:
+        with connection.wrap_database_errors, pg.cursor() as budgets, pg.cursor() as cursor:
+            with pg.pipeline():
+                cursor.execute("BEGIN")
+                if touched:
+                    budgets.execute(*_budgets_sql(touched))
+                cursor.execute(*_read_sql(names, touched, now))
+            locked = _Locked(*_state_of(budgets.fetchall() if touched else [], cursor.fetchall(), facility))
+            locked.check(shards, domains_of, facility, now)
+            ids = {name: locked.nodes[name][1] for name in names}
+            try:
+                with pg.pipeline():
+                    cursor.execute(*_batch_write([(replica_id, shards, explain)], ids, now, touched, strict=True))
+                    pg.execute("COMMIT")
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) == LOST_RACE:
+                    return None
+                raise
+            gone, raced = _batch_written(cursor.fetchone(), [(replica_id, shards, explain)], ids)
+    finally:
+        if not pg.closed and pg.info.transaction_status != TransactionStatus.IDLE:
+            pg.execute("ROLLBACK")
+    if raced:  # the strict statement raises first; a row saying otherwise is a fault of this code
+        raise RuntimeError(f"a strict write committed with lost races: {raced}")
+    return not gone
 
 
 def _write_postgresql(

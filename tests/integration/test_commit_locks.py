@@ -1,0 +1,101 @@
+"""The guarded commit's locked read on PostgreSQL: every member of a budgeted domain is locked, and a draw a
+heartbeat raised meanwhile is in the sums.
+
+The read locks the members in the statement that sums their draws, and sums them from the rows as
+locked: a heartbeat that raised a member's measured draw either waits for the placement's commit, or
+committed before the lock was granted and is counted (never read from the statement's older snapshot).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from agents.services import heartbeat_record
+from agents.simulator.cluster import heartbeat_for
+from facility.services import budget_set, settings_set
+from placement import commit, snapshot
+from tests.conftest import node_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def join_measuring(name: str, rack: str, watts: float) -> None:
+    beat = heartbeat_for(node_spec(name, rack=rack, gpus=8))
+    beat["sensors"] = {"gpus": [{"index": i, "power_watts": watts / 8} for i in range(8)]}
+    heartbeat_record(node_name=name, heartbeat=beat)
+
+
+def other_connection() -> psycopg.Connection:
+    """A second session on the test database, as a heartbeat's would be."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.connect(**params)
+
+
+def rack_use(names: list[str], out: dict) -> None:
+    """The rack's use as the commit's locked read sums it, read in a thread of its own (its own connection)."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _, _, _, use, _ = commit._locked_state(
+                cursor, names, ["rack:r1"], snapshot.facility_view(), timezone.now()
+            )
+        out["use"] = use["rack:r1"]
+    finally:
+        connections.close_all()
+
+
+@pytest.fixture
+def rack():
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's (SQLite serialises its writers)")
+    settings_set(margin=0.0, gpu_watts=700, cpu_core_watts=None, node_watts=0)
+    join_measuring("a", "r1", 1000)
+    join_measuring("b", "r1", 1000)
+    budget_set(domain="rack:r1", cap_watts=20000)
+
+
+def test_a_members_draw_raised_before_the_lock_is_granted_is_in_the_sums(rack):
+    with other_connection() as beat:
+        # The heartbeat holds b's row (not the chosen node: a member of its rack) with a raised draw.
+        beat.execute("UPDATE agents_node SET measured_peak_watts = 9000, sensors_at = now() WHERE name = 'b'")
+        out: dict = {}
+        reader = threading.Thread(target=rack_use, args=(["a"], out))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive(), "the locked read must wait for the member's row"
+        beat.commit()
+        reader.join(10)
+    assert out["use"] == 1000 + 9000  # the draw committed while the read waited, not the snapshot's 1000
+
+
+def test_a_heartbeat_raising_a_members_draw_waits_for_the_commit(rack):
+    locked = threading.Event()
+    release = threading.Event()
+
+    def place() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                commit._locked_state(cursor, ["a"], ["rack:r1"], snapshot.facility_view(), timezone.now())
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    placer = threading.Thread(target=place)
+    placer.start()
+    try:
+        assert locked.wait(10)
+        with other_connection() as beat:
+            beat.execute("SET lock_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                beat.execute("UPDATE agents_node SET measured_peak_watts = 9000 WHERE name = 'b'")
+    finally:
+        release.set()
+        placer.join(10)
