@@ -70,29 +70,39 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     node_table, domain_table, booking_table = Node._meta.db_table, NodeDomain._meta.db_table, NodeBooking._meta.db_table
     fresh_after = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=measured_fresh_seconds()))
     # node_watts (added by _state_of, per member) + the larger of placed and fresh measured draw: the rule
-    # of facility.power.node_use_watts, as the SQL that module builds from the same figures.
+    # of facility.power.node_use_watts, as the SQL that module builds from the same figures (its one
+    # parameter, the oldest fresh reading's time, read from p: each parameter goes out once).
     draw = node_draw_sql("n", placed="COALESCE(b.placed_watts, 0)")
-    # The budgeted domains as an array (an InitPlan): each member found through the domain's index, not by
-    # a join the planner may make a scan of every node's domains.
-    budgeted = f"ARRAY(SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(%b::text[]))"
+    assert draw.count("%s") == 1, draw
+    draw = draw.replace("%s", "p.fresh")
+    # The budgeted domains as arrays (InitPlans): each member found through the domain's index, not by a
+    # join the planner may make a scan of every node's domains.
+    # The read opens with the locks (tests wait for "WITH locked" to move in between the read and the
+    # write); the lists it needs again are read from p.
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT id, name, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE id = ANY(ARRAY("
-        f"SELECT node_id FROM {domain_table} WHERE domain = ANY({budgeted}) "
-        f"UNION SELECT id FROM {node_table} WHERE name = ANY(%b::text[]))) ORDER BY name FOR UPDATE), "
+        f"SELECT node_id FROM {domain_table} WHERE domain = ANY(ARRAY("
+        f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
+        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[])))) ORDER BY name FOR UPDATE), "
+        f"p AS (SELECT CAST(%b AS text[]) AS touched, CAST(%b AS text[]) AS names, "
+        f"CAST(%s AS timestamptz) AS fresh), "
+        f"bd AS (SELECT array_agg(domain) AS domains FROM {Budget._meta.db_table} "
+        f"WHERE domain = ANY(CAST((SELECT touched FROM p) AS text[]))), "
         f"chosen AS (SELECT n.*, COALESCE(b.placed_watts, 0) AS placed, {draw} AS drawn "
-        f"FROM locked n LEFT JOIN {booking_table} b ON b.node_id = n.id WHERE n.name = ANY(%b::text[])) "
+        f"FROM locked n CROSS JOIN p LEFT JOIN {booking_table} b ON b.node_id = n.id WHERE n.name = ANY(p.names)) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"CAST(labels AS text), CAST(NULL AS double precision) FROM chosen"
         f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
-        f"FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[])"
+        f"FROM {Hold._meta.db_table} WHERE domain = ANY(CAST((SELECT touched FROM p) AS text[]))"
         f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM({draw}) "
-        f"FROM {domain_table} nd JOIN locked n ON n.id = nd.node_id LEFT JOIN {booking_table} b ON b.node_id = n.id "
-        f"WHERE nd.domain = ANY({budgeted}) GROUP BY nd.domain"
+        f"FROM {domain_table} nd JOIN locked n ON n.id = nd.node_id CROSS JOIN p "
+        f"LEFT JOIN {booking_table} b ON b.node_id = n.id "
+        f"WHERE nd.domain = ANY(CAST((SELECT domains FROM bd) AS text[])) GROUP BY nd.domain"
         f" UNION ALL SELECT 'placed', name, NULL, NULL, NULL, NULL, NULL, placed FROM chosen"
         f" UNION ALL SELECT 'drawn', name, NULL, NULL, NULL, NULL, NULL, drawn FROM chosen"
     )
-    return sql, [touched, names, fresh_after, names, touched, fresh_after, touched]
+    return sql, [touched, names, touched, names, fresh_after]
 
 
 def _read_sql_unlocked(names: list[str], domains: list[str], now: datetime) -> tuple[str, list[Any]]:

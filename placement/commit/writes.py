@@ -130,6 +130,8 @@ def _batch_write(
     # (parsed once and prepared), in binary (%b: no escaping of the explain texts); a shard's cards as
     # the text of an int[] ('{0,1}'), arrays being square.
     hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[]))" if touched else "TRUE"
+    # Each list goes out once (a parameter is dumped each time it is named): the replica ids and the hold
+    # guard are read from the first CTEs wherever they are needed.
     rows = [(replica_id, s) for replica_id, shards, _ in plans for s in shards]
     params: list[Any] = [
         [replica_id for replica_id, _ in rows],
@@ -154,7 +156,8 @@ def _batch_write(
     )
     return (
         f"""
-        WITH v(replica_id, node_id, gpus, cores, mem, draw) AS (
+        WITH p AS (SELECT CAST(%b AS bigint[]) AS ids, {hold_guard} AS unheld),
+        v(replica_id, node_id, gpus, cores, mem, draw) AS (
             SELECT replica_id, node_id, CAST(gpus AS int[]), cores, mem, draw
             FROM unnest(%b::bigint[], %b::bigint[], %b::text[], %b::int[], %b::float8[], %b::float8[])
                 AS u(replica_id, node_id, gpus, cores, mem, draw)
@@ -166,9 +169,9 @@ def _batch_write(
             -- to a list instead, a replica table whose statistics lag a bulk change (a lost room's
             -- replacements) was read whole or matched row by row, 9 of a batch's 20 ms.
             UPDATE {Replica._meta.db_table} AS rep SET state = %s, reason = '',
-                explain = CAST((%b::text[])[array_position(%b::bigint[], rep.id)] AS jsonb),
+                explain = CAST((%b::text[])[array_position(CAST((SELECT ids FROM p) AS bigint[]), rep.id)] AS jsonb),
                 placed_at = %s, ready_since = NULL
-            WHERE rep.id = ANY(%b::bigint[]) AND rep.state = %s AND {hold_guard} RETURNING rep.id
+            WHERE rep.id = ANY(CAST((SELECT ids FROM p) AS bigint[])) AND rep.state = %s AND (SELECT unheld FROM p) RETURNING rep.id
         ),
         s AS (
             INSERT INTO {Shard._meta.db_table}
@@ -210,21 +213,19 @@ def _batch_write(
         )
         SELECT o.*{strict_check} FROM (
             SELECT ARRAY(SELECT shard_id FROM g) AS booked, ARRAY(SELECT ARRAY[id, node_id, replica_id] FROM s),
-                ARRAY(SELECT node_id FROM n) AS counted, ARRAY(SELECT id FROM r), {hold_guard} AS unheld
+                ARRAY(SELECT node_id FROM n) AS counted, ARRAY(SELECT id FROM r), (SELECT unheld FROM p) AS unheld
         ) AS o
         """,
         [
+            replica_ids,
+            *guard_params,
             *params,
             ReplicaState.PLACED.value,
             explains,
-            replica_ids,
             now,
-            replica_ids,
             ReplicaState.PENDING.value,
-            *guard_params,
             ReplicaState.PLACED.value,
             now,
-            *guard_params,
         ],
     )
 
