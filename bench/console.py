@@ -59,7 +59,7 @@ try {
 """
 TIMING = """() => {
   const n = performance.getEntriesByType('navigation')[0];
-  return {load: n.loadEventEnd, bytes: n.decodedBodySize, transfer: n.transferSize,
+  return {load: n.loadEventEnd, ttfb: n.responseStart, bytes: n.decodedBodySize, transfer: n.transferSize,
           elements: document.getElementsByTagName('*').length, height: document.documentElement.scrollHeight,
           long: window.__longTasks.slice()};
 }"""
@@ -314,6 +314,7 @@ def measure(page, path: str, runs: int, seconds: float) -> dict:
     return {
         "bytes": loads[-1]["bytes"], "elements": loads[-1]["elements"], "height": loads[-1]["height"],
         "load_p50": percentile([x["load"] for x in loads], 0.5), "load_max": max(x["load"] for x in loads),
+        "ttfb_p50": percentile([x["ttfb"] for x in loads], 0.5),
         "load_long_max": max(load_long, default=0.0), "load_long_over": sum(1 for d in load_long if d > 200),
         "socket_kb_min": steady_bytes / 1024 / (seconds / 60), "socket_frames_min": steady_frames / (seconds / 60),
         "steady_long_max": max(steady_long, default=0.0), "steady_long_over": sum(1 for d in steady_long if d > 200),
@@ -389,11 +390,11 @@ def main() -> None:
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
-    print(f"the console in Chromium at {args.nodes} nodes, 40 racks, nodes beating every 10 s "
+    print(f"the console in Chromium at {args.nodes} nodes, 40 racks, nodes beating every {args.interval:g} s "
           f"({args.runs} loads a page, steady state {args.seconds:.0f} s; work dir {work}):")
     for path, r in results.items():
         print(f"  {path}: page {r['bytes'] / 1024:.0f} KiB, {r['elements']:,} elements, {r['height']:,} px tall; "
-              f"load event p50 {r['load_p50']:.0f} ms, max {r['load_max']:.0f} ms; "
+              f"load event p50 {r['load_p50']:.0f} ms, max {r['load_max']:.0f} ms (first byte p50 {r['ttfb_p50']:.0f} ms); "
               f"socket {r['socket_kb_min']:.1f} KiB/min ({r['socket_frames_min']:.0f} frames/min); "
               f"long tasks: loads max {r['load_long_max']:.0f} ms ({r['load_long_over']} over 200 ms), "
               f"steady max {r['steady_long_max']:.0f} ms ({r['steady_long_over']} over 200 ms)")

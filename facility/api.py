@@ -124,7 +124,7 @@ class BudgetDetailView(ApiView):
 
 class DomainHistoryView(ApiView):
     @documented(
-        summary="A domain's power history: use, reserved, measured peak (1-minute points to 48 h, 15-minute to 30 days)",
+        summary="A domain's history: use, reserved, measured peak, inlet air (1-minute points to 48 h, 15-minute to 30 days)",
         ok={200: DomainHistorySerializer},
         errors=(404,),  # a path no route takes (a '/' in the domain)
         parameters=[*DOMAIN_IN_PATH, HistoryQuerySerializer],

@@ -1,8 +1,9 @@
-"""Power history: a point per domain and per node every minute, kept 48 h, and every 15 minutes, kept 30 days.
+"""Power history: a point per domain and per node every minute, kept 48 h, and every 15 minutes, kept 30 days;
+a domain's points carry its inlet air too.
 
 `history_record` runs once a minute (Celery beat, or the embedded server's thread): it writes the minute's
-points, rolls each finished quarter hour up (use and reserved averaged, measured: the peak) and prunes
-what is past its keep. Reads (`domain_history`, `node_history`: the console's charts and the API) pick the resolution.
+points, rolls each finished quarter hour up (use and reserved averaged, measured and inlet: the peak) and
+prunes what is past its keep. Reads (`domain_history`, `node_history`: the console's charts and the API) pick the resolution.
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ def _rollup(model, key: str, start: datetime) -> None:
     """The 15-minute points of the quarter starting at `start`, from its minute points (once)."""
     if model.objects.filter(resolution=Resolution.QUARTER, at=start).exists():
         return
+    inlet = {"inlet": Max("inlet_celsius")} if model is DomainSample else {}
     rows = (
         model.objects.filter(resolution=Resolution.MINUTE, at__gte=start, at__lt=start + QUARTER)
         .values(key)
-        .annotate(use=Avg("use_watts"), reserved=Avg("reserved_watts"), peak=Max("measured_peak_watts"))
+        .annotate(use=Avg("use_watts"), reserved=Avg("reserved_watts"), peak=Max("measured_peak_watts"), **inlet)
     )
     model.objects.bulk_create(
         [
             model(**{key: r[key]}, resolution=Resolution.QUARTER, at=start, use_watts=r["use"],
-                  reserved_watts=r["reserved"], measured_peak_watts=r["peak"])
+                  reserved_watts=r["reserved"], measured_peak_watts=r["peak"],
+                  **({"inlet_celsius": r["inlet"]} if inlet else {}))
             for r in rows
         ],
         ignore_conflicts=True,
@@ -59,6 +62,7 @@ def history_record(*, now: datetime | None = None) -> dict[str, int]:
         DomainSample(
             domain=d["domain"], resolution=Resolution.MINUTE, at=minute, use_watts=d["use_watts"],
             reserved_watts=d["reserved_watts"], measured_peak_watts=d["measured_watts"],
+            inlet_celsius=fresh_inlet(d["condition"]),
         )
         for d in overview["domains"]
     ]
@@ -87,22 +91,33 @@ def history_record(*, now: datetime | None = None) -> dict[str, int]:
     return {"domains": len(domains), "nodes": len(nodes), "pruned": pruned}
 
 
-def _points(rows) -> list[dict[str, Any]]:
+def fresh_inlet(condition: dict[str, Any] | None) -> float | None:
+    """A domain's inlet reading while its condition is judged on fresh readings (unknown: none is fresh)."""
+    inlet = (condition or {}).get("inlet")
+    if not inlet or (condition or {}).get("condition") == "unknown":
+        return None
+    return inlet["celsius"]
+
+
+def _points(rows, inlet: bool) -> list[dict[str, Any]]:
     return [
-        {"at": at, "use_watts": use, "reserved_watts": reserved, "measured_peak_watts": peak}
-        for at, use, reserved, peak in rows
+        {"at": row[0], "use_watts": row[1], "reserved_watts": row[2], "measured_peak_watts": row[3],
+         **({"inlet_celsius": row[4]} if inlet else {})}
+        for row in rows
     ]
 
 
 def _series(model, key: str, value: str, hours: float, now: datetime | None) -> dict[str, Any]:
     now = now or timezone.now()
     resolution = Resolution.MINUTE if hours <= MINUTE_KEEP.total_seconds() / 3600 else Resolution.QUARTER
+    inlet = model is DomainSample
+    fields = ["at", "use_watts", "reserved_watts", "measured_peak_watts"] + (["inlet_celsius"] if inlet else [])
     rows = (
         model.objects.filter(**{key: value}, resolution=resolution, at__gte=now - timedelta(hours=hours))
         .order_by("at")
-        .values_list("at", "use_watts", "reserved_watts", "measured_peak_watts")
+        .values_list(*fields)
     )
-    return {"resolution_minutes": int(resolution), "points": _points(rows)}
+    return {"resolution_minutes": int(resolution), "points": _points(rows, inlet)}
 
 
 def domain_history(*, domain: str, hours: float = 48, now: datetime | None = None) -> dict[str, Any]:

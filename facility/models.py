@@ -151,7 +151,8 @@ class Resolution(models.IntegerChoices):
 
 
 class DomainSample(models.Model):
-    """One point of a domain's power history: use and reserved (averaged over the point), measured peak."""
+    """One point of a domain's history: use and reserved (averaged over the point), measured peak, and its
+    inlet air (the latest fresh reading at the minute; a quarter's: the highest of its minutes)."""
 
     domain = models.CharField(max_length=300)
     resolution = models.PositiveSmallIntegerField(choices=Resolution.choices)
@@ -159,6 +160,7 @@ class DomainSample(models.Model):
     use_watts = models.FloatField()
     reserved_watts = models.FloatField()
     measured_peak_watts = models.FloatField(null=True)
+    inlet_celsius = models.FloatField(null=True, help_text="inlet air; null without a fresh reading")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["domain", "resolution", "at"], name="domain_sample_unique")]

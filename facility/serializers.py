@@ -240,6 +240,10 @@ class HistoryPointSerializer(serializers.Serializer):
     use_watts = serializers.FloatField(help_text="use, averaged over the point")
     reserved_watts = serializers.FloatField(help_text="reserved, averaged over the point")
     measured_peak_watts = serializers.FloatField(allow_null=True, help_text="the highest fresh measurement")
+    inlet_celsius = serializers.FloatField(
+        allow_null=True, required=False,
+        help_text="a domain's inlet air: its fresh reading at the minute, the highest of a quarter's (null: none)",
+    )
 
 
 class DomainHistorySerializer(serializers.Serializer):

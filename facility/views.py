@@ -32,7 +32,6 @@ from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
 from facility import feed_selectors, selectors
 from facility.conditions import SEVERITY
-from facility.domains import LABEL_PREFIX, PDU_KEY
 from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
 from facility.response import CappingConfig
@@ -113,20 +112,29 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)
 
 
-def rack_places() -> tuple[dict[str, tuple[str, str]], dict[str, set[str]], dict[str, str]]:
-    """Each rack's room and row (the first node that says), the PDUs its nodes are fed from, and each
-    node's rack."""
+def rack_places(domains: list[Mapping[str, Any]]) -> tuple[dict[str, tuple[str, str]], dict[str, set[str]], dict[str, str]]:
+    """From the overview's domains and their nodes (no read of its own): each rack's room and row (its first
+    node's), the PDUs its nodes are fed from, and each node's rack."""
+    of_node: dict[str, dict[str, str]] = defaultdict(dict)
+    pdus_of_node: dict[str, set[str]] = defaultdict(set)
+    for domain in domains:
+        if domain["level"] in ("rack", "room", "row"):
+            for node in domain["nodes"]:
+                of_node[node].setdefault(domain["level"], domain["name"])
+        elif domain["level"] == "pdu":
+            for node in domain["nodes"]:
+                pdus_of_node[node].add(domain["name"])
     places: dict[str, tuple[str, str]] = {}
     feeds: dict[str, set[str]] = defaultdict(set)
     node_racks: dict[str, str] = {}
-    for name, labels in Node.objects.values_list("name", "labels"):
-        rack = (labels or {}).get(LABEL_PREFIX + "rack")
+    for node in sorted(of_node):
+        where = of_node[node]
+        rack = where.get("rack")
         if not rack:
             continue
-        node_racks[name] = rack
-        if rack not in places:
-            places[rack] = (labels.get(LABEL_PREFIX + "room", ""), labels.get(LABEL_PREFIX + "row", ""))
-        feeds[rack].update(p.strip() for p in labels.get(PDU_KEY, "").split(",") if p.strip())
+        node_racks[node] = rack
+        places.setdefault(rack, (where.get("room", ""), where.get("row", "")))
+        feeds[rack] |= pdus_of_node.get(node, set())
     return places, feeds, node_racks
 
 
@@ -319,7 +327,7 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
     filters = facility_filters(params or {})
     q = filters["q"].lower()
     overview = facility_overview()
-    places, feeds, node_racks = rack_places()
+    places, feeds, node_racks = rack_places(overview["domains"])
     config = capping_config()
     cap_rows = capping_rows() if config.enabled else []  # read once: the card and each domain's words
     capping = capping_by_domain(cap_rows)
@@ -728,16 +736,24 @@ def history_json(points: list[dict[str, Any]], hours: int) -> dict[str, Any]:
 def domain_history(request: HttpRequest, domain: str) -> JsonResponse:
     """A domain's power history for its chart (48 h of minute points, 30 d of quarter hours) with its limit
     and cap, and its inlet readings against the thresholds where they are kept."""
+    from facility.evaluation import conditions_config
     from facility.history import domain_history as history
 
     require_reader(request)
     hours = HISTORY_RANGES.get(request.GET.get("range", "48h"), 48)
     overview = {d["domain"]: d for d in facility_overview()["domains"]}
     figures = overview.get(domain)
-    body = history_json(history(domain=domain, hours=hours)["points"], hours)
+    points = history(domain=domain, hours=hours)["points"]
+    body = history_json(points, hours)
     body.update(limit=figures["limit_watts"] if figures else None, cap=figures["cap_watts"] if figures else None)
     body["text"] = (f"use against the {kw(body['limit'])} limit ({kw(body['cap'])} cap)" if body["limit"] is not None
                     else "use (no budget)")
+    body["inlet"] = None
+    read = [p for p in points if p["inlet_celsius"] is not None]
+    if read:
+        thresholds = conditions_config().rule(domain).thresholds
+        body["inlet"] = {"t": [int(p["at"].timestamp()) for p in read], "values": [p["inlet_celsius"] for p in read],
+                         "warm": thresholds.warm_inlet_c, "hot": thresholds.hot_inlet_c}
     return JsonResponse(body)
 
 

@@ -13,6 +13,7 @@
   // The time axis in 24-hour time, with the date where the range spans days.
   function timeAxis() {
     return {
+      space: 110,  // a label as long as "1 Dec 16:00" between two ticks
       values: function (u, ticks) {
         var span = u.scales.x.max - u.scales.x.min;
         return ticks.map(function (t) {

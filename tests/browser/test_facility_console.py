@@ -168,26 +168,30 @@ def test_history_charts_draw_power_against_the_limit_with_a_range_picker(racks, 
     now = timezone.now().replace(second=0, microsecond=0)
     DomainSample.objects.bulk_create(
         [DomainSample(domain="rack:r1-01", resolution=Resolution.MINUTE, at=now - timedelta(minutes=m),
-                      use_watts=9000 + 10 * m, reserved_watts=8000, measured_peak_watts=8500) for m in range(120)]
+                      use_watts=9000 + 10 * m, reserved_watts=8000, measured_peak_watts=8500,
+                      inlet_celsius=24 + m / 20) for m in range(120)]
         + [DomainSample(domain="rack:r1-01", resolution=Resolution.QUARTER, at=now - timedelta(minutes=15 * q),
                         use_watts=7000, reserved_watts=6000, measured_peak_watts=6500) for q in range(200)]
     )
     page.goto("/facility/")
     page.click("#rack-r1-01")
     chart = page.locator("#chart-rack-r1-01")
-    expect(chart.locator(".uplot")).to_have_count(1)
+    # Power against the limit and cap; inlet air against the warm and hot thresholds.
+    expect(chart.locator(".uplot")).to_have_count(2)
     expect(chart.locator(".chart-note")).to_contain_text("use against the 14.4 kW limit (16.0 kW cap)")
-    expect(chart.locator(".u-legend")).to_contain_text("limit")
+    expect(chart.locator(".u-legend").first).to_contain_text("limit")
+    expect(chart.locator(".u-legend").nth(1)).to_contain_text("hot above")
+    expect(chart.locator(".u-legend").nth(1)).to_contain_text("32.0 °C")
     # Values on hover: the legend follows the cursor.
-    plot = chart.locator(".u-over")
+    plot = chart.locator(".u-over").first
     plot.scroll_into_view_if_needed()
     box = plot.bounding_box()
     plot.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
-    expect(chart.locator(".u-legend .u-series").nth(1)).to_contain_text(re.compile(r"\d+\.\d kW"))
+    expect(chart.locator(".u-legend").first.locator(".u-series").nth(1)).to_contain_text(re.compile(r"\d+\.\d kW"))
     expect(chart).to_have_attribute("data-drawn", "48h:120")  # minute points
     chart.locator("button[data-range='30d']").click()
     expect(chart.locator("button[data-range='30d']")).to_have_attribute("aria-pressed", "true")
-    expect(chart).to_have_attribute("data-drawn", "30d:200")  # quarter hours
+    expect(chart).to_have_attribute("data-drawn", "30d:200")  # quarter hours (no inlet kept in them here)
     expect(chart.locator(".uplot")).to_have_count(1)
 
 
@@ -196,8 +200,9 @@ def test_history_charts_draw_power_against_the_limit_with_a_range_picker(racks, 
 
 @pytest.fixture(scope="module")
 def busy_server(django_db_setup, django_db_blocker):
-    """A server judging conditions (and capping after them) twice a second, as nodes join."""
-    yield from serve({"LLMGW_CONDITIONS_INTERVAL": "0.5"})
+    """A server whose periodic round (conditions judged, capping after them, a reconcile) runs twice a second,
+    as nodes join (the embedded server's round is the reconcile's: LLMGW_RECONCILE_INTERVAL)."""
+    yield from serve({"LLMGW_RECONCILE_INTERVAL": "0.5"})
 
 
 @pytest.mark.timeout(1200)

@@ -160,7 +160,8 @@ def test_a_domains_history_for_its_chart(pinned, client, make_user):
     now = timezone.now().replace(second=0, microsecond=0)
     DomainSample.objects.bulk_create([
         DomainSample(domain="rack:r1", resolution=Resolution.MINUTE, at=now - timedelta(minutes=m), use_watts=9000.4,
-                     reserved_watts=8000, measured_peak_watts=None if m % 2 else 8500) for m in range(3)
+                     reserved_watts=8000, measured_peak_watts=None if m % 2 else 8500,
+                     inlet_celsius=None if m == 1 else 24.0 + m) for m in range(3)
     ])
     user, _ = make_user("viewer1", "viewer")
     client.force_login(user)
@@ -168,7 +169,53 @@ def test_a_domains_history_for_its_chart(pinned, client, make_user):
     assert body["use"] == [9000, 9000, 9000] and body["measured"] == [8500, None, 8500]
     assert body["limit"] == 14400 and body["cap"] == 16000 and body["t"] == sorted(body["t"])
     assert body["text"] == "use against the 14.4 kW limit (16.0 kW cap)"
+    # Inlet air against the thresholds, where a reading was kept (not the minute without one).
+    assert body["inlet"]["values"] == [26.0, 24.0] and (body["inlet"]["warm"], body["inlet"]["hot"]) == (27.0, 32.0)
+    assert len(body["inlet"]["t"]) == 2
     assert client.get("/facility/domains/rack:r1/history?range=30d").json()["t"] == []
     detail = client.get("/facility/domains/rack:r1/").content.decode()
     assert re.search(r'class="chart" id="chart-rack-r1" data-src="/facility/domains/rack:r1/history"', detail)
     assert client.get("/facility/domains/rack:nope/").status_code == 404
+
+
+def test_history_keeps_each_domains_inlet_and_a_quarter_its_highest(pinned):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from facility.history import history_record
+    from facility.models import DomainSample, Resolution
+
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=40)
+    start -= timedelta(minutes=start.minute % 15)
+    readings = {0: 24.5, 1: 31.0, 2: 26.0}
+
+    def record(minute: int) -> None:
+        from facility.models import DomainCondition
+
+        at = start + timedelta(minutes=minute)
+        DomainCondition.objects.update_or_create(domain="rack:r1", defaults={
+            "condition": "ok", "readings": {"inlet_temp_c": {"value": readings.get(minute, 25.0), "at": at.timestamp(),
+                                                              "source": "agents"}},
+            "evaluated_at": at,
+        })
+        history_record(now=at + timedelta(seconds=5))
+
+    for minute in range(16):
+        record(minute)
+    points = dict(DomainSample.objects.filter(domain="rack:r1", resolution=Resolution.MINUTE)
+                  .values_list("at", "inlet_celsius"))
+    assert points[start] == 24.5 and points[start + timedelta(minutes=1)] == 31.0
+    quarter = DomainSample.objects.get(domain="rack:r1", resolution=Resolution.QUARTER, at=start)
+    assert quarter.inlet_celsius == 31.0
+    # A domain judged unknown (no fresh reading) keeps no inlet, whatever its last reading was.
+    from facility.models import DomainCondition
+
+    at = start + timedelta(minutes=16)
+    DomainCondition.objects.update_or_create(domain="rack:r2", defaults={
+        "condition": "unknown", "evaluated_at": at,
+        "readings": {"inlet_temp_c": {"value": 40.0, "at": (at - timedelta(hours=1)).timestamp(), "source": "agents"}},
+    })
+    history_record(now=at + timedelta(seconds=5))
+    assert DomainSample.objects.get(domain="rack:r2", resolution=Resolution.MINUTE, at=at).inlet_celsius is None
+    assert DomainSample.objects.get(domain="rack:r1", resolution=Resolution.MINUTE, at=at).inlet_celsius == 25.0
