@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     exits after it: only then does ctl take the collector over for its start (llmgw.ctl.main).
 
     A setting from the environment that does not parse is one ``error:`` line and exit 2."""
-    from django.core.exceptions import ImproperlyConfigured
-
     try:
         return _main(argv)
-    except ImproperlyConfigured as exc:
+    except Exception as exc:  # by name: a remote ctl listing never imports Django
+        if type(exc).__name__ != "ImproperlyConfigured":
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
