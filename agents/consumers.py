@@ -303,23 +303,30 @@ class FacilityConsumer(FilteredPageConsumer):
                 except Exception:  # the layer is down: the next change asks again
                     log.warning("facility socket %s: tick not sent", name, exc_info=True)
 
+    # Sent with the first render for a page: the page then knows the socket has caught up (facility.js).
+    SYNCED = '<span id="socket-synced" hidden hx-swap-oob="true"></span>'
+
     def groups_to_join(self) -> list[str]:
-        self.sent: dict = {}
+        self.sent: dict = {}  # what the page shows, by fingerprints (facility.views.fragment_hashes)
+        self.greeted = False
         self.detail = ""
         self.csrf_token = scope_csrf_token(self.scope)
         return [*super().groups_to_join(), NODES_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        from facility.views import hashes_of_page
+
         message = page_message(text_data)
-        changed = False
-        if isinstance(message.get("filter"), str) and message["filter"][:1000] != self.filter:
+        if isinstance(message.get("filter"), str) and (not self.greeted or message["filter"][:1000] != self.filter):
+            # A page loaded, or its body swapped for a filter: what it shows, as its form says.
             self.filter = message["filter"][:1000]
-            changed = True
-            self.sent = {}  # the page's body is this filter's now, as the socket has not seen it
+            body = message.get("parts") if isinstance(message.get("parts"), str) else ""
+            cards = message.get("cards") if isinstance(message.get("cards"), str) else None
+            self.sent = hashes_of_page(body, cards, self.sent if self.greeted else None)
+            self.greeted = True
+            self.render(synced=True)
         if isinstance(message.get("detail"), str) and message["detail"][:300] != self.detail:
             self.detail = message["detail"][:300]
-            changed = True
-        if changed or not self.sent:
             self.render()
 
     def owe(self, seconds: float) -> None:
@@ -359,14 +366,16 @@ class FacilityConsumer(FilteredPageConsumer):
 
         return "".join(fragments_changed({}, self.fragments()))
 
-    def render(self) -> None:
-        from facility.views import fragments_changed
+    def render(self, *, synced: bool = False) -> None:
+        from facility.views import fragment_hashes, fragments_changed
 
         self.last_render = time.monotonic()
         self.due_at = None
         fragments = self.fragments()
         messages = fragments_changed(self.sent, fragments)
-        self.sent = fragments
+        self.sent = fragment_hashes(fragments)
+        if synced:
+            messages = [self.SYNCED, *messages]
         for html in messages:
             self.send(text_data=html)
 

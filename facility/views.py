@@ -13,6 +13,7 @@ same fragments (:func:`facility_fragments`) and sends only those whose HTML chan
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -577,29 +578,93 @@ def facility_fragments(params: Mapping[str, str], *, detail: str = "", can_opera
     }
 
 
+def part_hash(html: str) -> str:
+    """A part's fingerprint, alike whether rendered for the page or for the socket (hx-swap-oob aside)."""
+    return hashlib.blake2s(html.replace(' hx-swap-oob="true"', "").strip().encode(), digest_size=6).hexdigest()
+
+
+def fragment_hashes(fragments: Mapping[str, Any]) -> dict[str, Any]:
+    """What a page shows, by fingerprints: ``{"cards": {id: hash}, "map": (shape, {id: hash}), "worst": …}``."""
+    return {
+        "cards": {key: part_hash(html) for key, html in fragments["cards"].items()},
+        **{key: (part_hash(fragments[key][0]), {part: part_hash(html) for part, html in fragments[key][2].items()})
+           for key in ("map", "worst")},
+    }
+
+
 def fragments_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """The messages to send for what changed from `before` to `after` (both :func:`facility_fragments`): each
-    card that differs, and of the map and the list the parts that differ — or the whole when its shape
-    changed. The list's rows go in a message of their own: HTML parses a `<tr>` only among table rows, so
-    beside a tile or a card it would lose its tags (htmx: oobErrorNoTarget)."""
-    out = [html for key, html in after["cards"].items() if before.get("cards", {}).get(key) != html]
+    """The messages to send for what changed from `before` (:func:`fragment_hashes` of what the page shows) to
+    `after` (:func:`facility_fragments`): each card that differs, and of the map and the list the parts that
+    differ — or the whole when its shape changed. The list's rows go in a message of their own: HTML parses a
+    `<tr>` only among table rows, so beside a tile or a card it would lose its tags (htmx: oobErrorNoTarget)."""
+    cards = before.get("cards", {})
+    out = [html for key, html in after["cards"].items() if cards.get(key) != part_hash(html)]
     rows: list[str] = []
     for key in ("map", "worst"):
         shape, whole, parts = after[key]
         old = before.get(key)
-        if old is None or old[0] != shape:
+        if old is None or old[0] != part_hash(shape):
             out.append(whole)
         else:
-            (rows if key == "worst" else out).extend(html for part, html in parts.items() if old[2].get(part) != html)
+            (rows if key == "worst" else out).extend(
+                html for part, html in parts.items() if old[1].get(part) != part_hash(html)
+            )
     return [message for message in ("".join(out), "".join(rows)) if message]
+
+
+def hashes_text(hashes: Mapping[str, str]) -> str:
+    """``id=hash id=hash …``: what the page's socket form carries."""
+    return " ".join(f"{key}={value}" for key, value in hashes.items())
+
+
+def page_hashes(context: dict[str, Any], parts: Mapping[str, Any]) -> None:
+    """Put in the context what the page shows, by fingerprints, for its socket form (``body_hashes``: the
+    map and the list, shapes and parts; ``card_hashes``: the cards the socket sends alike), so the socket's
+    first message sends only what changed since the page was rendered."""
+    body = {"map": part_hash(parts["map_shape"]), "worst": part_hash(parts["worst_shape"])}
+    body |= {key: part_hash(html) for key, html in {**parts["heads"], **parts["tiles"], **parts["rows"]}.items()}
+    context["body_hashes"] = hashes_text(body)
+    cards = {key: part_hash(render_to_string(template, context)) for key, template in SHARED_CARDS.items()}
+    context["card_hashes"] = hashes_text(cards)
+
+
+# The cards the page and the socket render alike (Holds carries each its own CSRF token: sent once).
+SHARED_CARDS = {
+    "facility-summary": "facility/_summary.html",
+    "facility-conditions": "facility/_conditions.html",
+    "capping": "facility/_capping.html",
+}
+
+
+def hashes_of_page(body: str, cards: str | None, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The socket's picture of a page from its form's `body` and `cards` (:func:`page_hashes`); without
+    `cards` (a filter swapped the body alone) the cards stay as the socket last sent them."""
+    def parse(text: str) -> dict[str, str]:
+        found = {}
+        for item in text.split()[:5000]:
+            key, _, value = item.partition("=")
+            if key and value:
+                found[key[:300]] = value[:32]
+        return found
+
+    parts = parse(body)
+    shapes = {key: parts.pop(key, "") for key in ("map", "worst")}
+    rows = {key: value for key, value in parts.items() if key.startswith("wf-")}
+    return {
+        "cards": parse(cards) if cards is not None else dict((previous or {}).get("cards", {})),
+        "map": (shapes["map"], {key: value for key, value in parts.items() if key not in rows}),
+        "worst": (shapes["worst"], rows),
+    }
 
 
 # -- views ---------------------------------------------------------------------------------------------------
 
 
 def _page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
-    render_parts(context)
+    parts = render_parts(context)
+    page_hashes(context, parts)
     if request.htmx and request.method == "GET":
+        context["card_hashes"] = None  # the cards on the page may be the socket's since: it keeps its own
         return render(request, "facility/_facility_body.html", context, status=status)
     return render(request, "facility/facility.html", context, status=status)
 

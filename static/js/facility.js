@@ -28,6 +28,11 @@
   document.addEventListener("htmx:afterSwap", apply);  // the body swapped for a filter or a page
   // The socket's first message brings every part as it is now (the page may be older than the socket):
   // from then on the page is in step with it (tests and benches wait for this).
-  document.addEventListener("htmx:wsAfterMessage", function () { document.body.dataset.facilitySynced = "1"; });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    document.body.dataset.facilitySynced = "1";
+    // What the page was rendered with is no longer what it shows: a reconnect asks for every part.
+    var form = document.getElementById("socket-form");
+    if (form) { form.querySelectorAll("input[name=parts], input[name=cards]").forEach(function (i) { i.value = ""; }); }
+  });
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", apply); } else { apply(); }
 })();
