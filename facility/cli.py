@@ -340,7 +340,7 @@ def named_files(*, text: str, filename: str) -> dict[str, str]:
     try:
         return {name: read_text(path)}
     except InvalidInput as exc:
-        raise docs[0].error(("facility", "sources", "simulated", "file"), f"{path}: {exc}") from exc
+        raise docs[0].error(("facility", "sources", "simulated", "file"), exc.message) from exc
 
 
 def _feeds_applied(feeds: dict | None) -> str:

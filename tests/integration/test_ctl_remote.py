@@ -249,7 +249,7 @@ def test_facility_apply_remote_applies_the_file_as_here(live_server, make_user, 
     here, there = both(capsys, live_server.url, key, tmp_path, "facility", "apply", "-f", str(server))
     assert here == there, (here, there)
     assert here[2] == [f"error: {server} line 7: facility.sources.simulated.file: "
-                       f"{tmp_path / 'scenarios' / 'missing.yaml'}: {tmp_path / 'scenarios' / 'missing.yaml'}: "
+                       f"{tmp_path / 'scenarios' / 'missing.yaml'}: "
                        "cannot read: No such file or directory"]
 
 

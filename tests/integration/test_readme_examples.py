@@ -45,6 +45,6 @@ def test_the_readme_tour_runs_on_the_demo(tmp_path):
         assert "Traceback" not in done.stderr, line
         outputs[line] = done.stdout
     # What the tour's words point at is there.
-    assert any("feed A101 415 V 40 A 3φ 80 %" in line for line in outputs["llmgw ctl facility"].splitlines())
+    assert any("feed A101 415 V 50 A 3φ 80 %" in line for line in outputs["llmgw ctl facility"].splitlines())
     assert outputs["llmgw ctl facility feed-loss"].splitlines()[-1] == "0 violations"
     assert "FEED" in outputs["llmgw ctl facility feeds"].splitlines()[0]
