@@ -180,7 +180,7 @@ def test_sysusers_makes_the_user(tmp_path: Path):
 def settings_variables() -> set[str]:
     """Every environment variable llmgw/settings.py reads."""
     text = (REPO / "llmgw" / "settings.py").read_text()
-    names = set(re.findall(r"""(?:os\.environ\.get\(|os\.environ\[|env_bool\()\s*["']([A-Z][A-Z0-9_]*)["']""", text))
+    names = set(re.findall(r"""(?:os\.environ\.get\(|os\.environ\[|env_bool\(|env_number\()\s*["']([A-Z][A-Z0-9_]*)["']""", text))
     assert {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "LLMGW_DATA_DIR", "LLMGW_CONFIG"} <= names
     return names
 
