@@ -416,37 +416,43 @@ class _Ranking:
 
 
 class _Walk:
-    """The candidates a plan passed over before its choice: their rejections in rank order (and each
-    reason's count), the last one's key, the exclusions it was made with, the budgeted domains whose
-    refusals it read (with their versions), and the slates it walked (with their versions): ``parked``
-    (every candidate passed over) and ``partial`` (passed over up to a position). The next plan of the
-    ranking starts from there when none of those slates moved and nothing came in ahead of ``end`` (a
-    room's held nodes, the full racks), instead of walking them again.
+    """The candidates a plan passed over before its choice, kept for the ranking's next plan: their
+    rejections in rank order (and each reason's count), and beside each, in ``trail``, the slate and
+    position it came from and whether a power refusal it is; each walked slate's last position passed
+    over (``last``) with its version; the budgeted domains whose refusals it read (their versions, and
+    ``reads``: the places in the trail that read them); the exclusions it was made with; the last key
+    passed over (``end``).
+
+    The next plan takes it up as it is when nothing of it moved. Else it replays it, merged with the heap
+    in rank order: the candidates of the slates that did not move are passed over again for their kept
+    reasons, those of the slates that did (``moved`` as they are caught up on: a group whose spread rose,
+    a walked slate whose first key came earlier; and at the take-up, a walked slate that changed or whose
+    rack's use left its range) go back into the heap and are walked again, and a candidate come in ahead
+    of the last one passed over (``improved``) takes its place among them. A power refusal whose domain's
+    use moved is worded again at the use of now (a full rack's readings move its use all the time); one
+    that no longer refuses moves its slate. A lost room's held nodes and the full racks, passed over by
+    each of its replacements, are so passed over again at the cost of merging them, not of checking each.
     """
 
-    __slots__ = ("rejections", "reasons", "end", "exclude", "cells", "parked", "partial", "versions", "groups")
+    __slots__ = ("rejections", "reasons", "trail", "last", "versions", "groups", "cells", "reads", "exclude", "end",
+                 "moved", "improved")
 
-    def __init__(self, rejections: dict[str, str], reasons: dict[str, int], end: tuple, exclude: frozenset[str],
-                 cells: dict, parked: list[_Slate], partial: dict[_Slate, int]) -> None:
+    def __init__(self, rejections: dict[str, str], reasons: dict[str, int], trail: list[tuple[_Slate, int, bool]],
+                 last: dict[_Slate, int], cells: dict, reads: dict, exclude: frozenset[str], end: tuple) -> None:
         self.rejections = rejections
         self.reasons = reasons  # each rejection reason's count: the explain's summary, not counted again
-        self.end = end
-        self.exclude = exclude
+        self.trail = trail
+        self.last = last
+        self.versions = {slate: slate.version for slate in last}
+        self.groups: dict[_Group, list[_Slate]] = {}
+        for slate in last:
+            self.groups.setdefault(slate.group, []).append(slate)
         self.cells = cells  # _Cell → its version when read
-        self.parked = parked
-        self.partial = partial
-        self.versions = {slate: slate.version for slate in (*parked, *partial)}
-        self.groups = {slate.group for slate in self.versions}
-
-    def holds(self, exclude: frozenset[str]) -> bool:
-        """True when the walk can be taken up: the same exclusions, the same use where a refusal was read,
-        and every slate walked as it was, at its rack's use of now (a use that moved past a slate's range
-        steps it again only when it is next needed)."""
-        return (
-            exclude == self.exclude
-            and all(cell.version == version for cell, version in self.cells.items())
-            and all(slate.version == version and slate.is_current() for slate, version in self.versions.items())
-        )
+        self.reads = reads  # _Cell → the places in the trail whose power refusal read it, in order
+        self.exclude = exclude
+        self.end = end
+        self.moved: set[_Slate] = set()
+        self.improved = False
 
 
 class PlacementIndex:
@@ -732,8 +738,7 @@ class PlacementIndex:
                 for group in self._groups_in.get(domain, ()):
                     spread[group] = spread_of(group.spread, counts)
                     if walk is not None and group in walk.groups:
-                        self._walk_off(ranking)
-                        walk = None
+                        walk.moved.update(walk.groups[group])  # its walked slates' keys came later
         ranking.existing = existing
         ranking.request = request
         shape = ranking.shape
@@ -749,9 +754,13 @@ class PlacementIndex:
                 continue
             key = ranking.key_at(slate, 0)
             if bounds[sid] is None or key < bounds[sid]:
-                if ranking.walk is not None and slate in ranking.walk.versions:
-                    self._walk_off(ranking)
-                self._push(ranking, slate, key)
+                if walk is not None and slate in walk.last:
+                    # Off the heap while walked: it goes back into the heap at the earlier key when the next
+                    # plan takes up the walk.
+                    walk.moved.add(slate)
+                    bounds[sid] = key
+                else:
+                    self._push(ranking, slate, key)
 
     def _push(self, ranking: _Ranking, slate: _Slate, key: tuple) -> None:
         """Put the slate in the ranking's heap at ``key`` (its entries before are left behind)."""
@@ -761,7 +770,7 @@ class PlacementIndex:
         heappush(ranking.heap, (key, sid, version))
         walk = ranking.walk
         if walk is not None and key < walk.end:
-            self._walk_off(ranking)  # a candidate may have come in ahead of the last one passed over
+            walk.improved = True  # a candidate may have come in ahead of a place in the trail
 
     def _walk_off(self, ranking: _Ranking) -> None:
         """Forget the kept walk: its slates go back into the heap where they were."""
@@ -770,9 +779,78 @@ class PlacementIndex:
             return
         ranking.walk = None
         heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
-        for slate in walk.versions:
+        for slate in walk.last:
             sid = slate.sid
             heappush(heap, (bounds[sid], sid, versions[sid]))
+
+    def _take_up(self, ranking: _Ranking, exclude: frozenset[str]) -> tuple | None:
+        """The kept walk as the next plan starts from it (see _Walk): (rejections, reasons, trail, last, cells
+        read, reads, the last key passed over, replay). ``replay`` is None when the walk is taken up as it is;
+        else the walk starts empty and ``replay`` lists the places to pass over again, in rank order, as
+        (key, slate, position, name, reason, is a power refusal), the moved slates back in the heap. None,
+        with every slate back, when nothing of it holds (other exclusions)."""
+        walk = ranking.walk
+        ranking.walk = None
+        if exclude != walk.exclude:
+            ranking.walk = walk
+            self._walk_off(ranking)
+            return None
+        moved = walk.moved
+        for slate, version in walk.versions.items():
+            if slate.version != version or not slate.is_current():
+                moved.add(slate)
+        rejections, reasons, cells = walk.rejections, walk.reasons, walk.cells
+        trail = walk.trail
+        shifted = [cell for cell, version in cells.items() if cell.version != version]
+        if shifted:
+            rejections, reasons, cells = dict(rejections), dict(reasons), dict(cells)
+            self._reword(trail, shifted, walk.reads, moved, rejections, reasons)
+            for cell in shifted:
+                cells[cell] = cell.version
+        if not moved and not walk.improved:
+            return (dict(rejections), dict(reasons), list(trail), dict(walk.last), dict(cells),
+                    {cell: list(places) for cell, places in walk.reads.items()}, walk.end, None)
+        heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
+        for slate in moved:  # walked again from the heap, where it was (or at its earlier key)
+            sid = slate.sid
+            heappush(heap, (bounds[sid], sid, versions[sid]))
+        key_at = ranking.key_at
+        replay = []
+        for (slate, at, power), (name, reason) in zip(trail, rejections.items(), strict=True):
+            if slate not in moved:
+                replay.append((key_at(slate, at), slate, at, name, reason, power))
+        last = {slate: at for slate, at in walk.last.items() if slate not in moved}
+        return {}, {}, [], last, {}, {}, None, replay
+
+    @staticmethod
+    def _reword(trail: list, shifted: list, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
+        """The power refusals that read a domain whose use moved (``shifted``), worded again at the use of
+        now (in place: the order stays); a slate with one that no longer refuses is ``moved``."""
+        places = sorted({at for cell in shifted for at in reads.get(cell, ())})
+        for at in places:
+            slate, position, _ = trail[at]
+            if slate in moved:
+                continue
+            key, draw, added, _, _, _, _ = slate.order[position]
+            adds = added or 0.0
+            reason = None
+            for cell in slate.group.cells:  # the first that refuses, in level order, as plan_replica says it
+                if cell.use + adds > cell.limit + EPSILON_WATTS:
+                    reason = cell.refusal(draw, adds)
+                    if reason is not None:
+                        break
+            if reason is None:
+                moved.add(slate)
+                continue
+            name = key[2]
+            old = rejections[name]
+            if old != reason:
+                rejections[name] = reason
+                if reasons[old] == 1:
+                    del reasons[old]
+                else:
+                    reasons[old] -= 1
+                reasons[reason] = reasons.get(reason, 0) + 1
 
     def _top(self, ranking: _Ranking) -> tuple | None:
         """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
@@ -822,25 +900,52 @@ class PlacementIndex:
         if profile.nodes > 1 or not self._nodes or REGISTRY.has_external:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
-        walk = ranking.walk
-        if walk is not None and walk.holds(exclude):
-            # Nothing moved among the candidates the last plan passed over: they are passed over again
-            # for the same reasons (a lost room's 2,500 held nodes, walked by each of its replacements).
-            ranking.walk = None
-            rejections, reasons, read = dict(walk.rejections), dict(walk.reasons), dict(walk.cells)
-            parked, end = list(walk.parked), walk.end
-            frontier = [(ranking.key_at(slate, at), slate.sid, at) for slate, at in walk.partial.items()]
+        kept = self._take_up(ranking, exclude) if ranking.walk is not None else None
+        frontier: list[tuple] = []
+        replay: list[tuple] = []
+        waiting: set[_Slate] = set()
+        if kept is not None:
+            # The candidates the last plan passed over: passed over again for their kept reasons (a lost
+            # room's 2,500 held nodes, walked by each of its replacements), as they are or merged anew.
+            rejections, reasons, trail, last, read, reads, end, replayed = kept
+            for slate, at in last.items():
+                if at + 1 < len(slate.order):
+                    frontier.append((ranking.key_at(slate, at + 1), slate.sid, at + 1))
             heapify(frontier)
+            if replayed is not None:
+                replay = replayed
+                waiting = set(last)  # off the heap: back into it at the end unless passed over again
+                last = {}
         else:
-            self._walk_off(ranking)
-            rejections, reasons, read, parked, frontier, end = {}, {}, {}, [], [], None
+            rejections, reasons, trail, last, read, reads, end = {}, {}, [], {}, {}, {}, None
         heap, by_id, nodes = ranking.heap, ranking.shape.by_id, self._nodes
         spread, middles = ranking.spread, ranking.middles
         checked = None  # the heap's first entry, once _top made it exact (nothing moves during a plan)
-        last = None  # where the last candidate passed over is: (slate, position)
+        played = 0  # how much of the replay is passed over again
         while True:
             top = heap[0] if heap and heap[0] is checked else self._top(ranking)
             checked = top
+            if played < len(replay):
+                # The replay's places before the other sources' first key are passed over again, as kept.
+                bound = frontier[0][0] if frontier else None
+                if top is not None and (bound is None or top[0] < bound):
+                    bound = top[0]
+                while played < len(replay) and (bound is None or replay[played][0] < bound):
+                    _, slate, at, name, reason, power = replay[played]
+                    played += 1
+                    rejections[name] = reason
+                    reasons[reason] = reasons.get(reason, 0) + 1
+                    if power:
+                        for read_cell in slate.group.cells:
+                            if read_cell not in read:
+                                read[read_cell] = read_cell.version
+                                reads[read_cell] = [len(trail)]
+                            else:
+                                reads[read_cell].append(len(trail))
+                    trail.append((slate, at, power))
+                    last[slate] = at
+                if played == len(replay) and top is None and not frontier:
+                    break
             if frontier and (top is None or frontier[0][0] < top[0]):
                 _, sid, at = heappop(frontier)
             elif top is not None:
@@ -855,13 +960,16 @@ class PlacementIndex:
             limit = frontier[0][0] if frontier else None
             if heap and (limit is None or heap[0][0] < limit):
                 limit = heap[0][0]
-            first, second = spread[slate.group], slate.group.rank
+            if played < len(replay) and (limit is None or replay[played][0] < limit):
+                limit = replay[played][0]
+            spread_of_slate, rank = spread[slate.group], slate.group.rank
             efficiency, weights = middles[sid]
-            if limit is not None and (limit[0], limit[1]) > (first, second):
+            if limit is not None and (limit[0], limit[1]) > (spread_of_slate, rank):
                 limit = None
             while True:
                 key, draw, added, step, out, _, _ = order[at]
                 name = key[2]
+                power = False
                 reason = out  # what base_rejection would say first, kept in the entry
                 if reason is None:
                     indexed = nodes[name]
@@ -873,54 +981,64 @@ class PlacementIndex:
                             if cell.use + adds > cell.limit + EPSILON_WATTS:
                                 reason = cell.refusal(draw, adds)
                                 if reason is not None:
-                                    for read_cell in cells:  # this rejection holds while their use does
-                                        read[read_cell] = read_cell.version
+                                    for read_cell in cells:  # worded again when their use moves
+                                        if read_cell not in read:
+                                            read[read_cell] = read_cell.version
+                                            reads[read_cell] = [len(trail)]
+                                        else:
+                                            reads[read_cell].append(len(trail))
+                                    power = True
                                     break
                     if reason is None:
-                        if last is not None:
-                            end = ranking.key_at(*last)
+                        if trail:
+                            end = ranking.key_at(*trail[-1][:2])
+                        self._put_back(ranking, waiting, last)
                         return self._chosen(
-                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, read, parked,
-                            frontier, end, exclude,
+                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, trail, last, read,
+                            reads, exclude, end,
                         )
                 rejections[name] = reason
                 reasons[reason] = reasons.get(reason, 0) + 1
-                last = (slate, at)
+                trail.append((slate, at, power))
+                last[slate] = at
                 at += 1
                 if at == size:
-                    parked.append(slate)
                     break
                 if limit is not None:
                     following = order[at][0]
-                    if limit < (first, second, following[0], efficiency, weights, following[1], following[2]):
+                    if limit < (spread_of_slate, rank, following[0], efficiency, weights, following[1], following[2]):
                         heappush(frontier, (ranking.key_at(slate, at), sid, at))
                         break
-        # Nothing fits: no walk is kept; every slate goes back into the heap.
+        # Nothing fits: no walk is kept; every slate walked goes back into the heap.
+        self._put_back(ranking, waiting, last)
         bounds, versions = ranking.bounds, ranking.versions
-        for slate in parked:
+        for slate in last:
             heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
-        for _, sid, _ in frontier:
-            heappush(heap, (bounds[sid], sid, versions[sid]))
         return self._nofit(request, exclude)
+
+    @staticmethod
+    def _put_back(ranking: _Ranking, waiting: set[_Slate], last: dict[_Slate, int]) -> None:
+        """The replayed slates none of whose places came before the choice go back into the heap."""
+        heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
+        for slate in waiting:
+            if slate not in last:
+                sid = slate.sid
+                heappush(heap, (bounds[sid], sid, versions[sid]))
 
     def _chosen(
         self, ranking: _Ranking, slate: _Slate, at: int, node: NodeView, draw: float | None, step: int,
-        rejections: dict[str, str], reasons: dict[str, int], read: dict, parked: list[_Slate], frontier: list,
-        end: tuple | None, exclude: frozenset[str],
+        rejections: dict[str, str], reasons: dict[str, int], trail: list, last: dict, read: dict, reads: dict,
+        exclude: frozenset[str], end: tuple | None,
     ) -> Plan:
-        """The plan for the candidate at ``at`` of ``slate``; the walk that came before it kept."""
-        by_id, bounds, versions, heap = ranking.shape.by_id, ranking.bounds, ranking.versions, ranking.heap
-        partial = {by_id[sid]: pos for _, sid, pos in frontier}
-        if at:
-            partial[slate] = at
-        else:
+        """The plan for the candidate at ``at`` of ``slate``; the walk that came before it kept. The slates
+        walked stay off the heap with it (the next plan starts each after its last place); the chosen one,
+        when nothing of it was passed over, goes back."""
+        bounds, versions, heap = ranking.bounds, ranking.versions, ranking.heap
+        if slate not in last:
             heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
-        if end is not None:
-            ranking.walk = _Walk(rejections, reasons, end, exclude, read, parked, partial)
-        else:
-            for other in partial:  # nothing passed over: nothing to keep off the heap
-                heappush(heap, (bounds[other.sid], other.sid, versions[other.sid]))
-        if len(heap) > 4 * len(by_id) + 64:
+        if trail:
+            ranking.walk = _Walk(rejections, reasons, trail, last, read, reads, exclude, end)
+        if len(heap) > 4 * len(versions) + 64:
             heap[:] = [e for e in heap if e[2] == versions[e[1]]]
             heapify(heap)
         group = slate.group
