@@ -6,8 +6,9 @@ from django.contrib import admin
 
 from agents import services
 from agents.models import GPU, Node, NodeToken, StoreLabel
-from facility.admin import ServiceForm
+from facility.admin import ServiceForm, say_warnings
 from placement import selectors as placement_selectors
+from placement import services as placement_services
 
 
 class GPUInline(admin.TabularInline):
@@ -42,7 +43,8 @@ class NodeAdmin(admin.ModelAdmin):
         return placement_selectors.placed_watts(node_ids=[node.pk]).get(node.pk, 0.0)
 
     def save_model(self, request, obj, form, change):
-        services.node_cordon(node_name=obj.name, cordoned=obj.cordoned, reason=obj.cordon_reason)
+        changed = placement_services.cordon_change(node_name=obj.name, cordoned=obj.cordoned, reason=obj.cordon_reason)
+        say_warnings(request, changed.warnings)
 
 
 class StoreLabelForm(ServiceForm):
@@ -68,15 +70,18 @@ class StoreLabelAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change and "key" in form.changed_data:
-            services.labels_set(node_name=form.initial["node_name"], changes={form.initial["key"]: None})
-        services.labels_set(node_name=obj.node_name, changes={obj.key: obj.value}, set_by=request.user.get_username())
+            placement_services.labels_change(node_name=form.initial["node_name"], changes={form.initial["key"]: None})
+        changed = placement_services.labels_change(
+            node_name=obj.node_name, changes={obj.key: obj.value}, set_by=request.user.get_username()
+        )
+        say_warnings(request, changed.warnings)
 
     def delete_model(self, request, obj):
-        services.labels_set(node_name=obj.node_name, changes={obj.key: None})
+        placement_services.labels_change(node_name=obj.node_name, changes={obj.key: None})
 
     def delete_queryset(self, request, queryset):
         for obj in queryset:
-            services.labels_set(node_name=obj.node_name, changes={obj.key: None})
+            placement_services.labels_change(node_name=obj.node_name, changes={obj.key: None})
 
 
 @admin.register(NodeToken)

@@ -28,12 +28,12 @@ from agents.serializers import (
     NodeTokenSerializer,
 )
 from facility import nodes as facility_nodes
-from facility import services as facility_services
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
 from llmgw.permissions import IsAdmin
 from placement import selectors as placement_selectors
+from placement import services as placement_services
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
@@ -121,11 +121,10 @@ class NodeLabelsView(ApiView):
     def post(self, request, name: str):
         data = LabelsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        warnings = facility_services.location_warnings(node_name=name, changes=data.validated_data["labels"])
-        labels = services.labels_set(
+        changed = placement_services.labels_change(
             node_name=name, changes=data.validated_data["labels"], set_by=request.user.get_username()
         )
-        return Response({"node": name, "labels": labels, "warning": "; ".join(warnings) or None})
+        return Response({"node": name, "labels": changed.value, "warning": "; ".join(changed.warnings) or None})
 
 
 class NodeCordonView(ApiView):
@@ -138,8 +137,12 @@ class NodeCordonView(ApiView):
     def post(self, request, name: str):
         data = CordonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.node_cordon(node_name=name, **data.validated_data)
-        return Response({"node": node.name, "cordoned": node.cordoned, "draining": node.draining})
+        changed = placement_services.cordon_change(node_name=name, **data.validated_data)
+        node = changed.value
+        return Response({
+            "node": node.name, "cordoned": node.cordoned, "draining": node.draining,
+            "warning": "; ".join(changed.warnings) or None,
+        })
 
 
 class NodeTokenView(ApiView):

@@ -14,7 +14,7 @@ from llmgw.remote import lazy, listing, read, write
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 services = lazy("agents.services")
 facility_nodes = lazy("facility.nodes")
-facility_services = lazy("facility.services")
+placement_services = lazy("placement.services")
 
 
 def register(commands) -> None:
@@ -104,9 +104,8 @@ def label(args) -> int:
     changes = parse_label_args(args.labels)
 
     def local() -> dict:
-        warnings = facility_services.location_warnings(node_name=args.node, changes=changes)
-        labels = services.labels_set(node_name=args.node, changes=changes, set_by="ctl")
-        return {"node": args.node, "labels": labels, "warning": "; ".join(warnings) or None}
+        changed = placement_services.labels_change(node_name=args.node, changes=changes, set_by="ctl")
+        return {"node": args.node, "labels": changed.value, "warning": "; ".join(changed.warnings) or None}
 
     result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/labels", {"labels": changes}, local)
     shown = " ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "(no labels)"
@@ -212,11 +211,17 @@ def cordon(args) -> int:
     reason = getattr(args, "reason", "")
 
     def local() -> dict:
-        node = services.node_cordon(node_name=args.node, cordoned=args.cordoned, reason=reason, drain=args.drain)
-        return {"node": node.name, "cordoned": node.cordoned, "draining": node.draining}
+        changed = placement_services.cordon_change(
+            node_name=args.node, cordoned=args.cordoned, reason=reason, drain=args.drain
+        )
+        node = changed.value
+        return {"node": node.name, "cordoned": node.cordoned, "draining": node.draining,
+                "warning": "; ".join(changed.warnings) or None}
 
     body = {"cordoned": args.cordoned, "drain": args.drain, "reason": reason}
     result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/cordon", body, local)
     state = "draining" if result["draining"] else "cordoned" if result["cordoned"] else "uncordoned"
     print(f"{result['node']} {state}")
+    if result.get("warning"):  # an older server's answer has none
+        print(f"warning: {result['warning']}")
     return 0

@@ -155,6 +155,11 @@ class CordonResultSerializer(serializers.Serializer):
     node = serializers.CharField()
     cordoned = serializers.BooleanField()
     draining = serializers.BooleanField()
+    warning = serializers.CharField(
+        allow_null=True, required=False,
+        help_text="a drain's replica that fits nowhere else now, a domain its drain takes past its limit, "
+        "or a drain an uncordon stops",
+    )
 
 
 class NodeTokenSerializer(serializers.Serializer):

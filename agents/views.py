@@ -1,7 +1,11 @@
 """Console pages of nodes: the Nodes list (filter, sort, page) and a node's page with its menu.
 
-Views only translate HTTP: every change goes through agents.services or facility.services, and the
-rows and panels are the same templates the live updates (agents.consumers) render.
+Views only translate HTTP: every change goes through the operator's use cases (placement.services:
+labels, cordon, hold, release, with their warnings), and the rows and panels are the same templates the
+live updates (agents.consumers) render.
+
+Kept in one module: the list, the page and their forms share the row and panel renderers (and the
+node's menu) that the live updates render too.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from facility.power import kw
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate, can_read
 from placement import selectors as placement_selectors
+from placement import services as placement_services
 
 PAGE_SIZE = 100
 
@@ -487,7 +492,8 @@ def location_changes(
 @login_required
 @require_POST
 def node_location(request: HttpRequest, name: str) -> HttpResponse:
-    """Location…: set or remove store labels through agents.services.labels_set; all or nothing."""
+    """Location…: set or remove store labels through placement.services.labels_change (its warnings
+    confirmed first, as labels_preview gives them); all or nothing."""
     require_operator(request)
     node = _node(name)
     store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
@@ -498,11 +504,11 @@ def node_location(request: HttpRequest, name: str) -> HttpResponse:
         if not changes:
             return _after_change(request, node, open_form="location", errors={"form": "Nothing changed."}, values=values)
         if not request.POST.get("confirm"):
-            services.labels_check(changes=changes)  # a refusal first: its error, not a warning
-            warnings = facility_services.location_warnings(node_name=node.name, changes=changes)
+            # A refusal first (its error, not a warning), then the warnings to confirm.
+            warnings = placement_services.labels_preview(node_name=node.name, changes=changes)
             if warnings:
                 return _after_change(request, node, open_form="location", warnings=warnings, values=values)
-        services.labels_set(node_name=node.name, changes=changes, set_by=request.user.get_username())
+        placement_services.labels_change(node_name=node.name, changes=changes, set_by=request.user.get_username())
     except LlmgwError as exc:
         field = exc.field or "form"
         errors = {field: exc.message}
@@ -520,8 +526,6 @@ def node_hold(request: HttpRequest, name: str) -> HttpResponse:
     """Hold rack: first the preview of what holding the node's rack (and draining it) would move, with its
     warnings (placement.services.hold_preview, as on the Facility page); once confirmed, the hold
     (placement.services.hold_create, the flow of the API and ctl too)."""
-    from placement import services as placement_services
-
     require_operator(request)
     node = _node(name)
     domain = request.POST.get("domain", "")
@@ -547,8 +551,6 @@ def node_hold(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def node_release(request: HttpRequest, name: str) -> HttpResponse:
     """Release rack: undo the hold through placement.services.hold_release (the one hold flow)."""
-    from placement import services as placement_services
-
     require_operator(request)
     node = _node(name)
     try:
@@ -561,12 +563,14 @@ def node_release(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
-    """Cordon (nothing new placed here) or Uncordon, through agents.services.node_cordon."""
+    """Cordon (nothing new placed here) or Uncordon, through placement.services.cordon_change."""
     require_operator(request)
     node = _node(name)
     cordoned = request.POST.get("action") == "cordon"
     try:
-        services.node_cordon(node_name=node.name, cordoned=cordoned, reason=request.POST.get("reason", "").strip())
+        placement_services.cordon_change(
+            node_name=node.name, cordoned=cordoned, reason=request.POST.get("reason", "").strip()
+        )
     except LlmgwError as exc:
         return _after_change(request, node, open_form="cordon", errors={"form": exc.message})
     return _after_change(request, node)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.forms.models import construct_instance
 
 from facility import services
 from facility.models import Budget, FacilitySettings, Hold, Source
 from llmgw.errors import LlmgwError
 from placement import services as placement_services
+
+
+def say_warnings(request, warnings: list[str]) -> None:
+    """A use case's warnings on the admin's next page, as the API's ``warning`` and ctl's lines say them."""
+    for warning in warnings:
+        messages.warning(request, warning)
 
 
 class ServiceForm(forms.ModelForm):
@@ -70,16 +76,18 @@ class BudgetAdmin(admin.ModelAdmin):
     list_filter = ["source"]
 
     def save_model(self, request, obj, form, change):
-        services.budget_set(
+        changed = placement_services.budget_change(
             domain=obj.domain, cap_watts=obj.cap_watts, other_watts=obj.other_watts, source=Source.ADMIN
         )
+        say_warnings(request, changed.warnings)
+        obj.pk = changed.value.pk  # the admin's next page links the row the service wrote
 
     def delete_model(self, request, obj):
-        services.budget_delete(domain=obj.domain)
+        say_warnings(request, placement_services.budget_remove(domain=obj.domain).warnings)
 
     def delete_queryset(self, request, queryset):
         for obj in queryset:  # "delete selected" goes through the service too
-            services.budget_delete(domain=obj.domain)
+            say_warnings(request, placement_services.budget_remove(domain=obj.domain).warnings)
 
 
 class HoldForm(ServiceForm):
@@ -98,9 +106,11 @@ class HoldAdmin(admin.ModelAdmin):
     search_fields = ["domain", "reason"]
 
     def save_model(self, request, obj, form, change):
-        placement_services.hold_create(
+        created = placement_services.hold_create(
             domain=obj.domain, reason=obj.reason, drain=obj.drain, created_by=request.user.get_username()
         )
+        say_warnings(request, created.warnings)
+        obj.pk = created.hold.pk
 
     def delete_model(self, request, obj):
         placement_services.hold_release(domain=obj.domain)

@@ -7,11 +7,12 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, feed_services, netbox, netbox_import, selectors, services
+from facility import feed_selectors, netbox, netbox_import, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
     BudgetBodySerializer,
+    BudgetRemovedSerializer,
     BudgetSerializer,
     ConditionEventSerializer,
     ConditionOverrideBodySerializer,
@@ -108,18 +109,22 @@ class BudgetListView(ApiView):
     def post(self, request):
         data = BudgetSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        budget = services.budget_set(**data.validated_data)
+        changed = placement_services.budget_change(**data.validated_data)
+        budget = changed.value
         return Response({
             "domain": budget.domain, "cap_watts": budget.cap_watts, "other_watts": budget.other_watts,
-            "warning": feed_services.feed_cap_warning(budget),
+            "warning": "; ".join(changed.warnings) or None,
         })
 
 
 class BudgetDetailView(ApiView):
-    @documented(summary="Remove a domain's budget", ok={204: None}, errors=(404, 409), parameters=DOMAIN_IN_PATH)
+    @documented(
+        summary="Remove a domain's budget", ok={200: BudgetRemovedSerializer}, errors=(404, 409),
+        parameters=DOMAIN_IN_PATH,
+    )
     def delete(self, request, domain: str):
-        services.budget_delete(domain=domain)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        changed = placement_services.budget_remove(domain=domain)
+        return Response({"domain": services.clean_domain(domain), "warning": "; ".join(changed.warnings) or None})
 
 
 class DomainHistoryView(ApiView):

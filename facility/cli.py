@@ -1,4 +1,8 @@
-"""`llmgw ctl facility`: domains with power and holds; apply server.yaml; hold and release; budgets."""
+"""`llmgw ctl facility`: domains with power and holds; apply server.yaml; hold and release; budgets.
+
+Kept in one module: `ctl facility` is one command tree; each command's handler sits beside its
+parser, and every handler has its local (services) and remote (API) path in one place.
+"""
 
 from __future__ import annotations
 
@@ -373,23 +377,30 @@ def release(args) -> int:
 
 def budget_set(args) -> int:
     def local() -> dict:
-        from facility.feed_services import feed_cap_warning
-
-        b = services.budget_set(domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts)
-        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts, "warning": feed_cap_warning(b)}
+        changed = placement_services.budget_change(
+            domain=args.domain, cap_watts=args.cap_watts, other_watts=args.other_watts
+        )
+        b = changed.value
+        return {"domain": b.domain, "cap_watts": b.cap_watts, "other_watts": b.other_watts,
+                "warning": "; ".join(changed.warnings) or None}
 
     body = {"domain": args.domain, "cap_watts": args.cap_watts, "other_watts": args.other_watts}
     b = write(args, "POST", "facility/budgets", body, local)
     print(f"{b['domain']}: cap {kw(b['cap_watts'])}, other {kw(b['other_watts'])}")
     if b.get("warning"):
-        print(f"warning: {b['warning']}; the feed's cap holds")
+        print(f"warning: {b['warning']}")
     return 0
 
 
 def budget_delete(args) -> int:
-    write(args, "DELETE", f"facility/budgets/{quote(args.domain, safe=':')}", None,
-          lambda: services.budget_delete(domain=args.domain))
+    def local() -> dict:
+        changed = placement_services.budget_remove(domain=args.domain)
+        return {"domain": args.domain, "warning": "; ".join(changed.warnings) or None}
+
+    result = write(args, "DELETE", f"facility/budgets/{quote(args.domain, safe=':')}", None, local) or {}
     print(f"{args.domain}: budget removed")
+    if result.get("warning"):  # an older server answers 204, without one
+        print(f"warning: {result['warning']}")
     return 0
 
 

@@ -1,4 +1,8 @@
-"""The API's bodies for the facility (domains, holds, budgets), as serializers: what /api/v1/schema says."""
+"""The API's bodies for the facility (domains, holds, budgets), as serializers: what /api/v1/schema says.
+
+Kept in one module: the facility API's schema (/api/v1/schema) is read from these, and the bodies
+share their field bounds (domains, watts, reasons) with one another.
+"""
 
 from __future__ import annotations
 
@@ -214,12 +218,20 @@ class BudgetSerializer(StrictSerializer):
                              help_text="not given: as it was (0 for a new budget)")
 
 
+class BudgetRemovedSerializer(serializers.Serializer):
+    domain = serializers.CharField()
+    warning = serializers.CharField(
+        allow_null=True, help_text="no cap is left on the domain (none derived from its feeds): nothing limits its power"
+    )
+
+
 class BudgetBodySerializer(serializers.Serializer):
     domain = serializers.CharField()
     cap_watts = serializers.FloatField()
     other_watts = serializers.FloatField()
     warning = serializers.CharField(
-        allow_null=True, required=False, help_text="the cap is above what the domain's feeds carry: theirs holds"
+        allow_null=True, required=False, help_text="a domain no node is in (a typo?), a cap above what the domain's feeds carry (theirs holds), "
+        "or a use already past the new limit"
     )
 
 

@@ -9,6 +9,9 @@ with its history charts; then the condition timeline, capping, shedding and feed
 Every domain says what llmgw does there — or, in observe mode, what enforce would do ("would refuse new
 replicas", "would cap 10 nodes to 490 W"). The live socket (agents.consumers.FacilityConsumer) renders the
 same fragments (:func:`facility_fragments`) and sends only those whose HTML changed.
+
+Kept in one module: the page, its forms and its live socket render the same fragments from one read
+of the overview (:func:`facility_fragments`); split, each part would read the overview again.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ two together, through heartbeats, drifting readings, label moves and new facilit
 filters and keys, shared with the planner module, and the same kept rejections (candidates ranked ahead
 of the chosen one, in rank order). A no-fit reports every node, as the plain path words it; a multi-node
 replica goes through ``plan_replica`` on the indexed views.
+
+Kept in one module: its structures (groups, slates, rankings, walks) keep invariants across one
+another (a slate's version, its group's spread, a ranking's walk and the slates it passed over) and
+change together on every apply and every reading; apart, each would reach into the others' state.
 """
 
 from __future__ import annotations

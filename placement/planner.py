@@ -25,6 +25,10 @@ steps of a tenth of the limit), then the model's measured tokens per joule on th
 
 :func:`plan_replica` is the plain, whole-cluster evaluation; :class:`placement.index.PlacementIndex`
 is the fast path for a long run of placements and gives the same plans.
+
+Kept in one module: it is the reference every fast path is held equal to (the index by property
+tests, the commit's re-check through :func:`power_rejection_in`), so its filters, its order key and its
+power rule are read together, in the order they apply.
 """
 
 from __future__ import annotations

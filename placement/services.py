@@ -1,6 +1,9 @@
-"""Writes of placement: models (apply, delete) and freeing a replica's shards.
+"""Writes of placement: models (apply, delete), freeing a replica's shards, and the operator's actions.
 
-Every interface (ctl, API, console, admin, the reconcile) calls these. Parsing of model documents is
+The operator's actions are one use case each, with the warnings (and, for a hold, the preview) a person
+confirms: hold and release a domain, change a node's labels, set and remove a budget, cordon, uncordon
+and drain a node. Every interface (ctl, API, console, admin, the reconcile) calls these, so the four
+say the same warnings for the same change. Parsing of model documents is
 in :mod:`placement.documents`, the guarded commit in :mod:`placement.commit`, the reconcile in
 :mod:`placement.reconcile`, what agents report in :mod:`placement.reports`.
 """
@@ -291,3 +294,112 @@ def hold_release(*, domain: Any) -> str:
     text = release_preview(domain=domain)
     facility_services.hold_release(domain=domain)
     return text
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A change written, with the warnings every interface says beside it (the API's ``warning``, ctl's
+    ``warning:`` lines, the console's notes). ``value``: what the change wrote, as its service returns it."""
+
+    value: Any
+    warnings: list[str]
+
+
+def labels_preview(*, node_name: Any, changes: Any) -> list[str]:
+    """The warnings of a label change, before it is written: a domain no node is in yet (a typo?), a
+    domain the node's draw would take past its limit, a node that has not joined. Bad labels raise
+    InvalidInput naming the label, as :func:`labels_change` would. Nothing is written."""
+    from agents import services as agents_services
+    from facility import services as facility_services
+
+    node_name = agents_services.clean_node_name(node_name)
+    agents_services.labels_check(changes=changes)
+    return facility_services.location_warnings(node_name=node_name, changes=changes)
+
+
+def labels_change(*, node_name: Any, changes: Any, set_by: str = "") -> Changed:
+    """Set (value) or remove (None) a node's store labels, all or nothing; ``value``: its labels after."""
+    from agents import services as agents_services
+
+    warnings = labels_preview(node_name=node_name, changes=changes)
+    return Changed(agents_services.labels_set(node_name=node_name, changes=changes, set_by=set_by), warnings)
+
+
+def _over_limit_warning(domain: str) -> str | None:
+    """``rack r1-01 uses 12.0 kW now, above its 10.0 kW limit: …`` when the domain's use is past its limit."""
+    from facility import power
+    from facility.selectors import domain_figures
+
+    figure = domain_figures(domain=domain)
+    if figure.limit_watts is None or not power.would_pass_limit(figure.use_watts, figure.limit_watts):
+        return None
+    return (
+        f"{figure.domain.label} uses {power.kw(figure.use_watts)} now, above its {power.kw(figure.limit_watts)} "
+        "limit: nothing new is placed there until its use is below"
+    )
+
+
+def budget_change(*, domain: Any, cap_watts: Any, other_watts: Any = None, source: str | None = None) -> Changed:
+    """Create or change a domain's power budget; ``value``: the Budget. Warnings: a domain no node is in
+    yet (a typo?), a cap above what the domain's feeds carry (the feeds' cap holds), a use already past
+    the new limit."""
+    from facility import services as facility_services
+    from facility.feed_services import feed_cap_warning
+    from facility.models import Source
+
+    values = facility_services.budget_check(domain=domain, cap_watts=cap_watts, other_watts=other_watts)
+    typo = facility_services.domain_warning(domain=values["domain"])
+    budget = facility_services.budget_set(**values, source=source or Source.API)
+    warnings = [typo] if typo else []
+    feeds = feed_cap_warning(budget)
+    if feeds:
+        warnings.append(f"{feeds}; the feed's cap holds")
+    over = None if typo else _over_limit_warning(budget.domain)
+    if over:
+        warnings.append(over)
+    return Changed(budget, warnings)
+
+
+def budget_remove(*, domain: Any) -> Changed:
+    """Remove a domain's written budget (NotFound when it has none). A cap its feeds give comes back;
+    where none does, the warning says the domain has no power limit any more."""
+    from facility import services as facility_services
+    from facility.models import Budget
+
+    domain = facility_services.clean_domain(domain)
+    facility_services.budget_delete(domain=domain)
+    warnings = []
+    if not Budget.objects.filter(domain=domain).exists():
+        warnings.append(f"{domain.replace(':', ' ', 1)} has no power limit any more: nothing refuses a replica there for power")
+    return Changed(None, warnings)
+
+
+def cordon_preview(*, node_name: Any, drain: bool) -> list[str]:
+    """The warnings of cordoning a node with ``drain``, before anything is written: each domain its drain
+    would take past its limit and each replica that could not move (the drain waits there), from the
+    same dry run as a hold's. Without drain, none: its replicas stay."""
+    from agents import services as agents_services
+    from placement import whatif
+
+    node_name = agents_services.clean_node_name(node_name)
+    if not drain:
+        return []
+    return whatif.hold_result_warnings(whatif.what_if(node=node_name, drain=True))
+
+
+def cordon_change(*, node_name: Any, cordoned: bool, reason: Any = "", drain: bool = False) -> Changed:
+    """Cordon (nothing new placed; ``drain``: its replicas move out, replacement first) or uncordon a node;
+    ``value``: the Node. Warnings: what :func:`cordon_preview` says of a drain, and an uncordon that stops
+    a drain (the replicas moved so far stay where they are)."""
+    from agents import services as agents_services
+
+    node_name = agents_services.clean_node_name(node_name)
+    was = Node.objects.filter(name=node_name).values_list("cordoned", "draining").first()
+    if was is None:
+        raise NotFound(f"node {node_name!r} is not known", field="node")
+    starts_drain = cordoned and drain and not was[1]
+    warnings = cordon_preview(node_name=node_name, drain=True) if starts_drain else []
+    node = agents_services.node_cordon(node_name=node_name, cordoned=cordoned, reason=reason or "", drain=drain)
+    if not cordoned and was[1]:
+        warnings.append(f"{node.name}'s drain stops: the replicas moved so far stay where they are")
+    return Changed(node, warnings)

@@ -120,7 +120,8 @@ def _run(index: PlacementIndex, leaving: dict[str, list[_Leaving]]) -> tuple[lis
 
 
 def what_if(
-    *, hold: str | None = None, drain: bool = False, feed: str | None = None, reason: str = ""
+    *, hold: str | None = None, drain: bool = False, feed: str | None = None, node: str | None = None,
+    reason: str = "",
 ) -> dict[str, Any]:
     """A dry run of holding a domain (``drain``: and moving its replicas out) or of losing a feed.
 
@@ -131,8 +132,8 @@ def what_if(
     (a hold without drain), each budgeted domain's use before and after against its limit, and for a
     feed's loss the N−1 report. Nothing is written.
     """
-    if (hold is None) == (feed is None):
-        raise InvalidInput("what-if: name a domain to hold or a feed to lose", field="scenario")
+    if sum(scenario is not None for scenario in (hold, feed, node)) != 1:
+        raise InvalidInput("what-if: name a domain to hold, a feed to lose or a node to cordon", field="scenario")
     now = timezone.now()
     facility = snapshot.facility_view()
     views = snapshot.node_views(now=now)
@@ -142,6 +143,11 @@ def what_if(
         facility = dataclasses.replace(facility, holds={**facility.holds, domain: reason.strip() or "held"})
         leaving_nodes = {v.name for v in views if domain in v.domains}
         out["scenario"] = f"hold {domain}{' --drain' if drain else ''}"
+    elif node is not None:
+        if node not in {v.name for v in views}:
+            raise NotFound(f"node {node!r} is not known", field="node")
+        leaving_nodes = {node}
+        out["scenario"] = f"cordon {node}{' --drain' if drain else ''}"
     else:
         feeds = stored_feeds()
         lost = next((f for f in feeds if f.name == feed), None)
@@ -157,6 +163,8 @@ def what_if(
         for name in leaving_nodes:
             # Nothing lands on a node left without power (a held node is refused by its hold already).
             index.update_node(dataclasses.replace(index.node(name), ready=False))
+    if node is not None:
+        index.update_node(dataclasses.replace(index.node(node), cordoned=True))
     before = _domain_uses(index)
     leaving = _leaving(leaving_nodes)
     if drain:

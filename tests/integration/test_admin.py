@@ -74,8 +74,11 @@ def test_a_budget_saved_in_the_admin_is_the_admins(admin_client):
     )
     assert response.redirect_chain[0][1] == 302
     messages = [str(m) for m in response.context["messages"]]
-    assert len(messages) == 1 and "was added successfully" in messages[0]
+    # The service's warning (no node is in that rack yet), then the admin's own line, linking the budget.
     budget = Budget.objects.get()
+    assert messages[0] == "no node is in rack r1 yet; no node is in any rack"
+    assert len(messages) == 2 and "was added successfully" in messages[1], messages
+    assert f"/admin/facility/budget/{budget.pk}/change/" in messages[1]
     assert (budget.domain, budget.cap_watts, budget.other_watts, budget.source) == ("rack:r1", 16000, 800, Source.ADMIN)
 
 

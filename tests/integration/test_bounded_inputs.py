@@ -111,7 +111,9 @@ def test_a_negative_zero_budget_reads_as_zero(capsys):
 
     budget_set(domain="rack:r1", cap_watts=-0.0)
     assert ctl(["facility", "budget", "set", "rack:r2", "--cap-watts", "-0"]) == 0
-    assert capsys.readouterr().out == "rack:r2: cap 0.0 kW, other 0.0 kW\n"
+    assert capsys.readouterr().out == (
+        "rack:r2: cap 0.0 kW, other 0.0 kW\nwarning: no node is in rack r2 yet; no node is in any rack\n"
+    )
 
 
 # -- outbound calls: a total deadline ---------------------------------------------------------------------

@@ -182,7 +182,8 @@ def test_budgets_conditions_and_model_deletes_print_the_same_remote(live_server,
     assert same(capsys, url, key, tmp_path, *budget[:-2], "--cap-watts", "20000") == \
         "rack:r1-02: cap 20.0 kW, other 0.8 kW\n"
     out = twice(capsys, url, key, tmp_path, ("facility", "budget", "delete", "rack:r1-02"), budget)
-    assert out == "rack:r1-02: budget removed\n"
+    assert out == ("rack:r1-02: budget removed\n"
+                   "warning: rack r1-02 has no power limit any more: nothing refuses a replica there for power\n")
     here, there = both(capsys, url, key, tmp_path, "facility", "budget", "delete", "rack:r1-02")
     assert here == there == (1, "", ["error: rack:r1-02 has no budget"])
     here, there = both(capsys, url, key, tmp_path, "facility", "budget", "set", "rack:r1-02", "--cap-watts", "-5")
