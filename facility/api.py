@@ -64,6 +64,8 @@ class FacilityApplyView(ApiView):
                 text=values["text"], filename=values["filename"], files=values["files"],
                 # The server fetches from the Prometheus a file names: only an admin may name a new one.
                 may_change_sources=request.user.is_staff,
+                # A file that removes what an earlier one set says so first (ctl: --yes).
+                confirm=values["confirm"],
             )
         )
 

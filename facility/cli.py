@@ -10,6 +10,7 @@ import argparse
 import sys
 from urllib.parse import quote
 
+from llmgw.errors import Conflict
 from llmgw.output import kw, print_json, print_table
 from llmgw.remote import lazy, listing, read, write
 
@@ -44,6 +45,11 @@ def register(commands) -> None:
         "A file with any error is refused whole, naming the line and the field.",
     )
     a.add_argument("-f", "--file", required=True, help="the server.yaml (- reads standard input)")
+    a.add_argument(
+        "--yes", action="store_true",
+        help="apply it even though it removes budgets or feeds an earlier file set (without it such a file is "
+        "refused, naming every one)",
+    )
     a.set_defaults(handler=apply)
 
     h = sub.add_parser(
@@ -309,9 +315,16 @@ def apply(args) -> int:
     text = sys.stdin.read() if args.file == "-" else read_text(args.file)
     body = None
     if getattr(args, "remote", None) is not None:
-        body = {"text": text, "filename": filename, "files": named_files(text=text, filename=filename)}
-    result = write(args, "POST", "facility/apply", body,
-                   lambda: services.facility_apply(text=text, filename=filename))
+        body = {"text": text, "filename": filename, "files": named_files(text=text, filename=filename),
+                "confirm": args.yes}
+    try:
+        result = write(args, "POST", "facility/apply", body,
+                       lambda: services.facility_apply(text=text, filename=filename, confirm=args.yes))
+    except Conflict as exc:
+        if exc.field != "confirm":
+            raise
+        print(f"error: {exc.message}\nnothing was applied: give --yes to apply it and remove them", file=sys.stderr)
+        return 1
     print(
         f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
         f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"

@@ -125,6 +125,12 @@ def feeds_parse(doc: Document, raw: Any) -> list[pure.Feed]:
     return found
 
 
+def feeds_left_out(*, feeds: Iterable[pure.Feed], source: str) -> list[str]:
+    """The feeds of ``source`` that :func:`feeds_replace` with ``feeds`` would remove, by name."""
+    names = [f.name for f in feeds]
+    return sorted(Feed.objects.filter(source=source).exclude(name__in=names).values_list("name", flat=True))
+
+
 def feeds_replace(*, feeds: Iterable[pure.Feed], source: str) -> dict[str, Any]:
     """Make the feeds of ``source`` exactly ``feeds`` (call inside the caller's transaction)."""
     feeds = list(feeds)

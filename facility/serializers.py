@@ -411,6 +411,11 @@ class FacilityApplySerializer(StrictSerializer):
         help_text="the files it names, by the name it gives (facility.sources.simulated.file: the scenario); "
         "nothing is read from the server's disk",
     )
+    confirm = StrictBooleanField(
+        required=False, default=False,
+        help_text="true: apply it even though it removes budgets or feeds an earlier file set; without it such a "
+        "file is refused with 409 (field: confirm) naming every one, and nothing is applied",
+    )
 
     def validate_files(self, value: dict) -> dict:
         if len(value) > MAX_FILES:

@@ -9,7 +9,7 @@ budgets, feeds, conditions, sources, shedding, capping), all or nothing in one t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from facility.models import (
 from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
 from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
-from llmgw.errors import Forbidden, InvalidInput, NotFound
+from llmgw.errors import Conflict, Forbidden, InvalidInput, NotFound
 from llmgw.plugin_names import plugin_names
 from llmgw.yamldoc import Document, load_documents, load_one, read_text
 
@@ -229,7 +229,7 @@ def _refuse_new_prometheus(filename: str, sources: SourcesConfig) -> None:
 
 def facility_apply(
     *, text: str, filename: str = "server.yaml", files: Mapping[str, str] | None = None,
-    may_change_sources: bool = True,
+    may_change_sources: bool = True, confirm: bool = True,
 ) -> dict[str, Any]:
     """Apply a server.yaml's facility block: idempotent; the file owns the budgets it names.
 
@@ -242,6 +242,9 @@ def facility_apply(
     longer names are removed (a file without `budgets:` changes no budget); budgets set through the
     API or the admin are left alone unless the file names their domain. Nothing is applied unless the
     whole file is valid.
+
+    ``confirm`` False (the API and ctl, until a person says yes): a file that would remove budgets or
+    feeds is refused whole, naming every one (:func:`removal_text`), as Conflict on the field ``confirm``.
     """
     docs = load_documents(text, filename)
     if len(docs) != 1:
@@ -265,6 +268,17 @@ def facility_apply(
                     scenario = _scenario_of(doc, parsed, files)
     # A file with `feeds:` owns the feeds it set (as with budgets); checked whole before anything is written.
     feeds = feed_services.feeds_parse(doc, block["feeds"] or []) if isinstance(block, dict) and "feeds" in block else None
+    names = {b["domain"] for b in budgets}
+    if not confirm:
+        gone_budgets = (
+            Budget.objects.filter(source=Source.FILE).exclude(domain__in=names).values_list("domain", flat=True)
+            if owns_budgets else []
+        )
+        gone_feeds = feed_services.feeds_left_out(feeds=feeds, source=Source.FILE) if feeds is not None else []
+        if gone_budgets or gone_feeds:
+            raise Conflict(
+                f"{filename} would remove {removal_text(budgets=gone_budgets, feeds=gone_feeds)}", field="confirm"
+            )
     settings = FacilitySettings.load()
     location_from = parse_location_from(settings.location_from or None)
     for key, value in values.items():
@@ -280,7 +294,6 @@ def facility_apply(
     if scenario is not None:
         scenario_start(data=scenario, speed=parse_sources_config(values["sources"]).simulated_speed, keep=True)
     created = updated = 0
-    names = {b["domain"] for b in budgets}
     for item in budgets:
         _, was_created = Budget.objects.update_or_create(
             domain=item["domain"],
@@ -311,6 +324,15 @@ def facility_apply(
             "placement.plugins: loaded from LLMGW_CONFIG when a server process starts, not by applying it"
         )
     return result
+
+
+def removal_text(*, budgets: Iterable[str], feeds: Iterable[str]) -> str:
+    """What an apply would remove, every name in order: ``8 budgets: rack:r1-01, …; 16 feeds: A101, …``."""
+    parts = []
+    for what, names in (("budget", sorted(budgets)), ("feed", sorted(feeds))):
+        if names:
+            parts.append(f"{len(names)} {what}{'' if len(names) == 1 else 's'}: {', '.join(names)}")
+    return "; ".join(parts)
 
 
 def facility_apply_file(*, path: str | Path) -> dict[str, int]:

@@ -83,6 +83,21 @@ def test_a_file_is_applied_whole_or_refused_naming_its_line(api):
     assert FacilitySettings.load().margin != 0.2 and not Budget.objects.exists()
 
 
+def test_an_apply_that_removes_is_refused_until_confirmed(api):
+    api.post("/api/v1/facility/apply", {"text": "facility:\n  budgets:\n    - {domain: rack:r1, cap_watts: 1000}\n"},
+             format="json")
+    smaller = {"text": "facility:\n  margin: 0.2\n  budgets: []\n", "filename": "small.yaml"}
+    response = api.post("/api/v1/facility/apply", smaller, format="json")
+    assert (response.status_code, response.json()) == (
+        409, {"detail": "small.yaml would remove 1 budget: rack:r1", "field": "confirm"})
+    assert FacilitySettings.load().margin != 0.2 and Budget.objects.filter(domain="rack:r1").exists()
+    response = api.post("/api/v1/facility/apply", {**smaller, "confirm": "yes"}, format="json")
+    assert (response.status_code, response.json()["field"]) == (400, "confirm")
+    body = api.post("/api/v1/facility/apply", {**smaller, "confirm": True}, format="json").json()
+    assert (body["removed"], body["removed_domains"]) == (1, ["rack:r1"])
+    assert FacilitySettings.load().margin == 0.2 and not Budget.objects.exists()
+
+
 def test_files_and_names_are_bounded(api):
     from facility.serializers import MAX_FILE_CHARS
 

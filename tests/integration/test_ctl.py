@@ -83,6 +83,29 @@ def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
     assert json.loads(out)["domains"][0]["hold"] is None
 
 
+def test_an_apply_that_removes_budgets_or_feeds_names_them_and_needs_yes(capsys, tmp_path):
+    from facility.models import Budget, Feed
+
+    server = tmp_path / "server.yaml"
+    server.write_text(
+        "facility:\n  budgets:\n    - {domain: rack:r1-01, cap_watts: 16000}\n    - {domain: rack:r1-02, cap_watts: 16000}\n"
+        "  feeds:\n    - {name: A101, voltage: 415, amperage: 32, phase: three, pdus: [r1-01-a]}\n"
+        "    - {name: B101, voltage: 415, amperage: 32, phase: three, pdus: [r1-01-b]}\n"
+    )
+    assert run(capsys, "facility", "apply", "-f", str(server))[0] == 0
+    other = tmp_path / "other.yaml"
+    other.write_text("facility:\n  margin: 0.2\n  budgets:\n    - {domain: rack:r12-07, cap_watts: 16000}\n  feeds: []\n")
+    assert run(capsys, "facility", "apply", "-f", str(other)) == (1, "", (
+        f"error: {other} would remove 2 budgets: rack:r1-01, rack:r1-02; 2 feeds: A101, B101\n"
+        "nothing was applied: give --yes to apply it and remove them\n"
+    ))
+    assert sorted(Budget.objects.filter(source="file").values_list("domain", flat=True)) == ["rack:r1-01", "rack:r1-02"]
+    assert Feed.objects.count() == 2
+    code, out, _ = run(capsys, "facility", "apply", "-f", str(other), "--yes")
+    assert (code, out) == (0, f"{other}: applied (1 budgets created, 0 updated, 2 removed: rack:r1-01, rack:r1-02; "
+                              "0 feeds created, 0 updated, 2 removed: A101, B101)\n")
+
+
 def test_a_bad_server_yaml_names_the_line(capsys, tmp_path):
     server = tmp_path / "server.yaml"
     server.write_text("facility:\n  margin: 2\n")

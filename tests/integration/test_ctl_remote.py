@@ -254,6 +254,25 @@ def test_facility_apply_remote_applies_the_file_as_here(live_server, make_user, 
                        "cannot read: No such file or directory"]
 
 
+def test_a_remote_apply_that_removes_needs_yes_as_here(live_server, make_user, capsys, tmp_path):
+    from facility.models import Budget
+
+    _, key = make_user("op", role="operator")
+    server = tmp_path / "server.yaml"
+    server.write_text("facility:\n  budgets:\n    - {domain: rack:r1-02, cap_watts: 18000}\n")
+    assert local(capsys, "facility", "apply", "-f", str(server))[0] == 0
+    server.write_text("facility:\n  budgets: []\n")
+    refused = [f"error: {server} would remove 1 budget: rack:r1-02",
+               "nothing was applied: give --yes to apply it and remove them"]
+    code, out, err = local(capsys, "facility", "apply", "-f", str(server))
+    assert (code, out, err.splitlines()) == (1, "", refused)
+    got = remote(live_server.url, key, "facility", "apply", "-f", str(server), home=tmp_path)
+    assert (got.returncode, got.stdout, got.stderr.splitlines()) == (1, "", refused)
+    assert Budget.objects.filter(domain="rack:r1-02").exists()
+    got = remote(live_server.url, key, "facility", "apply", "-f", str(server), "--yes", home=tmp_path)
+    assert (got.returncode, got.stdout) == (0, f"{server}: applied (0 budgets created, 0 updated, 1 removed: rack:r1-02)\n")
+
+
 TWO_MODELS = "kind: Model\nname: first\nreplicas: 1\nprofile: {gpus: 1}\n---\nkind: Model\nname: second\nreplicas: 1\nprofile: {gpus: 2}\n"
 
 

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from facility.models import Budget, FacilitySettings, Source
+from facility.models import Budget, FacilitySettings, Feed, Source
 from facility.services import budget_set, facility_apply
-from llmgw.errors import InvalidInput
+from llmgw.errors import Conflict, InvalidInput
 
 pytestmark = pytest.mark.django_db
 
@@ -113,3 +113,33 @@ def test_removed_budgets_are_named():
     facility_apply(text=GOOD)
     smaller = GOOD.replace("    - domain: pdu:r12-07-a\n      cap_watts: 7400\n", "")
     assert facility_apply(text=smaller)["removed_domains"] == ["pdu:r12-07-a"]
+
+
+WITH_FEEDS = GOOD + (
+    "  feeds:\n"
+    "    - {name: B12, voltage: 415, amperage: 32, phase: three, max_utilization: 0.8, pdus: [r12-07-b]}\n"
+    "    - {name: A12, voltage: 415, amperage: 32, phase: three, max_utilization: 0.8, pdus: [r12-07-a]}\n"
+)
+
+
+def test_an_unconfirmed_apply_that_removes_names_every_row_and_applies_nothing():
+    facility_apply(text=WITH_FEEDS)
+    smaller = (
+        WITH_FEEDS.replace("margin: 0.1", "margin: 0.3")
+        .replace("    - domain: pdu:r12-07-a\n      cap_watts: 7400\n", "")
+        .replace("    - domain: rack:r12-07\n      cap_watts: 16000\n      other_watts: 800\n", "    []\n")
+        .split("  feeds:\n")[0] + "  feeds: []\n"
+    )
+    with pytest.raises(Conflict) as refused:
+        facility_apply(text=smaller, filename="new.yaml", confirm=False)
+    assert refused.value.message == "new.yaml would remove 2 budgets: pdu:r12-07-a, rack:r12-07; 2 feeds: A12, B12"
+    assert refused.value.field == "confirm"
+    assert FacilitySettings.load().margin == 0.1 and Feed.objects.count() == 2
+    assert Budget.objects.filter(source=Source.FILE).count() == 2
+
+    # A file that removes nothing needs no confirmation; one confirmed removes what it names.
+    assert facility_apply(text=WITH_FEEDS, confirm=False)["removed"] == 0
+    one = WITH_FEEDS.replace("    - domain: pdu:r12-07-a\n      cap_watts: 7400\n", "")
+    with pytest.raises(Conflict, match=r"^server.yaml would remove 1 budget: pdu:r12-07-a$"):
+        facility_apply(text=one, confirm=False)
+    assert facility_apply(text=one, confirm=True)["removed_domains"] == ["pdu:r12-07-a"]
