@@ -78,7 +78,8 @@ def node_sensors_text() -> str:
 
     Written here rather than through a prometheus_client collector: at 10,000 nodes these are 750,000
     samples, and prometheus_client's exposition (each sample a named tuple, its labels validated and
-    escaped one by one) took 9 s a scrape, past Prometheus's 10 s timeout, holding the web process.
+    escaped one by one) is too slow for Prometheus's scrape timeout at that size, and holds the web
+    process meanwhile.
     """
     from agents.models import Node, heartbeat_is_fresh
     from agents.node.protocol import THROTTLE_REASONS

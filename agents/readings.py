@@ -29,7 +29,8 @@ from agents.node.protocol import implausible_readings
 log = logging.getLogger(__name__)
 
 # 0: write in the request (tests). Short: the batch is built in a thread under the GIL the event loop needs,
-# so its size is a pause in every heartbeat's answer (0.5 s batches: p99 110 ms at 1,000/s; 0.1 s: 26 ms).
+# so its size is a pause in every heartbeat's answer; a short interval keeps each batch, and so each pause,
+# small.
 FLUSH_SECONDS = 0.1
 ASSIGNMENTS_SECONDS = 1.0
 
@@ -75,13 +76,14 @@ def learn_ready_nodes() -> int:
     since = wall - timedelta(seconds=ready_window_seconds(INTERVAL_MAX))
     if connection.vendor == "postgresql":
         # Only the nodes this process has not seen: after the first learning, a handful, not the fleet
-        # (reading 10,000 rows every few seconds, in a thread, held the GIL the event loop needs: p99
-        # 73 ms at 1,000 heartbeats/s from 10,000 nodes against 30 ms without).
+        # (reading every node's row every few seconds, in a thread, would hold the GIL the event loop
+        # needs, and every heartbeat's answer would wait on it).
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds FROM "
                 f"{Node._meta.db_table} WHERE last_heartbeat_at >= %s AND report_digest <> '' "
-                f"AND NOT (name = ANY(%b::text[]))",  # binary: 10,000 names escaped as text took 19 ms
+                # binary: escaping every name as text would hold the GIL the heartbeats' event loop needs
+                f"AND NOT (name = ANY(%b::text[]))",
                 [since, list(seen)],
             )
             rows = cursor.fetchall()
@@ -241,8 +243,8 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> t
         # Columns as arrays (unnest): the statement's text is the same for any number of rows, so the
         # driver does not parse a new one of thousands of placeholders for every batch (which held the
         # GIL the heartbeats' event loop needs) and the server can keep it prepared. In binary (%b): as
-        # text, each sensors document is escaped for the array's syntax, 0.4 ms a node in the flushing
-        # thread, holding the GIL the event loop needs (197 ms for 500 nodes' readings; 26 ms in binary).
+        # text, each sensors document would be escaped for the array's syntax, node by node in the
+        # flushing thread, holding the GIL the event loop needs.
         columns = [
             names,
             [batch[name][0] for name in names],

@@ -45,7 +45,7 @@ def replica_tokens_per_second(*, node_names: list[str] | None = None) -> dict[in
         nodes = nodes.filter(name__in=node_names)
     figures: dict[int, float] = {}
     # Only `sensors.replicas`, picked out by the database: the whole documents (their GPUs' readings,
-    # ~3 KB a node) took a second to read and decode at 10,000 nodes, after every conditions round.
+    # ~3 KB a node) would each be read and decoded after every conditions round.
     for items in nodes.values_list("sensors__replicas", flat=True):
         for item in items if isinstance(items, list) else ():
             if isinstance(item, dict) and item.get("tokens_per_second") is not None:

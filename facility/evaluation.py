@@ -93,7 +93,7 @@ def _figure_sql(value: str) -> str:
 # Every node's sensors summed up by the database, as facility.sources.node_thermal sums up one: its
 # inlet, its GPUs (the objects of sensors.gpus), those throttling for heat and the smallest margin.
 # A lateral join over each document's GPUs; nothing but six figures a node comes back (the documents
-# themselves, ~3 KB a node, took 1.6-2.4 s to read and decode at 10,000 nodes: every 15 s, a worker).
+# themselves, ~3 KB a node, would each be read and decoded by a worker on every round).
 _THERMAL_SQL = f"""
 SELECT n.id, n.sensors_at, {_figure_sql("n.sensors -> 'inlet_temperature_celsius'")}, g.cards, g.throttling, g.margin
 FROM {Node._meta.db_table} n
@@ -293,8 +293,8 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
                     )
                 )
             judged.append(row)
-        # Every domain's row in a few statements (one UPDATE a domain was 1,245 round trips, a second,
-        # at 10,000 nodes): the new ones inserted, the known ones updated by their domain.
+        # Every domain's row in a few statements (one UPDATE a domain would be a round trip for each of
+        # a large room's domains): the new ones inserted, the known ones updated by their domain.
         DomainCondition.objects.bulk_create(
             judged, update_conflicts=True, unique_fields=["domain"], update_fields=_JUDGED_FIELDS, batch_size=500
         )

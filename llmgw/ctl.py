@@ -113,8 +113,8 @@ def main(argv: list[str], *, own_process: bool = False) -> int:
 
     Then Python's cyclic garbage collector is off while the command starts and what starting made is
     frozen (gc.freeze): Django's and the apps' modules and classes live until exit anyway, and walking
-    them again and again as they load, and once more as the interpreter ends, is ~0.1 s of a 0.4 s
-    local listing (bench/ctl_start.py). The command itself runs with the collector on, over its own
+    them again and again as they load, and once more as the interpreter ends, is work for nothing in a
+    short command (bench/ctl_start.py). The command itself runs with the collector on, over its own
     objects only. Frozen at the end, what is left is not collected at exit either: the interpreter's
     teardown frees it, and what only a collection would finalize (a cycle holding a socket) the
     operating system closes as the process ends.

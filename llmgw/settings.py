@@ -207,7 +207,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # pile up; a pool shares a few connections between them instead.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # Server-side parameters and prepared statements: PostgreSQL keeps the plans of the hot statements
-    # (placement's commit: 1.5 → 0.9 ms) instead of parsing and planning each anew. Turn off behind a
+    # (placement's commit among them) instead of parsing and planning each anew. Turn off behind a
     # pooler in transaction mode (pgbouncer), where prepared statements do not survive.
     DATABASES["default"]["OPTIONS"] = (
         {"server_side_binding": True, "prepare_threshold": 2}

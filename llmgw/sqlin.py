@@ -1,13 +1,13 @@
 """`IN` for long lists of values: one array parameter on PostgreSQL, a placeholder a value elsewhere.
 
 Django and psycopg turn ``pk__in=ids`` into ``IN (%s, %s, …)``: one placeholder a value, which psycopg
-then finds again by scanning the statement's text in Python. At 10,000 ids that scan took 30-80 ms a
-statement, and freeing a model's 10,000 replicas sent eight of them. With one array, bound in binary,
-the statement's text is the same whatever the number of values (parsed once, prepared by
-``prepare_threshold``), and the database joins the values as a set, by hash or by index. (``column =
-ANY(%s)`` is the same test, but a scan compares each row with every element in turn: the 4,000 domain
-rows of a 1,000-node cluster against its 120 budgets took 13 ms, twice a placement batch, where the set
-takes 2 ms.)
+then finds again by scanning the statement's text in Python: with thousands of ids that scan is
+Python's work for every value of every statement, and freeing a model's replicas takes several of them.
+With one array, bound in binary, the statement's text is the same whatever the number of values
+(parsed once, prepared by ``prepare_threshold``), and the database joins the values as a set, by hash
+or by index. (``column = ANY(%s)`` is the same test, but a scan compares each row with every element
+in turn: every domain row of a cluster against every one of its budgets, twice a placement batch,
+where the set finds each row's match at once.)
 
 >>> Replica.objects.filter(pk__in=any_of(ids))              # the ORM
 >>> where, params = sql_in("replica_id", ids)               # raw SQL

@@ -85,8 +85,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     if stops.room <= 0 or not stops.waiting:
         return
     # The model's replicas in order, picked by the decision: as `pk IN (thousands on the drained room)` with
-    # `NOT EXISTS (a replacement)` the database nested the anti join over the whole table whenever its
-    # statistics lagged a bulk change (a lost room), 0.5-0.9 s for each model of each reconcile.
+    # `NOT EXISTS (a replacement)` the database may nest the anti join over the whole table whenever its
+    # statistics lag a bulk change (a lost room), for each model of each reconcile.
     originals = drain_starts(
         originals=(
             Original(pk, state)

@@ -90,8 +90,8 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
         if locked is None:
             return
         # A drain's replacement takes the place of the replica it replaces: it is not one more.
-        # Their ids only: a model's thousands of rows as instances (each explain decoded) took longer
-        # than the rest of a lost room's reconcile step.
+        # Their ids only: as instances, a model's thousands of rows would each have its explain
+        # decoded, only to be counted.
         replica_ids = list(
             Replica.objects.filter(model=locked, replaces__isnull=True).order_by("ordinal").values_list("pk", flat=True)
         )

@@ -52,7 +52,7 @@ _NODE_FIELDS = (
 
 # Of a node's sensors the planner reads only each card's enforced power limit, and the tokens per joule
 # each card's power: the database picks one figure out as [[index, figure], …] (a node's whole sensors
-# document is ~3 KB; reading and decoding 10,000 of them took 1.5 s of the 2.2 s it took to read 10,000
+# document is ~3 KB, and reading and decoding every node's would be most of the work of reading the
 # nodes' views).
 _GPU_FIGURES_SQL = {
     "postgresql": (
@@ -160,8 +160,8 @@ def gpu_power_limit(spec_watts: float | None, enforced_watts: float | None) -> f
 
 
 # The nodes' two times, on PostgreSQL, as whole microseconds since the epoch: Django reads a
-# timestamptz column through a loader of its own, in Python, and at 10,000 nodes the 20,000 times
-# were 0.2 s of every index's build; made into datetimes here they are 0.04 s, and exactly the same.
+# timestamptz column through a loader of its own, in Python, two for every node in every index's
+# build; made into datetimes here they cost a fraction of that, and are exactly the same.
 _TIMES = ("last_heartbeat_at", "sensors_at")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

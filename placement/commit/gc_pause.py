@@ -31,10 +31,10 @@ def collector_paused() -> Iterator[None]:
 
     A run allocates a tuple or two per node it ranks and per plan it makes, and every few thousand
     allocations the collector walks every object the process holds (the index, Django's models and
-    querysets): 10-15 % of a batched run at 1,000 nodes (bench/placements.py, 564-581/s with it,
-    630-685/s without). What is freed by reference counting is freed as ever; only cycles made during
-    the run wait for the collector's next pass after it, and runs that keep overlapping (threads of one
-    process) collect once every COLLECT_EVERY_SECONDS as each ends.
+    querysets), walks that find next to nothing to free during a run (bench/placements.py). What is
+    freed by reference counting is freed as ever; only cycles made during the run wait for the
+    collector's next pass after it, and runs that keep overlapping (threads of one process) collect once
+    every COLLECT_EVERY_SECONDS as each ends.
     """
     global _collector_pauses, _collector_was_enabled, _collected_at
     with _collector_lock:

@@ -11,8 +11,8 @@ from placement.planner import NoFit, Plan, ReplicaRequest
 
 # Plans committed together in one transaction by replicas_place (PostgreSQL): the commit, not the
 # plan, is what one placement at a time waits on. A batch locks the members of the budgeted domains it
-# touches (most of a small cluster's nodes, whatever its size): 128 plans a batch placed 1,143/s at
-# 1,000 nodes where 64 placed 840/s (bench/placements.py), each transaction still well under a second.
+# touches (most of a small cluster's nodes, whatever its size), so a larger batch spreads that lock and
+# its commit over more placements, while each transaction stays short (bench/placements.py).
 BATCH = 128
 
 

@@ -167,7 +167,7 @@ def _batch_write(
             -- waits for its commit, then finds it no longer pending) writes nothing at all. Found by
             -- the ids alone (an index condition) and given its explain by its place among them: joined
             -- to a list instead, a replica table whose statistics lag a bulk change (a lost room's
-            -- replacements) was read whole or matched row by row, 9 of a batch's 20 ms.
+            -- replacements) may be read whole or matched row by row, most of a batch's write.
             UPDATE {Replica._meta.db_table} AS rep SET state = %s, reason = '',
                 explain = CAST((%b::text[])[array_position(CAST((SELECT ids FROM p) AS bigint[]), rep.id)] AS jsonb),
                 placed_at = %s, ready_since = NULL
