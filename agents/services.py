@@ -192,14 +192,26 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
 
 @transaction.atomic
 def node_token_create(*, node_name: str) -> str:
-    """A new token for a node's agent (replacing any earlier one); the key is shown once, only its hash kept."""
+    """A new token for a node's agent (replacing any earlier one); the key is shown once, only its hash kept.
+
+    A node the demo simulates gets it too (agents.simulator.tokens), once it is the node's token, so the
+    simulated node keeps heartbeating."""
     node_name = clean_node_name(node_name)
     key = NodeToken.new_key()
     NodeToken.objects.update_or_create(node_name=node_name, defaults={"key_hash": NodeToken.hash_key(key)})
     from agents.authentication import forget_node_tokens
 
     forget_node_tokens()
+    transaction.on_commit(lambda: _simulated_token_hand_over(node_name, key))
     return key
+
+
+def _simulated_token_hand_over(node_name: str, key: str) -> None:
+    from django.conf import settings
+
+    from agents.simulator.tokens import token_hand_over, tokens_path
+
+    token_hand_over(tokens_path(settings.DATA_DIR), node_name=node_name, key=key)
 
 
 def _notify(node_name: str) -> None:

@@ -212,3 +212,31 @@ def test_a_placed_replica_is_reported_ready_and_its_gpus_draw(live_server):
     gpus = Node.objects.get(name="sim01").sensors["gpus"]
     assert all(350 <= gpus[i]["power_watts"] <= 650 for i in (2, 3))
     assert all(gpus[i]["power_watts"] < 100 for i in (0, 1, 4, 5, 6, 7))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_made_for_a_simulated_node_is_handed_to_its_simulator(live_server, settings, tmp_path, capsys):
+    """`llmgw ctl node token gpu01` on the demo: the demo's simulator takes the new token and the node
+    keeps heartbeating (it was refused from then on)."""
+    from agents.services import node_token_create
+    from agents.simulator.tokens import KeptTokens, tokens_path, tokens_write
+    from llmgw.ctl import main as ctl
+
+    settings.DATA_DIR = tmp_path
+    path = tokens_path(tmp_path)
+    tokens_write(path, {name: node_token_create(node_name=name) for name in ("sim01", "sim02")})
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    kept = KeptTokens(path)
+    nodes = [SimNode(spec("sim01"), ready_delay=0), SimNode(spec("sim02"), ready_delay=0)]
+    old = dict(kept)
+    assert all(r.ok for r in run_round(nodes, kept, live_server.url))
+
+    assert ctl(["node", "token", "sim01"]) == 0
+    new = capsys.readouterr().out.strip()
+    assert dict(kept) == {**old, "sim01": new}
+    assert [r.ok for r in run_round(nodes, old, live_server.url)] == [False, True]  # the old token is refused
+    assert all(r.ok for r in run_round(nodes, kept, live_server.url))
+
+    # A node the simulator does not run is handed nothing.
+    assert ctl(["node", "token", "gpu01"]) == 0
+    assert set(kept) == {"sim01", "sim02"}

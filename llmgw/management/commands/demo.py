@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -35,10 +36,15 @@ def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> thread
     """Run the demo nodes' simulated agents in a daemon thread, once the server at `server` answers."""
     from agents.simulator.client import run_nodes
     from agents.simulator.nodes import SimNode
+    from agents.simulator.tokens import KeptTokens, tokens_path, tokens_write
     from llmgw.management.commands.sim import sim_tokens
 
     specs = demo_nodes()
-    tokens = sim_tokens(specs)
+    # Kept where a token made later for one of these nodes (llmgw ctl node token gpu01) is handed over.
+    path = tokens_path(settings.DATA_DIR)
+    path.unlink(missing_ok=True)  # the last run's nodes are handed nothing while the new tokens are made
+    tokens_write(path, sim_tokens(specs))
+    tokens = KeptTokens(path)
     nodes = [SimNode(s, interval=interval, ready_delay=ready_delay) for s in specs]
 
     def run() -> None:
