@@ -14,6 +14,7 @@ import os
 import sys
 
 from llmgw import remote as remote_mode
+from llmgw import whereabouts
 from llmgw.errors import LlmgwError
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
@@ -93,6 +94,13 @@ def server_first(argv: list[str]) -> list[str]:
     return front + rest
 
 
+def django_started() -> bool:
+    """Django's settings are read already (tests, `llmgw shell`): the database is the one they name."""
+    from django.conf import settings
+
+    return settings.configured
+
+
 def django_setup(*, read_only: bool) -> None:
     """Start Django for local mode; a listing (llmgw.remote.listing) with only the apps it reads
     (settings.CTL_READ_APPS) unless Django has started already (tests, `llmgw shell`)."""
@@ -134,11 +142,16 @@ def run(argv: list[str], *, own_process: bool) -> int:
     try:
         args.remote = remote_mode.remote_from(args.server)
         if args.remote is None:
+            if not django_started():
+                whereabouts.local_data_find()
             django_setup(read_only=getattr(args.handler, "read_only", False))
         if own_process:
             gc.freeze()
             gc.enable()
         return args.handler(args) or 0
+    except whereabouts.ServerNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except LlmgwError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

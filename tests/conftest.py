@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# `llmgw demo` records where its data is in the user's state directory (llmgw.whereabouts), which ctl
+# then reads: the demos the tests start record theirs in a directory of the run's own, never over the
+# developer's, and no ctl of a test finds the developer's demo.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="llmgw-tests-state-")
 
 
 def pytest_configure(config) -> None:

@@ -74,10 +74,17 @@ def test_a_file_too_large_is_refused_unread(tmp_path):
     with big.open("w") as handle:
         handle.write("facility:\n  budgets:\n")
         handle.write("    - {domain: 'rack:r1', cap_watts: 1000}\n" * 60_000)
+    _database(tmp_path)
     done = _llmgw(tmp_path, "ctl", "facility", "apply", "-f", str(big))
     assert done.returncode != 0
     assert done.stderr.strip().startswith(f"error: {big}: 2,")
     assert "a file llmgw reads is at most 2,000,000" in done.stderr and "Traceback" not in done.stderr
+
+
+def _database(tmp_path) -> None:
+    """A data directory with a database, as _llmgw's ctl looks for one before it reads anything else."""
+    (tmp_path / "var").mkdir(exist_ok=True)
+    (tmp_path / "var" / "llmgw.sqlite3").touch()
 
 
 def _llmgw(tmp_path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -315,5 +322,6 @@ def _free_port() -> int:
 
 
 def test_a_setting_that_does_not_parse_is_one_error_line(tmp_path):
+    _database(tmp_path)
     done = _llmgw(tmp_path, "ctl", "nodes", env={"LLMGW_RECONCILE_INTERVAL": "abc"})
     assert (done.returncode, done.stderr) == (2, "error: LLMGW_RECONCILE_INTERVAL: 'abc' is not a number\n")

@@ -24,7 +24,18 @@ def ctl(*args: str, database_url: str | None = None, data_dir: Path | None = Non
     return subprocess.run([LLMGW, "ctl", *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_a_new_data_directory_asks_for_migrate(tmp_path):
+def test_a_data_directory_without_a_database_is_named_and_left_so(tmp_path):
+    result = ctl("nodes", data_dir=tmp_path / "new")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(
+        f"error: no llmgw database in {tmp_path / 'new'} (LLMGW_DATA_DIR): start a server on it first "
+        "(llmgw demo, or llmgw migrate), or point ctl elsewhere\n  start the demo: make demo"
+    )
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_database_without_tables_asks_for_migrate(tmp_path):
+    (tmp_path / "llmgw.sqlite3").write_bytes(b"")
     result = ctl("nodes", data_dir=tmp_path)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (

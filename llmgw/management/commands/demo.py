@@ -21,6 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from llmgw.management import LlmgwCommand
+from llmgw.whereabouts import demo_record_write
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 
@@ -118,6 +119,10 @@ class Command(LlmgwCommand):
         user.set_password(password)
         user.save()
         host, _, port = addrport.rpartition(":")
+        if not os.environ.get("DATABASE_URL"):
+            # llmgw ctl, run from any directory with nothing set, works on this data (llmgw.whereabouts).
+            url = None if no_serve else f"http://{host or '127.0.0.1'}:{port}"
+            demo_record_write(data_dir=settings.DATA_DIR, url=url)
         self.stdout.write(
             f"\nDemo facility loaded: 32 nodes in 8 racks.\n"
             f"  console:  http://{host or '127.0.0.1'}:{port}/   (log in as admin / {password})\n"
