@@ -278,15 +278,14 @@ def _settle_batch(
     return again
 
 
-def _take_back(planned: list[Planned], index: PlacementIndex, now: datetime, lane: Lane) -> None:
-    """Plans applied to the index but never sent: the index reads their nodes again and the model's
-    spread forgets them; each replica keeps its tries and exclusions, to be planned again."""
-    if not planned:
-        return
-    nodes: set[str] = set()
-    for item in planned:
-        nodes |= item.plan.nodes
+def _take_back(planned: list[Planned], index: PlacementIndex, lane: Lane) -> None:
+    """Plans applied to the index but never sent: the index gets back the views it had before them (last
+    applied, first put back), and the model's spread forgets them; each replica keeps its tries and
+    exclusions, to be planned again. Not read afresh: what the database says of those nodes is what the
+    settling of the batch before them reads, as it would have had they waited."""
+    for item in reversed(planned):
+        for view in item.before:
+            index.update_node(view)
         lane.existing.remove(item.plan.nodes)
         item.plan = item.explain = None
-    for view in snapshot.node_views(names=nodes, now=now):
-        index.update_node(view)
+        item.before = ()

@@ -7,7 +7,7 @@ from typing import Any
 
 from placement.commit.outcomes import Pending, Placement
 from placement.commit.single import replicas_pending_mark
-from placement.planner import NoFit, Plan, ReplicaRequest
+from placement.planner import NodeView, NoFit, Plan, ReplicaRequest
 
 # Plans committed together in one transaction by replicas_place (PostgreSQL): the commit, not the
 # plan, is what one placement at a time waits on. A batch locks the members of the budgeted domains it
@@ -26,6 +26,8 @@ class Planned:
     exclude: set[str] = field(default_factory=set)
     plan: Plan | None = None
     explain: dict[str, Any] | None = None
+    # The index's views of the plan's nodes before the plan was applied: a plan taken back puts them back.
+    before: tuple[NodeView, ...] = ()
     tried: bool = False  # planned once at least: counted against a run's bound on tries
 
 

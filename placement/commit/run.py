@@ -120,6 +120,7 @@ def lanes_place(
             lane.queue.pop(0)
             item.plan = result
             item.explain = placed_explain(result, attempts=item.attempt, conflicts=item.conflicts)
+            item.before = tuple(index.node(name) for name in sorted(result.nodes))
             index.apply(result)
             lane.existing.append(result.nodes)
             planned.append(item)
@@ -151,19 +152,19 @@ def lanes_place(
                 blame = sent_lane
                 committed = flight.finish()
                 clean = committed is not None and committed.clean
+                if planned and not clean:
+                    # Not all of it committed: what was planned on top of it is taken back first (the
+                    # index as it was before those plans), to be planned again after the sent batch is
+                    # settled, on the index the waiting way would have had.
+                    _take_back(planned, index, lane)
+                    lane.queue[:0] = planned
+                    planned = []
                 if committed is None:
                     # The write met a lost race and the database rolled the batch back: committed again
                     # the waiting way, which finds out which plans lost and plans them again.
                     again = _commit_batch(sent, index, now, sent_lane)
                 else:
                     again = _settle_batch(sent, committed, index, now, sent_lane)
-                if planned and not clean:
-                    # Not all of it committed: what was planned on top of it is planned again after it
-                    # (its nodes read again once the sent batch is settled: the index then has it right).
-                    blame = lane
-                    _take_back(planned, index, now, lane)
-                    lane.queue[:0] = planned
-                    planned = []
                 sent_lane.queue[:0] = again
                 for waiting in lanes:
                     nofit, waiting.held = waiting.held, None
