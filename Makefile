@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# make demo ADDR=127.0.0.1:8001 serves elsewhere when 8000 is taken.
+# make demo ADDR=127.0.0.1:8001 serves elsewhere when 8000 is taken; SCENARIO=crac-failure replays a
+# row's cooling failure from the start.
 ADDR ?= 127.0.0.1:8000
+SCENARIO ?=
 demo: $(STAMP)
-	$(BIN)/llmgw demo --addr $(ADDR)
+	$(BIN)/llmgw demo --addr $(ADDR)$(if $(SCENARIO), --scenario $(SCENARIO))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

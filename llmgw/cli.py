@@ -52,6 +52,15 @@ def _main(argv: list[str] | None = None) -> int:
         from llmgw.ctl import main as ctl_main
 
         return ctl_main(rest, own_process=own_process)
+    if command == "sim":
+        # It works on a control plane's data (tokens, the scenario), found as ctl finds it.
+        from llmgw import whereabouts
+
+        try:
+            whereabouts.local_data_find()
+        except whereabouts.ServerNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if command in {"worker", "beat"}:
         import django
 

@@ -42,4 +42,9 @@ def test_ctl_finds_the_demo_from_anywhere_or_says_what_to_do(tmp_path):
     result = llmgw("ctl", "nodes", "-o", "json", cwd=elsewhere, state=state)
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == 32
+    # The sim's facility replay, from there too.
+    scenario = Path(__file__).resolve().parents[2] / "deploy" / "scenarios" / "crac-failure.yaml"
+    result = llmgw("sim", "facility", "-f", str(scenario), "--speed", "10", cwd=elsewhere, state=state)
+    assert (result.returncode, result.stdout) == (0, "replaying crac-failure at ×10 from now (5.0 min); conditions "
+                                                     "follow at each evaluation (llmgw ctl facility events)\n")
     assert list(elsewhere.iterdir()) == []

@@ -24,6 +24,8 @@ from llmgw.management import LlmgwCommand
 from llmgw.whereabouts import demo_record_write
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
+# The facility scenarios `llmgw demo --scenario NAME` replays (and `llmgw sim facility -f` takes as files).
+SCENARIOS_DIR = settings.BASE_DIR / "deploy" / "scenarios"
 
 
 
@@ -76,6 +78,29 @@ def load_demo() -> None:
     models_apply_file(path=DEMO_DIR / "models.yaml")
 
 
+def demo_scenario(name: str) -> tuple[Path, dict]:
+    """The scenario `--scenario` names: one of deploy/scenarios by its name (crac-failure), or a file; read
+    and checked before anything is loaded, or CommandError naming what there is."""
+    from facility.sources import parse_scenario
+    from llmgw.errors import InvalidInput
+    from llmgw.yamldoc import load_one, read_text
+
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml") and "/" not in name:
+        path = SCENARIOS_DIR / f"{name}.yaml"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))) or "none"
+            raise CommandError(f"--scenario: no scenario {name!r} (the demo's: {known}; or give a scenario file)")
+    try:
+        data = load_one(read_text(path), str(path), what="scenario").data
+        parse_scenario(data)
+    except InvalidInput as exc:
+        raise CommandError(f"--scenario: {exc.message}") from exc
+    except ValueError as exc:
+        raise CommandError(f"--scenario: {path}: {exc}") from exc
+    return path, data
+
+
 def ensure_free(addrport: str) -> None:
     """CommandError naming the address unless ADDR:PORT parses and nothing listens there yet."""
     host, _, port = addrport.rpartition(":")
@@ -103,16 +128,39 @@ class Command(LlmgwCommand):
         parser.add_argument("--no-serve", action="store_true", help="load the demo and exit")
         parser.add_argument("--no-sim", action="store_true", help="serve without the simulated agents")
         parser.add_argument("--interval", type=int, default=5, help="the simulated agents' heartbeat seconds, 1–10")
+        parser.add_argument(
+            "--scenario",
+            help="replay a facility scenario into the simulated source from the start: crac-failure (a row's "
+            "cooling fails; deploy/scenarios) or a scenario file",
+        )
+        parser.add_argument(
+            "--speed", type=float, default=10.0,
+            help="the scenario's replay speed (default 10: crac-failure's 50 minutes in 5)",
+        )
 
-    def handle(self, *args, addrport: str, addr: str | None, no_serve: bool, no_sim: bool, interval: int, **options):
+    def handle(self, *args, addrport: str, addr: str | None, no_serve: bool, no_sim: bool, interval: int,
+               scenario: str | None = None, speed: float = 10.0, **options):
         if not 1 <= interval <= 10:
             raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
+        if not 0 < speed <= 10_000:
+            raise CommandError(f"--speed: {speed:g} is not above 0 and at most 10000")
+        replay = demo_scenario(scenario) if scenario else None
         addrport = addr or addrport
         if not no_serve:
             # Before anything is loaded or printed: a login for a server that is not ours helps no one.
             ensure_free(addrport)
         call_command("migrate", verbosity=0, interactive=False)
         load_demo()
+        if replay is not None:
+            from facility.services import scenario_start
+            from facility.sources import parse_scenario
+
+            run = scenario_start(data=replay[1], speed=speed)
+            minutes = parse_scenario(replay[1]).duration / 60 / speed
+            self.stdout.write(
+                f"Replaying {run.name} ({replay[0].name}) at ×{speed:g} from now, {minutes:.1f} min: the Facility "
+                "page and llmgw ctl facility events follow it"
+            )
         password = secrets.token_urlsafe(9)
         user, _ = get_user_model().objects.get_or_create(username="admin")
         user.is_staff = user.is_superuser = True
