@@ -132,24 +132,27 @@ RUNTIME_KEYS = (
 )
 
 
-def load_config(path: str | os.PathLike[str]) -> AgentConfig:
-    """Read and check agent.yaml; raises AgentConfigError naming the field and line."""
+def load_config(path: str | os.PathLike[str], *, need_token: bool = True) -> AgentConfig:
+    """Read and check agent.yaml; raises AgentConfigError naming the field and line.
+
+    ``need_token`` False (a dry run, which sends nothing): a token or token_file that is missing, unreadable
+    or empty leaves the token empty instead of refusing the file."""
     try:
         text = read_text(path)
     except InvalidInput as exc:
         raise AgentConfigError(exc.message) from None
-    return parse_config(text, path=str(path))
+    return parse_config(text, path=str(path), need_token=need_token)
 
 
-def parse_config(text: str, *, path: str = "agent.yaml") -> AgentConfig:
+def parse_config(text: str, *, path: str = "agent.yaml", need_token: bool = True) -> AgentConfig:
     """Check agent.yaml's text; `path` is used in messages and to find a relative token_file."""
     try:
-        return _parse(text, path)
+        return _parse(text, path, need_token)
     except InvalidInput as exc:
         raise AgentConfigError(exc.message) from None
 
 
-def _parse(text: str, path: str) -> AgentConfig:
+def _parse(text: str, path: str, need_token: bool = True) -> AgentConfig:
     docs = load_documents(text, path)
     if not docs:
         raise InvalidInput(f"{path} line 1: the file is empty; server, node and token are required")
@@ -175,7 +178,12 @@ def _parse(text: str, path: str) -> AgentConfig:
     if not is_node_name(name):
         raise doc.error(("node",), node_name_problem(name))
 
-    token = _token(doc, top, Path(path).resolve().parent)
+    try:
+        token = _token(doc, top, Path(path).resolve().parent)
+    except InvalidInput:
+        if need_token:
+            raise
+        token = ""
 
     interval = DEFAULT_INTERVAL_SECONDS
     if "interval_seconds" in top:

@@ -166,6 +166,31 @@ def test_dry_run_without_a_config_or_a_hostname_names_this_host(capsys, monkeypa
     assert json.loads(capsys.readouterr().out)["node"] == "gpu42"
 
 
+def test_dry_run_needs_no_token_and_says_what_a_real_run_would_miss(plane, tmp_path, capsys):
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(agent_yaml(plane.url).replace("token: node_secret", "token_file: token"))
+    status = main(["--once", "--dry-run", "--config", str(config_path), "--sample-seconds", "0"],
+                  reader_factory=lambda sys_root: StubReader())
+    out, err = capsys.readouterr()
+    assert status == 0 and plane.requests == []
+    assert json.loads(out)["node"] == "gpu01"
+    assert err == (f"llmgw agent: {config_path} line 3: token_file: cannot read '{tmp_path / 'token'}': "
+                   "No such file or directory (a dry run sends nothing and needs no token)\n")
+
+    config_path.write_text(agent_yaml(plane.url).replace("token: node_secret\n", ""))
+    assert main(["--once", "--dry-run", "--config", str(config_path), "--sample-seconds", "0"],
+                reader_factory=lambda sys_root: StubReader()) == 0
+    assert capsys.readouterr().err == (
+        f"llmgw agent: {config_path} line 1: token: required (or token_file); get one with "
+        "`llmgw ctl node token <node>` (a dry run sends nothing and needs no token)\n")
+    # A real run still refuses it, and a dry run anything else wrong.
+    assert main(["--once", "--config", str(config_path)], reader_factory=lambda sys_root: StubReader()) == 2
+    config_path.write_text(agent_yaml("llmgw.example.net").replace("token: node_secret\n", ""))
+    assert main(["--once", "--dry-run", "--config", str(config_path)], reader_factory=lambda sys_root: StubReader()) == 2
+    assert capsys.readouterr().err.endswith("server: an http:// or https:// URL of the control plane, "
+                                            "got 'llmgw.example.net'\n")
+
+
 def test_once_sends_one_heartbeat_and_prints_the_answer(plane, tmp_path, capsys):
     config_path = tmp_path / "agent.yaml"
     config_path.write_text(agent_yaml(plane.url))
