@@ -428,11 +428,12 @@ BUILTIN_FILTERS = (
     Filter("ready", _ready, "a node whose heartbeats stopped takes nothing", builtin=True),
     Filter("cordoned", _cordoned, "a cordoned node takes nothing new", builtin=True),
     Filter("held", _held, "a held domain (or a hot one under enforce) takes nothing new", builtin=True),
-    Filter("excluded", _excluded, "a node this replica lost a race for is not tried again", builtin=True),
+    Filter("excluded", _excluded, "a node this replica lost a race for is not tried again", builtin=True,
+           rechecked=False),
     Filter("selector", _selector, "the profile's node_selector", builtin=True),
-    Filter("gpu", _gpus, "free GPUs", builtin=True),
-    Filter("cpu", _cpus, "free cores", builtin=True),
-    Filter("memory", _memory, "free memory", builtin=True),
+    Filter("gpu", _gpus, "free GPUs", builtin=True, rechecked=False),
+    Filter("cpu", _cpus, "free cores", builtin=True, rechecked=False),
+    Filter("memory", _memory, "free memory", builtin=True, rechecked=False),
     Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True),
 )
 _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
@@ -452,6 +453,21 @@ def base_rejection(
         reason = reject(node, profile, held, exclude)
         if reason is not None:
             return reason
+    return None
+
+
+def recheck_rejection(node: NodeView, request: ReplicaRequest, held: str | None) -> str | None:
+    """Why a chosen node, as its locked row has it now, turns the replica down, or None: every filter that
+    is ``rechecked`` (readiness, cordon, holds, the selector and fabric on its labels now, the loaded
+    plugins' filters), in the planner's order and through the same functions; the guarded commit's
+    re-check. Resources are the guarded writes' to keep, power :func:`power_rejection_in`'s."""
+    for item in BUILTIN_FILTERS:
+        if item.rechecked:
+            reason = item.reject(node, request.profile, held, frozenset())
+            if reason is not None:
+                return reason
+    if REGISTRY.has_external:
+        return external_rejection(REGISTRY, node, request, rechecked=True)
     return None
 
 

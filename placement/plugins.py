@@ -32,12 +32,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """A rule that turns a node down: ``reject(node, request)`` returns the words, or None to pass."""
+    """A rule that turns a node down: ``reject(node, request)`` returns the words, or None to pass.
+
+    ``rechecked``: the guarded commit asks it again of each chosen node, on the node's locked row (its
+    readiness, cordon, holds, labels), through this same function. The built-in resource filters are not:
+    the commit's guarded writes are what keep cards, cores and memory from being booked twice.
+    """
 
     id: str
     reject: Callable[[Any, Any], str | None]
     doc: str = ""
     builtin: bool = False
+    rechecked: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +112,12 @@ class Registry:
         self.errors, self.loaded, self._reported = [], [], set()
 
 
-def external_rejection(registry: Registry, node: Any, request: Any) -> str | None:
-    """The first loaded filter that turns the node down, as ``<id>: <words>``; a filter that raises passes."""
+def external_rejection(registry: Registry, node: Any, request: Any, *, rechecked: bool = False) -> str | None:
+    """The first loaded filter that turns the node down, as ``<id>: <words>``; a filter that raises passes.
+    ``rechecked``: only the filters the guarded commit asks again."""
     for item in registry.external_filters:
+        if rechecked and not item.rechecked:
+            continue
         try:
             reason = item.reject(node, request)
         except Exception as exc:  # a plugin's bug never blocks placement

@@ -20,7 +20,7 @@ from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
 from placement.commit.writes import LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
-from placement.planner import FacilityView
+from placement.planner import ReplicaRequest
 from placement.signals import placement_changed_on_commit
 
 
@@ -73,7 +73,7 @@ def _commit_batch(planned: list[Planned], index: PlacementIndex, now: datetime, 
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            lost, writes = _checked(planned, locked, domains_of, facility, now)
+            lost, writes = _checked(planned, locked, domains_of, index, lane.request, now)
             if writes:
                 ids = {name: row[1] for name, row in locked.nodes.items()}
                 gone, raced = _write_postgresql_batch(cursor, writes, ids, now, touched)
@@ -97,15 +97,17 @@ def _batch_scope(planned: list[Planned], index: PlacementIndex) -> tuple[list[st
 
 
 def _checked(
-    planned: list[Planned], locked: _Locked, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime
+    planned: list[Planned], locked: _Locked, domains_of: dict[str, list[str]], index: PlacementIndex,
+    request: ReplicaRequest, now: datetime,
 ) -> tuple[dict[int, LostRace], list[tuple[int, list, dict]]]:
     """The plans checked in turn against the locked rows: the ones that lost, and the writes of the rest."""
     lost: dict[int, LostRace] = {}
     writes = []
+    views = {name: index.node(name) for name in domains_of}
     for item in planned:
         shards = sorted(item.plan.shards, key=lambda s: s.node)
         try:
-            locked.check(shards, domains_of, facility, now)
+            locked.check(shards, domains_of, index.facility, now, views=views, request=request)
         except LostRace as race:
             lost[item.replica.pk] = race
             continue
@@ -147,7 +149,7 @@ class _InFlight:
         self._rolled_back = False  # the write's lost race came back while it was being sent
 
     @classmethod
-    def send(cls, planned: list[Planned], index: PlacementIndex, now: datetime) -> _InFlight:
+    def send(cls, planned: list[Planned], index: PlacementIndex, now: datetime, request: ReplicaRequest) -> _InFlight:
         flight = cls()
         names, domains_of, touched = _batch_scope(planned, index)
         facility = index.facility
@@ -156,7 +158,7 @@ class _InFlight:
         try:
             cursor.execute("BEGIN")
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            flight._lost, flight._writes = _checked(planned, locked, domains_of, facility, now)
+            flight._lost, flight._writes = _checked(planned, locked, domains_of, index, request, now)
             if not flight._writes:
                 cursor.execute("COMMIT")
                 cursor.close()

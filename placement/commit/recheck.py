@@ -1,8 +1,11 @@
-"""The re-check of plans against the locked rows: a node that moved, went, was cordoned or held, and every
-budgeted domain's power through the planner's own power rule (placement.planner.power_rejection_in)."""
+"""The re-check of plans against the locked rows, through the planner's own functions: each chosen node as
+its locked row has it now (gone, moved, and then every ``rechecked`` filter: readiness, cordon, holds, the
+selector and fabric, the loaded plugins' filters: placement.planner.recheck_rejection) and every budgeted
+domain's power (placement.planner.power_rejection_in). Cards, cores and memory are the guarded writes'."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections import defaultdict
@@ -16,7 +19,17 @@ from facility.power import Budget as BudgetFigures
 from facility.power import node_use_added_watts
 from placement import snapshot
 from placement.commit.outcomes import LostRace
-from placement.planner import FacilityView, power_rejection_in
+from placement.planner import (
+    FacilityView,
+    NodeView,
+    ReplicaRequest,
+    held_reason,
+    power_rejection_in,
+    recheck_rejection,
+)
+
+# The planner's words for a node's state, said of a change since the plan.
+_SINCE = {"not ready": "not ready any more", "cordoned": "cordoned meanwhile"}
 
 
 class _Locked:
@@ -33,34 +46,40 @@ class _Locked:
         }
         self.taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.extra: dict[str, float] = defaultdict(float)
-        self.refusals: dict[str, str | None] = {}
+        self.holds = {snapshot.domain_of(d): reason for d, reason in held.items()}
+        self.refusals: dict[tuple, str | None] = {}
         self.budgeted: dict[str, list[str]] = {}  # each node's budgeted domains, in level order
 
-    def _node_refusal(self, name: str, domains: list[str], now: datetime) -> str | None:
-        """Why the locked row of a chosen node refuses any shard (gone, cordoned, not ready, moved, held)."""
+    def _node_refusal(
+        self, name: str, domains: list[str], view: NodeView, request: ReplicaRequest, now: datetime
+    ) -> str | None:
+        """Why the locked row of a chosen node refuses the replica (gone, moved, then the planner's
+        rechecked filters on the node as the row has it: not ready, cordoned, held, a plugin's no)."""
         row = self.nodes.get(name)
         if row is None:
             return f"{name}: the node is gone"
-        if row[2]:
-            return f"{name}: cordoned meanwhile"
-        if not _is_ready(row[3], row[4], now):
-            return f"{name}: not ready any more"
         if _location_of(row[5] or "{}") != tuple(sorted(domains)):  # the labels as text (CAST in the SQL)
             return f"{name}: its location changed meanwhile"
-        for domain in domains:
-            if domain in self.held:
-                return f"{name}: {domain.replace(':', ' ', 1)} is held: {self.held[domain]}"
-        return None
+        locked = dataclasses.replace(view, ready=_is_ready(row[3], row[4], now), cordoned=bool(row[2]))
+        reason = recheck_rejection(locked, request, held_reason(locked, self.holds))
+        return None if reason is None else f"{name}: {_SINCE.get(reason, reason)}"
 
-    def check(self, shards, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime) -> None:
-        """Re-check one plan against the locked rows; raises LostRace. Once it passes, it is counted."""
+    def check(
+        self, shards, domains_of: dict[str, list[str]], facility: FacilityView, now: datetime, *,
+        views: dict[str, NodeView], request: ReplicaRequest,
+    ) -> None:
+        """Re-check one plan against the locked rows; raises LostRace. Once it passes, it is counted.
+        ``views``: the index's view of each chosen node (what the plan was made on); ``request``: the
+        replica's, whose profile the rechecked filters read."""
         for shard in shards:
             name = shard.node
-            # The node's own verdict, once per node for all the plans of a batch (the rows do not move).
-            if name not in self.refusals:
-                self.refusals[name] = self._node_refusal(name, domains_of[name], now)
-            if self.refusals[name] is not None:
-                raise LostRace(name, self.refusals[name])
+            # The node's own verdict, once per node and profile for all the plans of a batch (the rows do
+            # not move; plugins' filters may answer each profile otherwise).
+            verdict = (name, request.profile)
+            if verdict not in self.refusals:
+                self.refusals[verdict] = self._node_refusal(name, domains_of[name], views[name], request, now)
+            if self.refusals[verdict] is not None:
+                raise LostRace(name, self.refusals[verdict])
         if not self.budgets:
             return
         # This plan's own shards count with one another (a replica over two nodes of one rack), and

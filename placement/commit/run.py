@@ -174,7 +174,7 @@ def lanes_place(
                 continue
             blame = lane
             if overlap and any(can_go(candidate) for candidate in lanes):  # a next batch to plan meanwhile
-                flight = _InFlight.send(planned, index, now)
+                flight = _InFlight.send(planned, index, now, lane.request)
                 if flight.committed is None:
                     in_flight = (lane, planned, flight)
                 else:  # every plan lost at the check: nothing went out

@@ -47,10 +47,10 @@ def replica_place(
         try:
             committed = None
             if _pipelined():
-                committed = _commit_pipelined(replica.pk, result, index, explain, now)
+                committed = _commit_pipelined(replica.pk, result, index, explain, now, request)
             if committed is None:  # no pipeline here, or its strict write found a race: the plain way
                 with transaction.atomic():
-                    committed = _commit(replica.pk, result, index, explain, now)
+                    committed = _commit(replica.pk, result, index, explain, now, request)
         except ReplicaGone:
             committed = False
         except LostRace as race:

@@ -20,21 +20,23 @@ from placement.commit.outcomes import LostRace, ReplicaGone
 from placement.commit.recheck import _Locked
 from placement.index import PlacementIndex
 from placement.models import GpuBooking, NodeBooking, Replica, ReplicaState, Shard
-from placement.planner import Plan
+from placement.planner import Plan, ReplicaRequest
 
 
 def _commit(
-    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime
+    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime,
+    request: ReplicaRequest,
 ) -> bool:
     """Lock, re-check and write one plan; False when the replica is no longer pending. Raises LostRace."""
     shards = sorted(plan.shards, key=lambda s: s.node)
     names = [s.node for s in shards]
     facility = index.facility
-    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    views = {name: index.node(name) for name in names}
+    domains_of = {name: [str(d) for d in view.domains] for name, view in views.items()}
     touched = sorted({d for ds in domains_of.values() for d in ds})
     with connection.cursor() as cursor:
         locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-        locked.check(shards, domains_of, facility, now)
+        locked.check(shards, domains_of, facility, now, views=views, request=request)
         ids = {name: locked.nodes[name][1] for name in names}
         if connection.vendor == "postgresql":
             return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)
@@ -42,7 +44,8 @@ def _commit(
 
 
 def _commit_pipelined(
-    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime
+    replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime,
+    request: ReplicaRequest,
 ) -> bool | None:
     """_commit on PostgreSQL outside any transaction, in two round trips: BEGIN, the budgets' locks and
     the locked read go out together; the plan is checked; the write (strict) and COMMIT go out together.
@@ -58,7 +61,8 @@ def _commit_pipelined(
     shards = sorted(plan.shards, key=lambda s: s.node)
     names = [s.node for s in shards]
     facility = index.facility
-    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
+    views = {name: index.node(name) for name in names}
+    domains_of = {name: [str(d) for d in view.domains] for name, view in views.items()}
     touched = sorted({d for ds in domains_of.values() for d in ds})
     connection.ensure_connection()
     pg = connection.connection
@@ -70,7 +74,7 @@ def _commit_pipelined(
                     budgets.execute(*_budgets_sql(touched))
                 cursor.execute(*_read_sql(names, touched, now))
             locked = _Locked(*_state_of(budgets.fetchall() if touched else [], cursor.fetchall(), facility))
-            locked.check(shards, domains_of, facility, now)
+            locked.check(shards, domains_of, facility, now, views=views, request=request)
             ids = {name: locked.nodes[name][1] for name in names}
             try:
                 with pg.pipeline():

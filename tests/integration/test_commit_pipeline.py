@@ -28,8 +28,8 @@ def flights(monkeypatch):
     seen: list[list] = []
     send, finish = batches._InFlight.send.__func__, batches._InFlight.finish
 
-    def spy_send(cls, planned, index, now):
-        flight = send(cls, planned, index, now)
+    def spy_send(cls, planned, index, now, request):
+        flight = send(cls, planned, index, now, request)
         seen.append([len(planned), "sent"])
         flight.record = seen[-1]
         return flight
@@ -423,10 +423,10 @@ def test_a_replica_that_has_had_its_tries_is_not_tried_again_when_a_later_model_
     monkeypatch.setattr(batches, "MAX_ATTEMPTS", 1)
     check = recheck._Locked.check
 
-    def a_loses(self, shards, domains_of, facility, now):
+    def a_loses(self, shards, domains_of, facility, now, **kwargs):
         if shards[0].node == "n0":  # a's plan, first in the name order
             raise commit.LostRace("n0", "n0: taken meanwhile")
-        return check(self, shards, domains_of, facility, now)
+        return check(self, shards, domains_of, facility, now, **kwargs)
 
     plan = PlacementIndex.plan
 

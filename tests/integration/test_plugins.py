@@ -103,3 +103,50 @@ def test_the_index_equals_the_plain_path_with_a_plugin_on(join_node):
     views = snapshot.node_views(now=timezone.now())
     facility = snapshot.facility_view()
     assert PlacementIndex(views, facility).plan(request) == plan_replica(request, views, facility)
+
+
+def test_the_guarded_commit_asks_a_plugins_filter_again_on_the_node_as_it_is_now(join_node, monkeypatch):
+    """The plugin turns a node down between the plan and the commit: the commit's re-check runs the same
+    filter and the replica goes to the next node, the plugin's words in its conflicts. A filter marked
+    not ``rechecked`` is asked at planning only."""
+    from placement import snapshot
+    from placement.commit import replica_place
+    from placement.index import PlacementIndex
+    from placement.models import Model, Replica
+
+    closed: set[str] = set()
+    phase = ["plan"]
+    asked_at_commit: list[str] = []
+
+    def maintenance(node, request):
+        return "in a maintenance window" if node.name in closed else None
+
+    def planning_only(node, request):
+        if phase[0] == "commit":
+            asked_at_commit.append(node.name)
+        return None
+
+    REGISTRY.add_filter(Filter("window", maintenance))
+    REGISTRY.add_filter(Filter("counted", planning_only, rechecked=False))
+    cluster(join_node)
+    model = Model.objects.create(name="m", replicas=1, gpus=8)
+    replica = Replica.objects.create(model=model, ordinal=1)
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    plan = PlacementIndex.plan
+    chosen: list[str] = []
+
+    def plan_then_close(self, request, **kwargs):
+        phase[0] = "plan"
+        result = plan(self, request, **kwargs)
+        if not chosen:  # the window opens on the first choice once it is planned
+            chosen.append(result.shards[0].node)
+            closed.add(chosen[0])
+        phase[0] = "commit"
+        return result
+
+    monkeypatch.setattr(PlacementIndex, "plan", plan_then_close)
+    outcome = replica_place(replica=replica, request=snapshot.replica_request(model), index=index)
+    assert outcome.plan is not None and chosen[0] not in outcome.plan.nodes
+    replica.refresh_from_db()
+    assert replica.explain["conflicts"] == [f"{chosen[0]}: window: in a maintenance window"]
+    assert asked_at_commit == []
