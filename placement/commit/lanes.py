@@ -48,7 +48,7 @@ class Lane:
     error: Exception | None = None
     queue: list[Planned] = field(init=False, repr=False)
     existing: list[frozenset[str]] = field(init=False, repr=False)  # the model's replicas, as planned
-    held: NoFit | None = field(default=None, init=False, repr=False)  # its no-fit, behind the batch in flight
+    nofit_behind_flight: NoFit | None = field(default=None, init=False, repr=False)  # met behind a batch in flight
 
     def __post_init__(self) -> None:
         self.queue = [Planned(r) for r in self.replicas]

@@ -84,7 +84,7 @@ def lanes_place(
     failing = False
 
     def can_go(lane: Lane) -> bool:
-        if not lane.queue or lane.stopped is not None or lane.held is not None:
+        if not lane.queue or lane.stopped is not None or lane.nofit_behind_flight is not None:
             return False
         return lane.queue[0].tried or max_tries is None or started < max_tries
 
@@ -143,7 +143,7 @@ def lanes_place(
                 else:
                     # Nothing fits behind a batch in flight: that stands if the batch commits whole, as
                     # it was planned on; meanwhile the next lane plans (a reconcile's models each end so).
-                    lane.held = nofit
+                    lane.nofit_behind_flight = nofit
             if not planned and in_flight is None:
                 break
             if in_flight is not None:
@@ -167,7 +167,7 @@ def lanes_place(
                     again = _settle_batch(sent, committed, index, now, sent_lane)
                 sent_lane.queue[:0] = again
                 for waiting in lanes:
-                    nofit, waiting.held = waiting.held, None
+                    nofit, waiting.nofit_behind_flight = waiting.nofit_behind_flight, None
                     if nofit is not None and clean:
                         stop_at(waiting, nofit)  # the index was as it was planned on: the same answer
             if not planned:
