@@ -219,6 +219,17 @@ def feed_cap_warnings() -> list[str]:
     return [f"{b.domain}: {w}" for b in rows if (w := feed_cap_warning(b))]
 
 
+def budgets_locked() -> dict[str, Budget]:
+    """Every Budget row, locked in the domains' order (inside the caller's transaction), by domain.
+
+    A change that ends in :func:`feed_caps_refresh` (which locks every row) takes these locks first,
+    before it writes a budget or locks a node: the guarded commit locks its budgets in that order and
+    then its nodes, so a change holding one budget or a node while it waited for the rest could
+    deadlock with a placement.
+    """
+    return {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
+
+
 @transaction.atomic
 def feed_caps_refresh() -> bool:
     """Rewrite the Budget rows derived from feeds; True when any changed (the caller signals it).
@@ -227,8 +238,8 @@ def feed_caps_refresh() -> bool:
     derived one beside it (``feed_cap_watts``), which then holds. Rows lock budgets only (no node), so
     this keeps the guarded commit's lock order (budgets first).
     """
+    existing = budgets_locked()
     caps = caps_derived()
-    existing = {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
     changed = False
     for text, cap in caps.items():
         row = existing.get(text)

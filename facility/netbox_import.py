@@ -264,6 +264,8 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
     if dry_run:
         return {**diff, "applied": False}
     with transaction.atomic():
+        # The budgets first, then the nodes the labels lock: the guarded commit's lock order.
+        feed_services.budgets_locked()
         for node, changes in diff["labels"].items():
             labels_set(node_name=node, changes=changes, set_by=SET_BY)
         feed_services.feeds_replace(feeds=plan.feeds, source=Source.NETBOX)

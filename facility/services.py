@@ -212,7 +212,6 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     return values, budgets
 
 
-@transaction.atomic
 def _refuse_new_prometheus(filename: str, sources: SourcesConfig) -> None:
     """Forbidden unless the file's Prometheus is the one in force (or none)."""
     wanted = sources.prometheus.url if sources.prometheus is not None else None
@@ -227,6 +226,7 @@ def _refuse_new_prometheus(filename: str, sources: SourcesConfig) -> None:
         )
 
 
+@transaction.atomic
 def facility_apply(
     *, text: str, filename: str = "server.yaml", files: Mapping[str, str] | None = None,
     may_change_sources: bool = True, confirm: bool = True,
@@ -279,6 +279,8 @@ def facility_apply(
             raise Conflict(
                 f"{filename} would remove {removal_text(budgets=gone_budgets, feeds=gone_feeds)}", field="confirm"
             )
+    # The budgets first, before the nodes a location_from change locks: the guarded commit's lock order.
+    feed_services.budgets_locked()
     settings = FacilitySettings.load()
     location_from = parse_location_from(settings.location_from or None)
     for key, value in values.items():
@@ -362,6 +364,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
     if other is None:
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
+    feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
     budget, _ = Budget.objects.update_or_create(
         domain=domain,
         defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": "", "feed_cap_watts": None},
@@ -376,6 +379,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
 @transaction.atomic
 def budget_delete(*, domain: str) -> None:
     domain = clean_domain(domain)
+    feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
     deleted, _ = Budget.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} has no budget", field="domain")

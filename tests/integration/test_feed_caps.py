@@ -188,3 +188,21 @@ def test_feed_loss_violations_are_a_series_per_feed(join_node):
     services.facility_apply(text=PAIR)
     family = [f for f in DomainPowerCollector().collect() if f.name == "llmgw_feed_loss_violations"][0]
     assert {s.labels["feed"]: s.value for s in family.samples} == {"A1": 1.0, "B1": 0.0}
+
+
+def test_an_apply_that_fails_halfway_leaves_nothing_of_it(monkeypatch):
+    """One transaction: budgets written before the feeds are rolled back when writing the feeds fails."""
+    from facility import feed_services
+
+    services.facility_apply(text="facility:\n  budgets:\n    - {domain: rack:r1, cap_watts: 9000}\n")
+
+    def broken(**kwargs):
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(feed_services, "feeds_replace", broken)
+    with pytest.raises(RuntimeError):
+        services.facility_apply(
+            text=PAIR.replace("margin: 0.1", "margin: 0.3") + "  budgets:\n    - {domain: rack:r1, cap_watts: 5000}\n"
+        )
+    assert list(Budget.objects.values_list("domain", "cap_watts")) == [("rack:r1", 9000)]
+    assert services.FacilitySettings.load().margin != 0.3

@@ -1,5 +1,7 @@
-"""Every writer that locks nodes locks them in one order: holds, releases, model deletes and scale-downs
-racing from several threads never deadlock and never answer 5xx (issue: a hold deadlocked with a delete).
+"""Every writer that locks nodes locks them in one order, and budgets before nodes: holds, releases, model
+deletes and scale-downs, budget changes racing from several threads never deadlock and never answer 5xx
+(a hold deadlocked with a delete; a budget change, which locks every budget to refresh the feeds' caps,
+deadlocked with placements holding some of them).
 
 Runs ``LLMGW_RACE_SECONDS`` (default 20; the issue's two minutes: ``LLMGW_RACE_SECONDS=120``).
 """
@@ -40,6 +42,11 @@ def test_holds_releases_deletes_and_scale_downs_racing_never_deadlock(join_node,
     for i in range(8):
         join_node(f"a{i}", rack="ra" if i < 4 else "rb", pdu=f"p{i // 2}")
     Node.objects.update(heartbeat_interval_seconds=3600)
+    from facility.services import budget_set
+
+    budgeted = ["rack:ra", "rack:rb", "pdu:p0", "pdu:p1", "pdu:p2", "pdu:p3"]
+    for domain in budgeted:
+        budget_set(domain=domain, cap_watts=200_000)
     _, key = make_user("racer", "operator")
     before = deadlocks()
     answers: Counter = Counter()
@@ -87,7 +94,21 @@ def test_holds_releases_deletes_and_scale_downs_racing_never_deadlock(join_node,
         finally:
             connection.close()
 
+    def budgeter() -> None:
+        c = client()
+        try:
+            while time.monotonic() < deadline:
+                domain = random.choice(budgeted)
+                cap = random.randint(150_000, 250_000)
+                record(c.post("/api/v1/facility/budgets", {"domain": domain, "cap_watts": cap}, format="json"))
+                if random.random() < 0.3:
+                    record(c.delete(f"/api/v1/facility/budgets/{domain}"))
+                    record(c.post("/api/v1/facility/budgets", {"domain": domain, "cap_watts": cap}, format="json"))
+        finally:
+            connection.close()
+
     threads = [
+        threading.Thread(target=budgeter),
         threading.Thread(target=holder, args=("ra",)),
         threading.Thread(target=holder, args=("rb",)),
         threading.Thread(target=scaler, args=("up-down",)),
