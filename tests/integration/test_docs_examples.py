@@ -19,8 +19,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,16 @@ def test_shown_output_is_matched_run_by_run():
     assert not shown_is_printed(["c", "…", "a"], printed)
 
 
+def heartbeats_fresh(data_dir: Path) -> None:
+    """The demo's nodes heard from now, as its simulated agents keep them while it serves: a demo loaded
+    without them (--no-serve, so the figures shown hold still) would otherwise show its nodes and their
+    replicas unreachable half a minute after it loaded."""
+    now = datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")
+    with sqlite3.connect(data_dir / "llmgw.sqlite3") as db:
+        db.execute("UPDATE agents_node SET last_heartbeat_at = ?", (now,))
+    db.close()
+
+
 def run(data_dir: Path, argv: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in {"DATABASE_URL", "REDIS_URL", "LLMGW_CONFIG", "LLMGW_URL", "LLMGW_TOKEN"}}
@@ -114,6 +126,7 @@ def test_the_docs_examples_run_on_the_demo(doc, tmp_path):
     loaded = run(tmp_path, ["demo", "--no-serve"])
     assert loaded.returncode == 0, loaded.stderr
     for command, shown in sessions:
+        heartbeats_fresh(tmp_path)
         done = run(tmp_path, shlex.split(command)[1:])
         assert "Traceback" not in done.stderr, f"{command}\n{done.stderr}"
         refused = bool(shown) and shown[0].startswith("error: ")
