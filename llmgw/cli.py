@@ -52,8 +52,8 @@ def _main(argv: list[str] | None = None) -> int:
         from llmgw.ctl import main as ctl_main
 
         return ctl_main(rest, own_process=own_process)
-    if command == "sim":
-        # It works on a control plane's data (tokens, the scenario), found as ctl finds it.
+    if command == "sim" and not {"-h", "--help"} & set(rest):
+        # It works on a control plane's data (tokens, the scenario), found as ctl finds it; its help needs none.
         from llmgw import whereabouts
 
         try:

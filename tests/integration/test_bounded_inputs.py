@@ -112,6 +112,12 @@ def test_serve_and_sim_with_bad_configuration_print_one_error_line(tmp_path):
         2, f"error: {bomb}: more than 500,000 values (an alias repeating a large part?)")
 
 
+def test_sim_help_needs_no_database_and_lists_only_its_own_flags(tmp_path):
+    done = _llmgw(tmp_path, "sim", "--help")  # a data directory with no database in it
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: llmgw sim ") and "--settings" not in done.stdout, done.stdout
+
+
 def test_a_negative_zero_budget_reads_as_zero(capsys):
     from facility.services import budget_set
     from llmgw.ctl import main as ctl
