@@ -27,6 +27,7 @@ urlpatterns = [
     path("facility/domains/<str:domain>/", facility_views.domain_detail, name="facility-domain"),
     path("facility/domains/<str:domain>/history", facility_views.domain_history, name="facility-domain-history"),
     path("models/", placement_views.model_list, name="model-list"),
+    path("models/headroom", placement_views.models_headroom, name="models-headroom"),
     path("models/<str:name>/", placement_views.model_detail, name="model-detail"),
     path("models/<str:name>/headroom", placement_views.model_headroom, name="model-headroom"),
 ]

@@ -217,7 +217,11 @@ def capping_rows() -> list[dict[str, Any]]:
     Under the locked-clocks lever the limit is each card's share of its own top SM clock, per GPUs where
     a node's cards differ, and the row says where a top had to be assumed (`note`, else "")."""
     config = capping_config()
-    caps = list(NodeCap.objects.select_related("node").order_by("node__name"))
+    # Of the node its name only: its sensors document (~3 KB) is read, where needed, for its GPUs' defaults.
+    caps = list(
+        NodeCap.objects.select_related("node").only("fraction", "would_fraction", "reason", "ok_since", "node__name")
+        .order_by("node__name")
+    )
     clocks = config.lever == "locked_clocks"
     defaults = {} if clocks else _default_limits([row.node_id for row in caps])
     tops = _gpu_top_clocks([row.node_id for row in caps]) if clocks else {}

@@ -308,9 +308,23 @@ def models_shown(names: Iterable[str], *, offset: int = 0, limit: int = 10) -> d
 
 def model_headroom(name: str, *, limit: int = HEADROOM_LIMIT) -> dict[str, Any]:
     """How many more replicas of the model fit now, and why the next does not: a dry run, nothing written."""
-    model = _model(name)
+    return _headroom_of(_model(name), snapshot.node_views(), snapshot.facility_view(), limit)
+
+
+def models_headroom(names: Iterable[str], *, limit: int = HEADROOM_LIMIT) -> dict[str, dict[str, Any]]:
+    """:func:`model_headroom` of each model named (those that exist), by name: one read of the nodes for them
+    all (the Models page asks for its page's models at once; the read is most of one model's dry run)."""
+    models = list(Model.objects.filter(name__in=list(names)).order_by("name"))
+    if not models:
+        return {}
+    nodes, facility = snapshot.node_views(), snapshot.facility_view()
+    return {model.name: _headroom_of(model, nodes, facility, limit) for model in models}
+
+
+def _headroom_of(model: Model, nodes, facility, limit: int) -> dict[str, Any]:
     request = snapshot.replica_request(model)
-    result = index.headroom(request, snapshot.node_views(), snapshot.facility_view(), limit=limit)
+    # index.headroom plans on an index of its own over the views: they are read, never changed.
+    result = index.headroom(request, nodes, facility, limit=limit)
     return {
         "model": model.name,
         "existing": len(request.existing),

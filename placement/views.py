@@ -77,8 +77,10 @@ def models_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
     page = Paginator(list(names), MODELS_PER_PAGE).get_page(params.get("page"))
     rows = selectors.model_rows(names=page.object_list)
     query = {"q": q} if q else {}
+    cards = model_cards(rows)
     return {
-        "models": model_cards(rows),
+        "models": cards,
+        "headroom_query": urlencode([("name", card["name"]) for card in cards]),
         "page": page,
         "q": q,
         "query": urlencode(query),
@@ -96,6 +98,7 @@ def model_page_context(name: str, params: Mapping[str, str]) -> dict[str, Any]:
     offset = (page.number - 1) * REPLICAS_PER_PAGE
     return {
         "models": model_cards(rows, offset=offset, limit=REPLICAS_PER_PAGE),
+        "headroom_query": urlencode({"name": name}),
         "page": page,
         "model": name,
         "query": "",
@@ -124,6 +127,17 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     if context.get("missing"):
         raise Http404(f"model {name!r} is not known")
     return _page(request, "placement/model_detail.html", context)
+
+
+@login_required
+def models_headroom(request: HttpRequest) -> HttpResponse:
+    """The headroom of the page's models (``?name=…&name=…``, at most a page of them), each swapped into its
+    card by id: one dry run's read of the nodes for all of them (it is most of each dry run's time), where a
+    request a model read the nodes again for every card, each request queueing before the next page."""
+    require_reader(request)
+    names = list(dict.fromkeys(request.GET.getlist("name")))[:REPLICAS_PER_PAGE]
+    found = selectors.models_headroom(names)
+    return render(request, "placement/_headrooms.html", {"headrooms": [found[n] for n in names if n in found]})
 
 
 @login_required

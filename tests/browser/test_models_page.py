@@ -28,9 +28,17 @@ def cluster(transactional_db):
 
 
 def test_models_page_by_page_with_the_pending_reason_said_once(cluster, page):
+    asked = []
+    page.on("request", lambda r: asked.append(r.url) if "headroom" in r.url else None)
     page.goto("/models/")
     models = page.locator("#models section.model")
     expect(models).to_have_count(10)
+    # Every card's headroom, from one request for the page's ten models (one read of the nodes for all).
+    expect(page.locator("#headroom-m00")).to_contain_text("more replicas fit now; after placing 0 more")
+    expect(page.locator("#headroom-m09")).to_contain_text("fit now")
+    expect(page.locator("#models .headroom", has_text="working it out")).to_have_count(0)
+    assert len(asked) == 1 and asked[0].endswith("/models/headroom?name=m00&name=m01&name=m02&name=m03&name=m04"
+                                                 "&name=m05&name=m06&name=m07&name=m08&name=m09"), asked
     waiting = page.locator("#model-m00 .pending-group")
     expect(waiting).to_have_count(1)
     expect(waiting.locator(".waits")).to_have_text("pending 5 replicas (#2 … #6) wait:")
