@@ -38,13 +38,14 @@ from facility import feed_selectors, selectors
 from facility.conditions import SEVERITY
 from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
-from facility.response import CappingConfig
+from facility.response import CappingConfig, SheddingConfig
 from llmgw.errors import LlmgwError
 from llmgw.permissions import can_operate
 from placement import services as placement_services
 from placement.capping import capping_config, capping_rows
 from placement.planner import gpus_text
 from placement.selectors import facility_overview
+from placement.shedding import shedding_config
 
 # Headroom (share of the limit still free) under which a rack is shown as tight.
 TIGHT = 0.25
@@ -193,9 +194,12 @@ def capping_by_domain(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def actions_of(domain: Mapping[str, Any], capping: Mapping[str, dict[str, Any]]) -> list[str]:
+def actions_of(domain: Mapping[str, Any], capping: Mapping[str, dict[str, Any]],
+               shedding: SheddingConfig | None = None) -> list[str]:
     """What llmgw does in a domain because of its condition and power — or, in observe mode, what enforce
-    would do: ``would refuse new replicas``, ``would cap 10 nodes to 490 W``."""
+    would do: ``would refuse new replicas``, ``would shed a replica every 5 min after 10 min hot``, ``would cap
+    10 nodes to 490 W``. Shedding as placement.shedding judges it: a domain past its power limit is shed
+    whatever the mode, a hot one under enforce only; only where ``facility.shedding`` is on for the domain."""
     condition = domain["condition"]
     state = condition["condition"]
     enforce = condition.get("mode") == "enforce"
@@ -206,10 +210,26 @@ def actions_of(domain: Mapping[str, Any], capping: Mapping[str, dict[str, Any]])
         out.append("refuses new replicas" if enforce else "would refuse new replicas")
     elif state == "warm":
         out.append("places new replicas elsewhere first" if enforce else "would place new replicas elsewhere first")
+    rule = shedding.rule(domain["domain"]) if shedding is not None else None
+    if rule is not None and rule.enabled:
+        pace = f"a replica every {_short_duration(rule.interval)} after {_short_duration(rule.shed_after)}"
+        if domain["over_limit"]:
+            out.append(f"sheds {pace} past its power limit")
+        elif state == "hot":
+            out.append(f"sheds {pace} hot" if enforce else f"would shed {pace} hot")
     capped = capping.get(domain["domain"])
     if capped is not None:
         out.append(capped["text"])
     return out
+
+
+def _short_duration(seconds: float) -> str:
+    """``90 s``, ``10 min``, ``1.5 h``: a shedding rule's pace in words."""
+    if seconds < 120:
+        return f"{seconds:g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
 
 
 def inlet_shown(condition: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -226,7 +246,8 @@ def inlet_shown(condition: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def decorate(domain: dict[str, Any], capping: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+def decorate(domain: dict[str, Any], capping: Mapping[str, dict[str, Any]],
+             shedding: SheddingConfig | None = None) -> dict[str, Any]:
     """A domain row of the overview with what the page shows of it (figures in kW, bar, inlet, actions)."""
     domain["bar"] = power_bar(domain)
     domain["headroom"] = domain["bar"]["class"]
@@ -239,7 +260,7 @@ def decorate(domain: dict[str, Any], capping: Mapping[str, dict[str, Any]]) -> d
     domain["rolled_from"] = ""
     domain["inlet"] = inlet_shown(domain["condition"])
     domain["observe"] = domain["condition"].get("mode") == "observe"
-    domain["actions"] = actions_of(domain, capping)
+    domain["actions"] = actions_of(domain, capping, shedding)
     domain["slug"] = f"{domain['level']}-{slug(domain['name'])}"
     return domain
 
@@ -336,7 +357,8 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
     cap_rows = capping_rows() if config.enabled else []  # read once: the card and each domain's words
     capping = capping_by_domain(cap_rows)
     n1 = n1_by_rack(feeds, node_racks)
-    domains = [decorate(d, capping) for d in overview["domains"]]
+    shedding = shedding_config()
+    domains = [decorate(d, capping, shedding) for d in overview["domains"]]
     roll_up(domains, node_racks)
     for d in domains:
         d["state"] = domain_state(d)

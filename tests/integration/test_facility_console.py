@@ -100,6 +100,43 @@ def test_heat_ranks_with_power_and_rolls_up_to_rows_and_rooms(pinned):
     assert room["rows"][0]["rolled"] == {"condition": "hot", "from": "rack r1"}
 
 
+def test_every_domain_says_what_shedding_does_or_would_do(pinned, client, make_user):
+    from facility.models import FacilitySettings
+    from facility.selectors import domain_figures
+    from facility.services import budget_set, condition_override_set, facility_apply
+    from facility.views import facility_context
+
+    settings = FacilitySettings.load()
+    settings.shedding = {"enabled": True, "shed_after": "10m", "interval": "5m",
+                         "domains": {"rack:r1": {"enabled": True, "shed_after": "90s", "interval": "2h"}}}
+    settings.save()
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 3 alarm", seconds=3600)
+    budget_set(domain="rack:r2", cap_watts=round(domain_figures(domain="rack:r2").use_watts / 2))  # past its limit
+    context = facility_context({})
+    by_name = context["domains_by_name"]
+    # Observe mode (the default): a hot domain would be shed under enforce, by its own rule.
+    assert by_name["rack:r1"]["actions"] == ["would refuse new replicas",
+                                             "would shed a replica every 2 h after 90 s hot"]
+    # Past its power limit it is shed whatever the mode, by the cluster's rule.
+    assert by_name["rack:r2"]["actions"] == ["refuses new replicas: past its power limit",
+                                             "sheds a replica every 5 min after 10 min past its power limit"]
+    # The page says it in the worst-first list and in the domain's detail.
+    user, _ = make_user("viewer1", "viewer")
+    client.force_login(user)
+    page = client.get("/facility/").content.decode()
+    row = page[page.index('id="wf-rack-r1"'):]
+    assert '<div class="would">would shed a replica every 2 h after 90 s hot</div>' in row[: row.index("</tr>")]
+    detail = client.get("/facility/domains/rack:r2/").content.decode()
+    assert "Sheds a replica every 5 min after 10 min past its power limit" in detail
+    # Under enforce the hot domain is shed (no "would"); with shedding off nothing is said of it.
+    facility_apply(text="facility:\n  conditions:\n    mode: enforce\n  shedding:\n    enabled: true\n")
+    condition_override_set(domain="rack:r1", condition="hot", reason="CRAC 3 alarm", seconds=3600)
+    assert facility_context({})["domains_by_name"]["rack:r1"]["actions"] == [
+        "refuses new replicas", "sheds a replica every 5 min after 10 min hot"]
+    facility_apply(text="facility:\n  conditions:\n    mode: enforce\n  shedding:\n    enabled: false\n")
+    assert facility_context({})["domains_by_name"]["rack:r1"]["actions"] == ["refuses new replicas"]
+
+
 def test_the_facility_socket_sends_only_what_changed(pinned, make_user):
     from agents.consumers import FacilityConsumer
     from facility.services import budget_set
