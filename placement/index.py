@@ -71,6 +71,7 @@ from placement.planner import (
     condition_verdict,
     draw_of,
     efficiency_of,
+    filter_inputs,
     nofit_summary,
     plan_replica,
     power_rejection_in,
@@ -246,7 +247,8 @@ class _Slate:
     name, the shard's draw and what it adds to the domains' use, and the node's ``unavailable_reason`` —
     and ``order`` their entries (:func:`_entry_of`), sorted; ``entries`` finds a candidate's. The order
     is right while the rack's use is within (``low``, ``high``), every entry's range; above ``low``, no
-    entry's key is earlier than kept. ``version`` counts the changes of the order.
+    entry's key is earlier than kept. ``version`` counts the changes of the order, and of what the filters
+    read of its candidates (a walk through the slate is walked again).
     """
 
     __slots__ = ("sid", "group", "gpu_model", "weights", "bases", "entries", "order", "low", "high", "version")
@@ -605,8 +607,10 @@ class PlacementIndex:
                 for cell in group.cells:
                     cell.count(node.name, term)
                 fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
+        # A kept walk passes the node over again for its reason only while what the filters read stays.
+        refiltered = filter_inputs(old) != filter_inputs(node)
         for shape in self._shapes.values():
-            self._reshape(shape, entry)
+            self._reshape(shape, entry, refiltered)
             if fell:
                 use = group.step_cell.use
                 for slate in shape.in_rack.get(group.step_cell.budget.domain, ()):
@@ -639,8 +643,8 @@ class PlacementIndex:
         pack = free - gpus if gpus > 0 else node.replicas  # pack_value
         return (pack, node.name), draw, added, unavailable_reason(node, entry.held)
 
-    def _reshape(self, shape: _Shape, entry: _Entry) -> None:
-        """The node's entry in the shape, after its view changed."""
+    def _reshape(self, shape: _Shape, entry: _Entry, refiltered: bool) -> None:
+        """The node's entry in the shape, after its view changed (``refiltered``: in what the filters read)."""
         node = entry.node
         name = node.name
         was = shape.of_node.get(name)
@@ -654,6 +658,8 @@ class PlacementIndex:
         if was is not None and was.gpu_model == gpu_model and was.weights == node.weights:
             slate = was
             if slate.bases[name] == base:
+                if refiltered:
+                    slate.version += 1  # in the same place, but a walk through it is walked again
                 return  # a reading that moves nothing of this shape's (measured below placed)
         else:
             slate = shape.slate(entry.group, gpu_model, node.weights)

@@ -439,6 +439,12 @@ BUILTIN_FILTERS = (
 _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
 
 
+def filter_inputs(node: NodeView) -> tuple:
+    """What of a node the built-in filters read, beside its readiness, cordon and holds: a rejection the
+    index kept from an earlier plan holds while this stays the same."""
+    return (node.labels, node.fabric, node.free_gpus, node.cpu_cores_free, node.memory_gib_free)
+
+
 def base_rejection(
     node: NodeView,
     profile: Profile,

@@ -534,3 +534,15 @@ def test_apply_shard_keeps_every_other_field_of_the_view():
     assert all(
         getattr(view, f.name) != getattr(defaults, f.name) for f in dataclasses.fields(NodeView) if f.name not in changed
     )
+
+
+def test_index_checks_a_passed_over_node_again_once_its_cores_are_free():
+    # Only the node's free cores change (its place in the ranking stays): the rejection kept from the
+    # last plan no longer holds, and the node ranked first takes the replica.
+    nodes = [node("a", cores_free=0), node("b"), node("c")]
+    index = PlacementIndex(nodes, NO_FACILITY)
+    req = request(1, cpu_cores=8)
+    assert index.plan(req).rejections == {"a": "cpu: 8 requested, 0 free"}
+    index.update_node(dataclasses.replace(nodes[0], cpu_cores_free=64))
+    result = index.plan(req)
+    assert chosen(result) == ["a"] and result == plan_replica(req, index.nodes(), NO_FACILITY)
