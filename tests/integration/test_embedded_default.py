@@ -60,6 +60,8 @@ def test_demo_serves_the_console_with_live_simulated_nodes(tmp_path):
             match = re.search(r"log in as admin / (\S+)\)", text)
             if match:
                 password = match.group(1)
+                # The login comes last, after the server's own lines, where a person looks.
+                assert "log in as admin" in text.strip().splitlines()[-1], text
                 try:
                     if httpx.get(f"{base}/login/", timeout=2).status_code == 200:
                         break

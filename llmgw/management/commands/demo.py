@@ -7,11 +7,13 @@ over HTTP, so the console shows live sensor values and the nodes stay ready.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -35,8 +37,11 @@ def demo_nodes() -> list[dict]:
     return load_cluster_file(DEMO_DIR / "cluster.yaml")
 
 
-def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> threading.Thread:
-    """Run the demo nodes' simulated agents in a daemon thread, once the server at `server` answers."""
+def start_sim(
+    server: str, *, interval: int, ready_delay: float = 5.0, answered: Callable[[], None] | None = None
+) -> threading.Thread:
+    """Run the demo nodes' simulated agents in a daemon thread, once the server at `server` answers
+    (``answered`` is called then, before the first heartbeat)."""
     from agents.simulator.client import run_nodes
     from agents.simulator.nodes import SimNode
     from agents.simulator.tokens import KeptTokens, tokens_path, tokens_write
@@ -58,6 +63,8 @@ def start_sim(server: str, *, interval: int, ready_delay: float = 5.0) -> thread
                 break
             except httpx.HTTPError:
                 time.sleep(0.5)
+        if answered is not None:
+            answered()
         asyncio.run(run_nodes(nodes, tokens, server, interval=interval))
 
     thread = threading.Thread(target=run, name="llmgw-sim", daemon=True)
@@ -171,17 +178,23 @@ class Command(LlmgwCommand):
             # llmgw ctl, run from any directory with nothing set, works on this data (llmgw.whereabouts).
             url = None if no_serve else f"http://{host or '127.0.0.1'}:{port}"
             demo_record_write(data_dir=settings.DATA_DIR, url=url)
-        self.stdout.write(
-            f"\nDemo facility loaded: 32 nodes in 8 racks.\n"
+        login = (
+            "\nDemo facility loaded: 32 nodes in 8 racks.\n"
+            + ("" if no_serve or no_sim else
+               f"  simulated agents: {len(demo_nodes())} nodes, a heartbeat every {interval} s\n")
+            + f"  admin:    http://{host or '127.0.0.1'}:{port}/admin/\n"
             f"  console:  http://{host or '127.0.0.1'}:{port}/   (log in as admin / {password})\n"
-            f"  admin:    http://{host or '127.0.0.1'}:{port}/admin/\n"
         )
+        if no_serve or no_sim:
+            self.stdout.write(login)
         if no_serve:
             return
         if not no_sim:
+            # The login last, once the server answers: after its own lines, where a person looks.
+            logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per simulated request
             sim_host = host if host and host not in {"0.0.0.0", "::", "[::]"} else "127.0.0.1"
-            start_sim(f"http://{sim_host}:{port}", interval=interval)
-            self.stdout.write(f"  simulated agents: {len(demo_nodes())} nodes, a heartbeat every {interval} s\n")
+            start_sim(f"http://{sim_host}:{port}", interval=interval, answered=lambda: (
+                self.stdout.write(login), self.stdout.flush()))
         call_command("serve", addrport)
         # The server has stopped (Ctrl-C, SIGTERM). The simulator's event loop and its resolver threads
         # would hold the interpreter's exit open while they retry a server that is gone: leave now.
