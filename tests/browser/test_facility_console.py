@@ -158,6 +158,45 @@ def test_a_hot_rack_is_first_coloured_hot_its_row_not_ok_and_observe_says_would_
     expect(chart.locator(".chart-note")).to_contain_text("No history yet")
 
 
+def test_every_figure_is_the_latest_reading_its_time_above_counting_up(racks, page):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from facility.evaluation import conditions_evaluate
+    from facility.services import facility_apply, scenario_start
+
+    facility_apply(text="facility:\n  sources:\n    agents: false\n")
+    start = timezone.now() - timedelta(minutes=5)  # past the time a rack must stay above the edge to be hot
+    scenario_start(data={"kind": "FacilityScenario", "name": "hot-aisle", "tracks": [
+        {"domains": ["rack:r1-01"], "signal": "inlet_temp_c", "stale_after": "10m", "points": [["0s", 35.0], ["1h", 35.0]]},
+    ]}, started_at=start)
+    for seconds in range(0, 301, 30):
+        conditions_evaluate(now=start + timedelta(seconds=seconds))
+    page.goto("/facility/")
+    expect(page.locator("#rack-r1-01 .tile-inlet")).to_have_text("inlet 35.0 °C")
+    page.click("#rack-r1-01")
+    line = page.locator("#domain-live .condition-line")
+    expect(line.locator(".badge")).to_have_text("hot")
+    expect(line.locator(".inlet")).to_have_text("inlet 35.0 °C")
+    expect(line).to_contain_text("hot above 32 °C")
+    expect(line.locator("time.since").first).to_have_text(re.compile(r"^[45] min$"))  # how long above the edge
+    age = line.locator("time.since").last  # the reading's age: counted up by the page, never frozen
+    expect(age).to_have_text(re.compile(r"^\d+ s$"))
+    before = age.inner_text()
+    expect(age).not_to_have_text(before, timeout=3000)
+    # The node's page names the same latest reading as its rack's, beside the node's own sensor.
+    page.goto("/nodes/gpu01/")
+    condition = page.locator("#node-condition")
+    expect(condition.locator(".badge")).to_have_text("hot")
+    expect(condition.locator(".inlet-domain")).to_have_text("35.0 °C")
+    expect(condition).to_contain_text("rack:r1-01 inlet 35.0 °C for")
+    age = condition.locator("time.since").last
+    expect(age).to_have_text(re.compile(r"^\d+ s$"))
+    before = age.inner_text()
+    expect(age).not_to_have_text(before, timeout=3000)
+
+
 def test_history_charts_draw_power_against_the_limit_with_a_range_picker(racks, page):
     from datetime import timedelta
 
