@@ -52,6 +52,7 @@ from facility.power import (
 )
 from placement.plugins import REGISTRY, Filter, Scorer, external_keys, external_rejection, external_why
 from placement.selector import Selector
+from placement.topology import GpuTopology, gpus_pick, gpus_text, pick_words  # noqa: F401 (ctl reads gpus_text here)
 
 # The levels a model's replicas are spread across.
 SPREAD_LEVELS = frozenset({"rack", "pdu"})
@@ -99,6 +100,8 @@ class NodeView:
     measured_watts: float | None = None
     weights: frozenset[str] = frozenset()
     replicas: int = 0
+    # How its GPUs are wired (placement.topology); None when it reports nothing: its links are unknown.
+    gpu_topology: GpuTopology | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,7 @@ class ReplicaRequest:
 
 @dataclass(frozen=True, slots=True)
 class ShardPlan:
-    """One node's part of a replica: the cards (lowest free indices), cores, memory and draw."""
+    """One node's part of a replica: the cards (placement.topology's pick), cores, memory and draw."""
 
     node: str
     gpu_indices: tuple[int, ...]
@@ -563,10 +566,11 @@ def domain_uses(nodes: Iterable[NodeView], facility: FacilityView) -> dict[Domai
 
 
 def shard_for(node: NodeView, profile: Profile, draw: float | None) -> ShardPlan:
-    """The shard a node takes: the lowest free GPU indices, the profile's cores and memory."""
+    """The shard a node takes: the free GPUs best joined (placement.topology), the profile's cores and
+    memory."""
     return ShardPlan(
         node=node.name,
-        gpu_indices=tuple(sorted(node.free_gpus)[: profile.gpus]),
+        gpu_indices=gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology),
         cpu_cores=profile.cpu_cores,
         memory_gib=profile.memory_gib,
         draw_watts=draw,
@@ -595,6 +599,7 @@ def apply_shard(node: NodeView, shard: ShardPlan) -> NodeView:
         measured_watts=node.measured_watts,
         weights=node.weights,
         replicas=node.replicas + 1,
+        gpu_topology=node.gpu_topology,
     )
 
 
@@ -629,6 +634,10 @@ def why_text(
         parts.append("holds the weights")
     if profile.gpus > 0:
         parts.append(f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free")
+        if node.gpu_topology is not None and profile.gpus > 1:
+            words = pick_words(node.gpu_topology, gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology))
+            if words:
+                parts.append(words)
     else:
         parts.append(f"runs {_plural(node.replicas, 'replica')} already")
     if REGISTRY.external_scorers:
@@ -858,22 +867,6 @@ def profile_text(profile: dict[str, Any]) -> str:
     if profile["node_selector"]:
         text += f"; {profile['node_selector']}"
     return text
-
-
-def gpus_text(indices: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` → ``0-3,6``."""
-    parts: list[str] = []
-    run: list[int] = []
-    for i in sorted(indices):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [i]
-    if run:
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(parts)
 
 
 for _item in (*BUILTIN_FILTERS,):

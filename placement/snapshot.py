@@ -9,6 +9,7 @@ that name, so ``gpu.model in (H100,H200)`` works on a node nobody labelled.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import BigIntegerField, Count, Exists, JSONField, OuterRef
+from django.db.models import BigIntegerField, Count, Exists, JSONField, OuterRef, TextField
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agents.models import GPU, Node, NodeDomain, heartbeat_is_fresh, measured_fresh_seconds
@@ -31,6 +33,7 @@ from llmgw.sqlin import any_of
 from placement.models import GpuBooking, Model, ModelEfficiency, NodeBooking, Replica, Shard
 from placement.planner import DomainCondition, FacilityView, NodeView, Profile, ReplicaRequest
 from placement.selector import parse_selector
+from placement.topology import GpuTopology, topology_of
 
 # "NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", "NVIDIA L40S" → H100, H100, L40S.
 _GPU_MODEL_RE = re.compile(r"(?<![A-Za-z0-9])(G?[A-Z]{1,2}\d{2,3}[A-Z]?)(?![0-9])")
@@ -166,17 +169,32 @@ _TIMES = ("last_heartbeat_at", "sensors_at")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+@functools.lru_cache(maxsize=256)  # the nodes of one kind of machine report one wiring, in the same text
+def gpu_topology_view(text: str | None) -> GpuTopology | None:
+    """A node's stored ``gpu_topology`` (its JSON text) as the planner reads it; None when it reported none."""
+    if not text:
+        return None
+    try:
+        return topology_of(json.loads(text))
+    except ValueError:
+        return None
+
+
 def _node_rows(nodes) -> list[dict]:
-    """The nodes' rows for their views: _NODE_FIELDS, and ``enforced`` (gpu_figures_sql)."""
+    """The nodes' rows for their views: _NODE_FIELDS, ``enforced`` (gpu_figures_sql) and ``topology`` (the
+    GPU topology's JSON text: alike nodes share one decoded view)."""
     enforced = gpu_figures_sql("enforced_power_limit_watts")
+    topology = Cast("gpu_topology", TextField())
     if connection.vendor != "postgresql":
-        return list(nodes.values(*_NODE_FIELDS, enforced=enforced))
+        return list(nodes.values(*_NODE_FIELDS, enforced=enforced, topology=topology))
     table = Node._meta.db_table
     micros = {
         f"{field}_us": RawSQL(f'CAST(EXTRACT(EPOCH FROM "{table}"."{field}") * 1000000 AS bigint)', [], BigIntegerField())
         for field in _TIMES
     }
-    rows = list(nodes.values(*(f for f in _NODE_FIELDS if f not in _TIMES), enforced=enforced, **micros))
+    rows = list(
+        nodes.values(*(f for f in _NODE_FIELDS if f not in _TIMES), enforced=enforced, topology=topology, **micros)
+    )
     for row in rows:
         for field in _TIMES:
             us = row.pop(f"{field}_us")
@@ -248,6 +266,7 @@ def node_views(*, names: Iterable[str] | None = None, now: datetime | None = Non
                 measured_watts=_measured(row, now),
                 weights=frozenset(w for w in (row["weights"] or []) if isinstance(w, str)),
                 replicas=replicas.get(row["id"], 0),
+                gpu_topology=gpu_topology_view(row["topology"]),
             )
         )
     return views

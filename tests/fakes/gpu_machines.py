@@ -112,3 +112,14 @@ def pcie_4gpu() -> FakeNvml:
     nvml = fake_nvml(gpus)
     _pairs(nvml, lambda i, j: PXB if i // 2 == j // 2 else PHB)
     return nvml
+
+
+MACHINES = {"hgx-h100": hgx_h100, "pcie-nvlink-pairs": pcie_nvlink_pairs, "pcie-4gpu": pcie_4gpu}
+
+
+def reported_topology(name: str) -> dict:
+    """The inventory's ``gpu_topology`` the agent reports on the fixture machine ``name`` (a heartbeat's)."""
+    from agents.node.sensors import SensorReader
+    from tests.fakes.fixture_trees import tree
+
+    return SensorReader(sys_root=tree(name), nvml=MACHINES[name]()).inventory()["gpu_topology"]

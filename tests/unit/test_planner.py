@@ -22,6 +22,8 @@ from placement.planner import (
     plan_replica,
 )
 from placement.selector import parse_selector
+from placement.topology import topology_of
+from tests.fakes.gpu_machines import reported_topology
 
 RACK = Domain("rack", "r12-07")
 NO_FACILITY = FacilityView()
@@ -46,8 +48,10 @@ def node(
     measured: float | None = None,
     weights: tuple[str, ...] = (),
     replicas: int = 0,
+    machine: str | None = None,
 ) -> NodeView:
-    """A node for tests: location from rack/pdu/row, free cards as a count (lowest indices) or indices."""
+    """A node for tests: location from rack/pdu/row, free cards as a count (lowest indices) or indices,
+    ``machine``: the GPU topology of a fixture machine (tests.fakes.gpu_machines)."""
     all_labels = dict(labels or {})
     for level, value in (("rack", rack), ("pdu", pdu), ("row", row)):
         if value:
@@ -71,6 +75,7 @@ def node(
         measured_watts=measured,
         weights=frozenset(weights),
         replicas=replicas,
+        gpu_topology=topology_of(reported_topology(machine)) if machine else None,
     )
 
 
@@ -253,9 +258,23 @@ def test_bin_packing_takes_the_node_left_fullest():
     assert result.why == "leaves 0 GPUs free"
 
 
-def test_lowest_free_indices_are_taken():
+def test_lowest_free_indices_where_the_node_reports_no_topology():
     result = plan(request(2), [node("a", free=(1, 3, 6, 7))])
     assert result.shards[0].gpu_indices == (1, 3)
+
+
+def test_a_four_gpu_replica_lands_inside_one_socket_of_the_pcie_server():
+    # Eight PCIe cards over two sockets, NVLink-bridged in pairs; 0 and 2 taken: socket 1's four, not the
+    # lowest free indices (1, 3, 4, 5: across the sockets).
+    result = plan(request(4), [node("a", free=(1, 3, 4, 5, 6, 7), machine="pcie-nvlink-pairs")])
+    assert result.shards[0].gpu_indices == (4, 5, 6, 7)
+    assert result.why == "leaves 2 GPUs free; GPUs 4-7, one NUMA node"
+
+
+def test_an_nvlink_pair_before_the_lowest_free_indices():
+    result = plan(request(2), [node("a", free=(1, 2, 4, 5), machine="pcie-nvlink-pairs")])
+    assert result.shards[0].gpu_indices == (4, 5)
+    assert result.why == "leaves 2 GPUs free; GPUs 4,5, NVLink-complete"
 
 
 def test_ties_go_to_the_node_name_whatever_the_input_order():
@@ -524,7 +543,8 @@ def test_apply_shard_keeps_every_other_field_of_the_view():
     # apply_shard builds the view field by field (dataclasses.replace was a placement's own cost in the
     # index): a field added to NodeView and not passed on would come back at its default here.
     view = node("a", rack="r1", free=(1, 3, 5), fabric="ib1", cores_free=40, memory_free=512, limit=700,
-                placed=1400, measured=2100, weights=("m1",), replicas=2, cordoned=True, ready=False)
+                placed=1400, measured=2100, weights=("m1",), replicas=2, cordoned=True, ready=False,
+                machine="pcie-4gpu")
     shard = ShardPlan("a", (3, 5), 8, 128, 1400)
     changed = {
         "free_gpus": (1,), "cpu_cores_free": 32, "memory_gib_free": 384, "placed_watts": 2800, "replicas": 3,

@@ -24,9 +24,30 @@ from placement.planner import (
     domain_uses,
     plan_replica,
 )
+from placement.topology import NVLINK, UNKNOWN_LINK, GpuTopology, topology_of
+from tests.fakes.gpu_machines import MACHINES, reported_topology
 
 MODELS = ("m1", "m2", "m3")
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The fixture machines' wirings (an NVSwitch board, NVLink pairs over two sockets, a 4-GPU PCIe box).
+MACHINE_TOPOLOGIES = tuple(topology_of(reported_topology(name)) for name in MACHINES)
+
+
+@st.composite
+def topologies(draw, size: int = 8):
+    """A node's GPU topology: none reported, a fixture machine's, or any symmetric matrix of links (some
+    unknown) with GPUs on NUMA nodes 0 and 1 (some unknown)."""
+    kind = draw(st.sampled_from(["none", "machine", "drawn"]))
+    if kind == "none":
+        return None
+    if kind == "machine":
+        return draw(st.sampled_from(MACHINE_TOPOLOGIES))
+    links = [[NVLINK] * size for _ in range(size)]
+    for i in range(size):
+        for j in range(i + 1, size):
+            links[i][j] = links[j][i] = draw(st.integers(NVLINK, UNKNOWN_LINK))
+    numa = tuple(draw(st.sampled_from([None, 0, 1])) for _ in range(size))
+    return GpuTopology(links=tuple(map(tuple, links)), numa=numa)
 
 
 @st.composite
@@ -64,6 +85,7 @@ def clusters(draw, *, racks=(1, 6), per_rack=(1, 4), power=True, shared_pdus=Tru
                     ),
                     weights=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=2))),
                     replicas=draw(st.integers(0, 3)),
+                    gpu_topology=draw(topologies()),
                 )
             )
     return nodes
@@ -160,6 +182,28 @@ def test_no_plan_takes_a_domain_past_its_limit(case):
         existing.setdefault(req.model, []).append(result.nodes)
 
 
+@FAST
+@given(scenario())
+def test_the_pick_takes_as_many_free_gpus_as_asked_and_never_a_booked_one(case):
+    """Plans applied one after another: each shard takes exactly the profile's GPUs, all free on its node,
+    and no card is taken twice."""
+    nodes, facility, reqs = case
+    taken: dict[str, set[int]] = {n.name: set(range(n.gpus_total)) - set(n.free_gpus) for n in nodes}
+    by_name = {n.name: n for n in nodes}
+    for req in reqs * 2:
+        result = plan_replica(req, nodes, facility)
+        if isinstance(result, NoFit):
+            continue
+        for shard in result.shards:
+            gpus = set(shard.gpu_indices)
+            assert len(shard.gpu_indices) == len(gpus) == req.profile.gpus, (shard, req.profile)
+            assert gpus <= set(by_name[shard.node].free_gpus), (shard, by_name[shard.node].free_gpus)
+            assert not gpus & taken[shard.node], (shard, taken[shard.node])
+            taken[shard.node] |= gpus
+        nodes = applied(nodes, result)
+        by_name = {n.name: n for n in nodes}
+
+
 def assert_same_plan(got, expected) -> None:
     """The index's answer is the plain path's, its rejections in the same (rank) order, and the reasons
     it counted as it walked (kept from one plan to the next) are its rejections' own."""
@@ -190,7 +234,7 @@ def test_the_index_gives_the_plain_paths_plans(case):
 def changed_node(draw, node: NodeView, racks: list[str]) -> NodeView:
     """The node as a heartbeat, a freeing, a label move or another replica's cores and memory would
     leave it."""
-    what = draw(st.sampled_from(["measured", "freed", "moved", "ready", "cores"]))
+    what = draw(st.sampled_from(["measured", "freed", "moved", "ready", "cores", "swapped", "rewired"]))
     if what == "measured":
         return dataclasses.replace(
             node, measured_watts=draw(st.one_of(st.none(), st.floats(0, 9000, allow_nan=False)))
@@ -198,6 +242,12 @@ def changed_node(draw, node: NodeView, racks: list[str]) -> NodeView:
     if what == "freed":
         free = draw(st.lists(st.integers(0, node.gpus_total - 1), unique=True, max_size=node.gpus_total))
         return dataclasses.replace(node, free_gpus=tuple(sorted(free)), placed_watts=float(draw(st.integers(0, 6000))))
+    if what == "swapped":  # one replica gone, another come: as many cards free, others
+        free = draw(st.lists(st.integers(0, node.gpus_total - 1), unique=True, min_size=len(node.free_gpus),
+                             max_size=len(node.free_gpus)))
+        return dataclasses.replace(node, free_gpus=tuple(sorted(free)))
+    if what == "rewired":  # the agent read its topology anew (or could not)
+        return dataclasses.replace(node, gpu_topology=draw(topologies()))
     if what == "cores":
         return dataclasses.replace(
             node, cpu_cores_free=draw(st.integers(0, 64)), memory_gib_free=float(draw(st.integers(0, 1024)))

@@ -1,0 +1,68 @@
+"""Which GPUs a shard takes, on the fixture machines' topologies as their agents report them."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement.topology import NVLINK, UNKNOWN_LINK, gpus_pick, pick_words, topology_of
+from tests.fakes.gpu_machines import reported_topology
+
+HGX = topology_of(reported_topology("hgx-h100"))
+PAIRS = topology_of(reported_topology("pcie-nvlink-pairs"))
+BOX = topology_of(reported_topology("pcie-4gpu"))
+
+
+def picked(topology, free, count) -> tuple[tuple[int, ...], str | None]:
+    gpus = gpus_pick(tuple(free), count, topology)
+    return gpus, pick_words(topology, gpus)
+
+
+def test_the_reported_matrix_reads_as_ranks_and_nodes():
+    assert PAIRS.link(0, 1) == NVLINK and PAIRS.link(0, 4) == 5 and PAIRS.link(4, 6) == 4
+    assert PAIRS.numa == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert PAIRS.link(0, 8) == UNKNOWN_LINK and PAIRS.numa_of(8) is None
+    assert BOX.numa == (-1, -1, -1, -1)
+
+
+@pytest.mark.parametrize(
+    ("free", "count", "gpus", "words"),
+    [
+        # Socket 0 whole: its four cards under one switch, two NVLink pairs.
+        (range(8), 4, (0, 1, 2, 3), "GPUs 0-3, one NUMA node"),
+        # Two of socket 0 taken: socket 1's four, not two and two across the sockets.
+        ((1, 3, 4, 5, 6, 7), 4, (4, 5, 6, 7), "GPUs 4-7, one NUMA node"),
+        # An NVLink pair before two cards under one switch, wherever the lowest indices are.
+        ((1, 2, 4, 5), 2, (4, 5), "GPUs 4,5, NVLink-complete"),
+        ((0, 1, 2, 3), 2, (0, 1), "GPUs 0,1, NVLink-complete"),
+        # No set inside a socket: the pairs, across.
+        ((0, 1, 4, 6), 4, (0, 1, 4, 6), "GPUs 0,1,4,6, worst link SYS"),
+        ((0, 1, 2, 4, 5, 6), 3, (0, 1, 2), "GPUs 0-2, one NUMA node"),
+    ],
+)
+def test_pcie_server_with_nvlink_pairs_over_two_sockets(free, count, gpus, words):
+    assert picked(PAIRS, free, count) == (gpus, words)
+
+
+def test_nvswitch_board_keeps_a_shard_on_the_fewest_numa_nodes():
+    assert picked(HGX, range(8), 4) == ((0, 1, 2, 3), "GPUs 0-3, NVLink-complete")
+    assert picked(HGX, (2, 3, 4, 5, 6, 7), 4) == ((4, 5, 6, 7), "GPUs 4-7, NVLink-complete")
+    assert picked(HGX, (3, 4, 5, 6, 7), 2) == ((4, 5), "GPUs 4,5, NVLink-complete")
+
+
+def test_pcie_box_without_nvlink_takes_one_switch_tree():
+    assert picked(BOX, (0, 2, 3), 2) == ((2, 3), "GPUs 2,3, one NUMA node")
+
+
+def test_unknown_links_take_the_lowest_free_indices_and_say_nothing():
+    assert picked(None, (5, 1, 3, 7), 2) == ((1, 3), None)
+    unread = topology_of({"links": [["X", None], [None, "X"]], "numa": [None, None]})
+    assert picked(unread, (0, 1), 2) == ((0, 1), "GPUs 0,1, links unknown")
+
+
+def test_one_gpu_is_the_lowest_free_and_needs_no_words():
+    assert picked(PAIRS, (6, 2, 7), 1) == ((2,), None)
+
+
+@pytest.mark.parametrize("document", [{}, None, {"links": "X"}, {"links": [["X", "NV4"]], "numa": [0]}])
+def test_a_document_that_is_no_matrix_is_no_topology(document):
+    assert topology_of(document) is None
