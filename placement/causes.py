@@ -27,6 +27,7 @@ _CPU = re.compile(r"^cpu: (\d+) requested, \d+ free$")
 _MEMORY = re.compile(r"^memory: (\S+) GiB requested, \S+ GiB free$")
 _NO_LABEL = re.compile(r"^no llmgw\.io/(\w+) label \(keep_within: \w+\)$")
 _TOO_FEW = re.compile(r"^no (\w+) with (\d+) nodes that fit$")
+_TOPOLOGY = re.compile(r"^topology: no (\d+ free GPUs (?:all joined by NVLink|on one NUMA node)) \(free: [0-9,-]*\)$")
 
 # What a domain's cause says, one domain and several: (singular, plural).
 _FACILITY_WORDS = {
@@ -64,6 +65,10 @@ def node_cause(reason: str) -> str:
         return "on no fabric"
     if match := _NO_LABEL.match(reason):
         return f"with no {match.group(1)} label"
+    if match := _TOPOLOGY.match(reason):
+        return f"without {match.group(1)}"
+    if reason.startswith("topology: the node reports no GPU topology"):
+        return "reporting no GPU topology"
     return f": {reason}"
 
 

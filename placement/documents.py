@@ -22,6 +22,7 @@ from facility.domains import KEEP_WITHIN_LEVELS
 from llmgw.errors import InvalidInput
 from llmgw.yamldoc import Document, dotted, load_documents
 from placement.selector import SelectorError, parse_selector
+from placement.topology import ANY, TOPOLOGY_CHOICES
 
 MODEL_KEYS = ("kind", "name", "replicas", "class", "min_ready", "profile")
 # What llmgw may take away on its own (shedding), lowest first: batch before standard; critical never.
@@ -35,6 +36,7 @@ PROFILE_KEYS = (
     "power_watts",
     "keep_within",
     "node_selector",
+    "topology",
     "command",
     "health_path",
     "min_ready_seconds",
@@ -187,6 +189,13 @@ def parse_model_document(data: Any) -> dict[str, Any]:
     except SelectorError as exc:
         raise DocumentError(("profile", "node_selector"), str(exc), whole=f"profile.{exc}") from exc
     values["node_selector"] = selector
+    # How a shard's GPUs must be joined on its node; any (the default) never turns a node down.
+    topology = profile.get("topology", ANY)
+    if topology not in TOPOLOGY_CHOICES:
+        raise DocumentError(
+            ("profile", "topology"), f"must be one of {', '.join(TOPOLOGY_CHOICES)}, not {value_shown(topology)}"
+        )
+    values["topology"] = topology
     return values
 
 

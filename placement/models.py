@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from placement.topology import ANY, TOPOLOGY_CHOICES
+
 
 class Model(models.Model):
     """An LLM to serve: how many replicas, and the profile each replica needs."""
@@ -27,6 +29,11 @@ class Model(models.Model):
     )
     keep_within = models.CharField(max_length=8, blank=True, help_text="rack, row, room or site")
     node_selector = models.CharField(max_length=2000, blank=True)
+    # blank: the admin's form may leave it out, as a document may (the service stores the default).
+    topology = models.CharField(
+        max_length=10, default=ANY, blank=True, choices=[(c, c) for c in TOPOLOGY_CHOICES],
+        help_text="How a shard's GPUs must be joined on its node: any, nvlink-all or same-numa.",
+    )
     command = models.CharField(max_length=2000, blank=True)
     health_path = models.CharField(max_length=200, default="/health")
     min_ready_seconds = models.PositiveIntegerField(default=10)

@@ -9,7 +9,8 @@ Filters, in the order they are checked, each with its reason in words:
 1. ``not ready``, ``cordoned``, ``rack r12-07 is held: PDU swap`` (the first held domain, level order),
    ``excluded (lost a race)``;
 2. the profile's node_selector: ``needs gpu.model in (H100,H200)``;
-3. resources: ``gpu: 8 requested, 3 free``, ``cpu: …``, ``memory: 256 GiB requested, 100 GiB free``;
+3. resources: ``gpu: 8 requested, 3 free``, the profile's topology (``topology: no 4 free GPUs all joined
+   by NVLink (free: 0,1,4,6)``), ``cpu: …``, ``memory: 256 GiB requested, 100 GiB free``;
 4. for a multi-node replica: a fabric, the keep_within label, and a group with enough nodes;
 5. power: ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard (~2.8 kW)``.
 
@@ -52,7 +53,8 @@ from facility.power import (
 )
 from placement.plugins import REGISTRY, Filter, Scorer, external_keys, external_rejection, external_why
 from placement.selector import Selector
-from placement.topology import GpuTopology, gpus_pick, gpus_text, pick_words  # noqa: F401 (ctl reads gpus_text here)
+from placement.topology import ANY, GpuTopology, gpus_pick, pick_words, refusal
+from placement.topology import gpus_text as gpus_text  # ctl, the views and capping read it here
 
 # The levels a model's replicas are spread across.
 SPREAD_LEVELS = frozenset({"rack", "pdu"})
@@ -77,6 +79,8 @@ class Profile:
     # Tokens per joule this model was measured at, per GPU model (``(("H100", 2.1), ("H200", 3.0))``):
     # among candidates otherwise equal up to the headroom step, the more efficient card goes first.
     tokens_per_joule: tuple[tuple[str, float], ...] = ()
+    # How a shard's GPUs must be joined: any, nvlink-all or same-numa (placement.topology).
+    topology: str = ANY
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +408,14 @@ def _gpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset
     return None
 
 
+def _topology(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if profile.topology == ANY or profile.gpus < 2 or len(node.free_gpus) < profile.gpus:
+        return None
+    if gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology, profile.topology) is not None:
+        return None
+    return refusal(profile.topology, profile.gpus, node.free_gpus, node.gpu_topology)
+
+
 def _cpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
     if profile.cpu_cores > 0 and profile.cpu_cores > node.cpu_cores_free:
         return f"cpu: {profile.cpu_cores} requested, {node.cpu_cores_free} free"
@@ -435,6 +447,8 @@ BUILTIN_FILTERS = (
            rechecked=False),
     Filter("selector", _selector, "the profile's node_selector", builtin=True),
     Filter("gpu", _gpus, "free GPUs", builtin=True, rechecked=False),
+    Filter("topology", _topology, "free GPUs joined as the profile's topology asks (nvlink-all, same-numa)",
+           builtin=True, rechecked=False),
     Filter("cpu", _cpus, "free cores", builtin=True, rechecked=False),
     Filter("memory", _memory, "free memory", builtin=True, rechecked=False),
     Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True),
@@ -445,7 +459,7 @@ _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
 def filter_inputs(node: NodeView) -> tuple:
     """What of a node the built-in filters read, beside its readiness, cordon and holds: a rejection the
     index kept from an earlier plan holds while this stays the same."""
-    return (node.labels, node.fabric, node.free_gpus, node.cpu_cores_free, node.memory_gib_free)
+    return (node.labels, node.fabric, node.free_gpus, node.gpu_topology, node.cpu_cores_free, node.memory_gib_free)
 
 
 def base_rejection(
@@ -570,11 +584,19 @@ def shard_for(node: NodeView, profile: Profile, draw: float | None) -> ShardPlan
     memory."""
     return ShardPlan(
         node=node.name,
-        gpu_indices=gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology),
+        gpu_indices=gpus_for(node, profile),
         cpu_cores=profile.cpu_cores,
         memory_gib=profile.memory_gib,
         draw_watts=draw,
     )
+
+
+def gpus_for(node: NodeView, profile: Profile) -> tuple[int, ...]:
+    """The GPUs a shard of the profile takes on the node (placement.topology's pick)."""
+    picked = gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology, profile.topology)
+    if picked is None:  # the topology filter turned such a node down; the best set there is, else
+        picked = gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology) or ()
+    return picked
 
 
 def apply_shard(node: NodeView, shard: ShardPlan) -> NodeView:
@@ -635,7 +657,7 @@ def why_text(
     if profile.gpus > 0:
         parts.append(f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free")
         if node.gpu_topology is not None and profile.gpus > 1:
-            words = pick_words(node.gpu_topology, gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology))
+            words = pick_words(node.gpu_topology, gpus_for(node, profile))
             if words:
                 parts.append(words)
     else:
@@ -849,7 +871,8 @@ def efficiency_text(rows: list[dict[str, Any]]) -> str:
 
 
 def profile_text(profile: dict[str, Any]) -> str:
-    """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200)``."""
+    """``8 GPUs × 2 nodes, 16 cores, 256 GiB, 6.0 kW; keep_within rack; gpu.model in (H100,H200); topology
+    nvlink-all``."""
     if profile["gpus"]:
         head = f"{_plural_of(profile['gpus'], 'GPU')} × {_plural_of(profile['nodes'], 'node')}"
     else:
@@ -866,6 +889,8 @@ def profile_text(profile: dict[str, Any]) -> str:
         text += f"; keep_within {profile['keep_within']}"
     if profile["node_selector"]:
         text += f"; {profile['node_selector']}"
+    if profile.get("topology") not in (None, ANY):  # .get: a server from before topology was a field
+        text += f"; topology {profile['topology']}"
     return text
 
 

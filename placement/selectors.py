@@ -40,6 +40,7 @@ def profile_dict(model: Model) -> dict[str, Any]:
         "power_watts": model.power_watts,
         "keep_within": model.keep_within or None,
         "node_selector": model.node_selector or None,
+        "topology": model.topology or "any",
         "command": model.command or None,
         "health_path": model.health_path,
         "min_ready_seconds": model.min_ready_seconds,

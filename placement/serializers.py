@@ -13,6 +13,7 @@ from facility.serializers import MAX_FILE_CHARS, MAX_FILENAME, StrictSerializer
 from llmgw.api import TextField
 from placement import documents as d
 from placement.documents import CLASS_CHOICES, KEEP_WITHIN_CHOICES, MAX_REPLICAS
+from placement.topology import TOPOLOGY_CHOICES
 
 REPLICA_STATES = ("pending", "placed", "starting", "ready", "failed", "stopping", "unreachable")
 
@@ -31,6 +32,10 @@ class ProfileSerializer(serializers.Serializer):
     node_selector = serializers.CharField(
         max_length=d.MAX_SELECTOR_LENGTH, required=False, allow_null=True, allow_blank=True,
         help_text="e.g. `gpu.model in (H100,H200), llmgw.io/room=a`",
+    )
+    topology = serializers.ChoiceField(
+        choices=TOPOLOGY_CHOICES, required=False, default="any",
+        help_text="how a shard's GPUs must be joined on its node: any (the best set there is), nvlink-all, same-numa",
     )
     command = serializers.CharField(
         max_length=d.MAX_COMMAND_LENGTH, required=False, allow_null=True, allow_blank=True,
@@ -74,6 +79,7 @@ class ProfileBodySerializer(serializers.Serializer):
     power_watts = serializers.FloatField(allow_null=True)
     keep_within = serializers.CharField(allow_null=True)
     node_selector = serializers.CharField(allow_null=True)
+    topology = serializers.ChoiceField(choices=TOPOLOGY_CHOICES)
     command = serializers.CharField(allow_null=True)
     health_path = serializers.CharField(allow_blank=True)
     min_ready_seconds = serializers.IntegerField()

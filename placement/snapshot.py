@@ -282,6 +282,7 @@ def profile_of(model: Model) -> Profile:
         power_watts=model.power_watts,
         keep_within=model.keep_within or None,
         selector=parse_selector(model.node_selector) if model.node_selector.strip() else None,
+        topology=model.topology or "any",
         # Measured by placement.throughput; none until its replicas report tokens/s and power.
         tokens_per_joule=tuple(
             ModelEfficiency.objects.filter(model_id=model.pk).order_by("gpu_model")

@@ -8,8 +8,14 @@ the GPU whose worst link to the set is best (one of the seed's NUMA node breakin
 index) — and keeps the set whose worst link is best, then the one on the fewest NUMA nodes, then the
 lowest indices, so the same node gives the same pick.
 
+A profile may insist (``topology:`` in models.yaml): ``nvlink-all`` takes only a set whose every pair
+is joined by NVLink, ``same-numa`` only one on a single NUMA node; the best such set, grown the same way
+from each free GPU. A node without one is turned down in words (:func:`refusal`). ``any``, the default,
+takes the best set there is and never turns a node down.
+
 A node that reports no topology has unknown links: its shards take the lowest free indices, as they
-did before nodes reported one.
+did before nodes reported one, and ``nvlink-all`` or ``same-numa`` turn it down (nothing says its
+GPUs are joined).
 
 Pure: no Django; the planner, the index and explain read it alike.
 """
@@ -28,6 +34,16 @@ NVLINK = 0
 UNKNOWN_LINK = len(LINK_NAMES)
 _RANKS = {name: rank for rank, name in enumerate(LINK_NAMES)}
 _NVLINK_RE = re.compile(r"NV[0-9]+")
+
+# A profile's ``topology:``, the default first.
+ANY = "any"
+NVLINK_ALL = "nvlink-all"
+SAME_NUMA = "same-numa"
+TOPOLOGY_CHOICES = (ANY, NVLINK_ALL, SAME_NUMA)
+# The steps the search for a set all joined by NVLink may take where growing one from each GPU found
+# none: enough for any real wiring (an NVSwitch board, bridged pairs, a hybrid cube-mesh) many times
+# over; a matrix built to defeat it costs this, then the node is turned down.
+NVLINK_SEARCH_STEPS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,31 +115,82 @@ def worst_link(topology: GpuTopology, gpus: Iterable[int]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet has a few wirings and a few free sets on each
-def gpus_pick(free: tuple[int, ...], count: int, topology: GpuTopology | None) -> tuple[int, ...]:
-    """The ``count`` GPUs of ``free`` a shard takes, in index order (see the module's docstring): the
-    lowest free indices where the topology is unknown. ``free`` holds at least ``count``."""
+def gpus_pick(
+    free: tuple[int, ...], count: int, topology: GpuTopology | None, need: str = ANY
+) -> tuple[int, ...] | None:
+    """The ``count`` GPUs of ``free`` a shard takes, in index order (see the module's docstring), or None
+    when ``need`` (nvlink-all, same-numa) finds no such set among them or ``free`` holds too few. One
+    GPU is joined to itself, on one node: the lowest free index, whatever the need."""
     ordered = tuple(sorted(free))
-    if topology is None or count <= 1 or count >= len(ordered):
+    if len(ordered) < count:
+        return None
+    if count <= 1:
         return ordered[:count]
+    if topology is None:
+        return ordered[:count] if need == ANY else None
+    if need == ANY and count == len(ordered):
+        return ordered
     best: tuple[int, int, tuple[int, ...]] | None = None
+    nvlink_only, one_node = need == NVLINK_ALL, need == SAME_NUMA
     for seed in ordered:
         home = topology.numa_of(seed)
+        if one_node and home is None:
+            continue
+        pool = [g for g in ordered if g != seed and (not one_node or topology.numa_of(g) == home)]
+        if len(pool) < count - 1:
+            continue
         members = [seed]
-        pool = [g for g in ordered if g != seed]
         worst = NVLINK
         while len(members) < count:
-            pick = min(
-                (max(topology.link(g, m) for m in members), topology.numa_of(g) != home, g) for g in pool
-            )
+            options = [(max(topology.link(g, m) for m in members), topology.numa_of(g) != home, g) for g in pool]
+            if nvlink_only:
+                options = [option for option in options if option[0] == NVLINK]
+            if not options:
+                break
+            pick = min(options)
             members.append(pick[2])
             pool.remove(pick[2])
             worst = max(worst, pick[0])
+        if len(members) < count:
+            continue
         chosen = tuple(sorted(members))
         key = (worst, numa_count(topology, chosen), chosen)
         if best is None or key < best:
             best = key
-    assert best is not None
+    if best is None:
+        return _nvlink_set(ordered, count, topology) if nvlink_only else None
     return best[2]
+
+
+def _nvlink_set(ordered: tuple[int, ...], count: int, topology: GpuTopology) -> tuple[int, ...] | None:
+    """The first set (in index order) of ``count`` GPUs all joined by NVLink, searched whole (within
+    NVLINK_SEARCH_STEPS) where growing from each GPU missed one; None when there is none."""
+    steps = 0
+
+    def grow(chosen: tuple[int, ...], rest: tuple[int, ...]) -> tuple[int, ...] | None:
+        nonlocal steps
+        if len(chosen) == count:
+            return chosen
+        for at, gpu in enumerate(rest):
+            steps += 1
+            if steps > NVLINK_SEARCH_STEPS or len(chosen) + len(rest) - at < count:
+                return None
+            if all(topology.link(gpu, m) == NVLINK for m in chosen):
+                found = grow((*chosen, gpu), rest[at + 1 :])
+                if found is not None:
+                    return found
+        return None
+
+    return grow((), ordered)
+
+
+def refusal(need: str, count: int, free: tuple[int, ...], topology: GpuTopology | None) -> str:
+    """Why a node's free GPUs hold no set the need takes: ``topology: no 4 free GPUs all joined by NVLink
+    (free: 0,1,4,6)``, ``topology: no 4 free GPUs on one NUMA node (free: 0,1,4,6)``."""
+    if topology is None:
+        return f"topology: the node reports no GPU topology ({need} needs it)"
+    joined = "all joined by NVLink" if need == NVLINK_ALL else "on one NUMA node"
+    return f"topology: no {count} free GPUs {joined} (free: {gpus_text(free, run=3)})"
 
 
 def gpus_text(indices: Iterable[int], *, run: int = 2) -> str:

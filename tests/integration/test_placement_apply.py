@@ -107,11 +107,15 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
         (
             "kind: Model\nname: a\nprofile:\n  gpus: 8\n  gpu: 1\n",
             "line 5: profile.gpu: unknown key; a profile takes: gpus, nodes, cpu_cores, memory_gib, power_watts, "
-            "keep_within, node_selector, command, health_path, min_ready_seconds",
+            "keep_within, node_selector, topology, command, health_path, min_ready_seconds",
         ),
         (
             "kind: Model\nname: a\nprofile:\n  gpus: 8\n  keep_within: pdu\n",
             "line 5: profile.keep_within: must be one of rack, row, room, site, not 'pdu'",
+        ),
+        (
+            "kind: Model\nname: a\nprofile:\n  gpus: 4\n  topology: nvlink\n",
+            "line 5: profile.topology: must be one of any, nvlink-all, same-numa, not 'nvlink'",
         ),
         (
             "kind: Model\nname: a\nprofile:\n  gpus: 8\n  node_selector: 'gpu.model in H100'\n",

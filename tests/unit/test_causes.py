@@ -85,3 +85,18 @@ def test_a_reason_it_does_not_know_is_kept_as_it_is():
         "1 node: plugin rack-affinity: not in rack r9",
     ]
     assert nofit_causes({}) == []
+
+
+def test_gpus_not_joined_as_the_topology_asks():
+    nodes = [
+        node("p1", free=(0, 1, 4, 6), machine="pcie-nvlink-pairs"),
+        node("p2", free=(0, 2, 4, 6), machine="pcie-nvlink-pairs"),
+        node("u1"),
+    ]
+    found = rejections(request(gpus=4, topology="nvlink-all"), nodes, facility())
+    assert nofit_causes(found) == [
+        "2 nodes without 4 free GPUs all joined by NVLink",
+        "1 node reporting no GPU topology",
+    ]
+    found = rejections(request(gpus=4, topology="same-numa"), nodes[:1], facility())
+    assert nofit_causes(found) == ["1 node without 4 free GPUs on one NUMA node"]

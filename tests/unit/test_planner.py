@@ -277,6 +277,41 @@ def test_an_nvlink_pair_before_the_lowest_free_indices():
     assert result.why == "leaves 2 GPUs free; GPUs 4,5, NVLink-complete"
 
 
+def test_nvlink_all_refuses_in_exact_words_when_no_free_set_is_joined_by_nvlink():
+    pairs = node("a", free=(0, 1, 4, 6), machine="pcie-nvlink-pairs")
+    assert reason(request(4, topology="nvlink-all"), pairs) == (
+        "topology: no 4 free GPUs all joined by NVLink (free: 0,1,4,6)"
+    )
+    assert reason(request(4, topology="same-numa"), pairs) == (
+        "topology: no 4 free GPUs on one NUMA node (free: 0,1,4,6)"
+    )
+    unknown = node("b", free=4)
+    assert reason(request(2, topology="nvlink-all"), unknown) == (
+        "topology: the node reports no GPU topology (nvlink-all needs it)"
+    )
+
+
+def test_nvlink_all_takes_a_pair_where_one_is_free():
+    result = plan(request(2, topology="nvlink-all"), [node("a", free=(0, 2, 4, 5), machine="pcie-nvlink-pairs")])
+    assert result.shards[0].gpu_indices == (4, 5)
+    assert result.why == "leaves 2 GPUs free; GPUs 4,5, NVLink-complete"
+
+
+def test_same_numa_takes_one_socket_and_passes_a_node_without_one_over():
+    split = node("a", free=(2, 3, 4, 5), machine="pcie-nvlink-pairs")
+    whole = node("b", free=(0, 2, 4, 5, 6, 7), machine="pcie-nvlink-pairs")  # a packs fuller: ranked first
+    result = plan(request(4, topology="same-numa"), [split, whole])
+    assert chosen(result) == ["b"] and result.shards[0].gpu_indices == (4, 5, 6, 7)
+    assert result.rejections == {"a": "topology: no 4 free GPUs on one NUMA node (free: 2-5)"}
+    assert result.why == "leaves 2 GPUs free; GPUs 4-7, one NUMA node"
+
+
+def test_any_never_refuses_unknown_links_nor_one_gpu():
+    assert chosen(plan(request(4), [node("a", free=(0, 1, 4, 6), machine="pcie-nvlink-pairs")])) == ["a"]
+    assert chosen(plan(request(4), [node("b", free=4)])) == ["b"]
+    assert chosen(plan(request(1, topology="nvlink-all"), [node("c", free=1)])) == ["c"]
+
+
 def test_ties_go_to_the_node_name_whatever_the_input_order():
     nodes = [node("c"), node("a"), node("b")]
     assert chosen(plan(request(8), nodes)) == ["a"]

@@ -24,7 +24,7 @@ from placement.planner import (
     domain_uses,
     plan_replica,
 )
-from placement.topology import NVLINK, UNKNOWN_LINK, GpuTopology, topology_of
+from placement.topology import NVLINK, UNKNOWN_LINK, GpuTopology, topology_of, worst_link
 from tests.fakes.gpu_machines import MACHINES, reported_topology
 
 MODELS = ("m1", "m2", "m3")
@@ -142,6 +142,7 @@ def requests(draw, *, power=True, multi=True):
         power_watts=draw(st.sampled_from([None, 1500.0, 6000.0])) if power else None,
         keep_within=draw(st.sampled_from([None, "rack"])) if nodes > 1 else None,
         selector=None,
+        topology=draw(st.sampled_from(["any", "any", "nvlink-all", "same-numa"])),
     )
     return ReplicaRequest(model=draw(st.sampled_from(MODELS)), profile=profile)
 
@@ -185,8 +186,8 @@ def test_no_plan_takes_a_domain_past_its_limit(case):
 @FAST
 @given(scenario())
 def test_the_pick_takes_as_many_free_gpus_as_asked_and_never_a_booked_one(case):
-    """Plans applied one after another: each shard takes exactly the profile's GPUs, all free on its node,
-    and no card is taken twice."""
+    """Plans applied one after another: each shard takes exactly the profile's GPUs, all free on its node
+    and joined as its topology asks, and no card is taken twice."""
     nodes, facility, reqs = case
     taken: dict[str, set[int]] = {n.name: set(range(n.gpus_total)) - set(n.free_gpus) for n in nodes}
     by_name = {n.name: n for n in nodes}
@@ -199,6 +200,11 @@ def test_the_pick_takes_as_many_free_gpus_as_asked_and_never_a_booked_one(case):
             assert len(shard.gpu_indices) == len(gpus) == req.profile.gpus, (shard, req.profile)
             assert gpus <= set(by_name[shard.node].free_gpus), (shard, by_name[shard.node].free_gpus)
             assert not gpus & taken[shard.node], (shard, taken[shard.node])
+            wiring = by_name[shard.node].gpu_topology
+            if req.profile.topology == "nvlink-all" and len(gpus) > 1:
+                assert worst_link(wiring, gpus) == NVLINK, (shard, wiring)
+            if req.profile.topology == "same-numa" and len(gpus) > 1:
+                assert len({wiring.numa_of(g) for g in gpus}) == 1 and None not in {wiring.numa_of(g) for g in gpus}
             taken[shard.node] |= gpus
         nodes = applied(nodes, result)
         by_name = {n.name: n for n in nodes}

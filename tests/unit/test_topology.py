@@ -66,3 +66,35 @@ def test_one_gpu_is_the_lowest_free_and_needs_no_words():
 @pytest.mark.parametrize("document", [{}, None, {"links": "X"}, {"links": [["X", "NV4"]], "numa": [0]}])
 def test_a_document_that_is_no_matrix_is_no_topology(document):
     assert topology_of(document) is None
+
+
+def test_nvlink_all_takes_only_sets_joined_by_nvlink():
+    assert gpus_pick(tuple(range(8)), 4, HGX, "nvlink-all") == (0, 1, 2, 3)
+    assert gpus_pick(tuple(range(8)), 4, PAIRS, "nvlink-all") is None
+    assert gpus_pick((0, 2, 3, 5), 2, PAIRS, "nvlink-all") == (2, 3)
+    assert gpus_pick((0, 1), 2, BOX, "nvlink-all") is None
+    assert gpus_pick((0, 1), 2, None, "nvlink-all") is None
+
+
+def test_same_numa_takes_only_sets_on_one_node():
+    assert gpus_pick((0, 1, 4, 5, 6, 7), 4, PAIRS, "same-numa") == (4, 5, 6, 7)
+    assert gpus_pick((0, 1, 2, 4, 5, 6), 4, PAIRS, "same-numa") is None
+    assert gpus_pick((0, 1, 2, 3), 4, BOX, "same-numa") == (0, 1, 2, 3)  # -1: the platform's one node
+    unread = topology_of({"links": [["X", "PIX"], ["PIX", "X"]], "numa": [0, None]})
+    assert gpus_pick((0, 1), 2, unread, "same-numa") is None
+    assert gpus_pick((0, 1), 2, unread) == (0, 1)
+
+
+def test_one_gpu_meets_every_need():
+    assert gpus_pick((5, 3), 1, None, "nvlink-all") == (3,)
+    assert gpus_pick((5, 3), 1, PAIRS, "same-numa") == (3,)
+
+
+def test_a_set_joined_by_nvlink_is_found_where_growing_from_each_gpu_misses_it():
+    # 3, 4 and 5 are all joined by NVLink; each also has an NVLink to a lower GPU joined to nothing else,
+    # which growing from any seed takes first, and then finds no third.
+    nv = {(0, 3), (1, 4), (2, 5), (3, 4), (3, 5), (4, 5)}
+    links = [["X" if i == j else "NV2" if (min(i, j), max(i, j)) in nv else "SYS" for j in range(6)] for i in range(6)]
+    wired = topology_of({"links": links, "numa": [0] * 6})
+    assert gpus_pick(tuple(range(6)), 3, wired, "nvlink-all") == (3, 4, 5)
+    assert gpus_pick(tuple(range(6)), 4, wired, "nvlink-all") is None
