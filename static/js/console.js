@@ -88,3 +88,14 @@ htmx.defineExtension("shown-only", {
     return dropped ? holder.innerHTML : text;
   }
 });
+
+// Back and forward load the page afresh instead of htmx restoring its snapshot: a live page's snapshot
+// is stale, and restoring one re-initialises its socket's element under the forms that tell the socket
+// which page this is (htmx-ext-ws then meets a form with no socket). Registered before htmx sets its own
+// handler (when the document is ready), so this one runs first and stops it.
+window.addEventListener("popstate", function (e) {
+  if (e.state && e.state.htmx) {
+    e.stopImmediatePropagation();
+    window.location.reload();
+  }
+});
