@@ -106,6 +106,11 @@ def _held(since: float | None, now: float, seconds: float) -> bool:
     return since is not None and now - since >= seconds
 
 
+def minutes_text(seconds: float) -> str:
+    """A duration as the condition texts say it (``40 s``, ``6 min``)."""
+    return _minutes(seconds)
+
+
 def _minutes(seconds: float) -> str:
     minutes = seconds / 60
     return f"{minutes:.0f} min" if minutes >= 1 else f"{seconds:.0f} s"

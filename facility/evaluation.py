@@ -359,4 +359,18 @@ def _inlet_of(row: DomainCondition, state: cond.DomainState, thresholds: cond.Th
         "celsius": reading["value"], "at": reading["at"], "source": reading.get("source") or "",
         "warm_c": thresholds.warm_inlet_c, "hot_c": thresholds.hot_inlet_c,
         "above_since": above if row.condition in (cond.HOT, cond.WARM) else None,
+        "entering": _entering(row.condition, state, thresholds),
     }
+
+
+def _entering(condition: str, state: cond.DomainState, thresholds: cond.Thresholds) -> dict[str, Any] | None:
+    """The worse condition the inlet is on its way to, while it stands above that edge for less than the
+    time a condition takes to enter (``{to, edge_c, since, after}``), else None: a rack reading 35 °C for
+    20 s is still ok, and the page says how long until it is hot rather than "ok" beside 35 °C alone."""
+    if condition != cond.HOT and state.above_hot_since is not None:
+        to, edge, since = cond.HOT, thresholds.hot_inlet_c, state.above_hot_since
+    elif condition in (cond.OK, cond.UNKNOWN) and state.above_warm_since is not None:
+        to, edge, since = cond.WARM, thresholds.warm_inlet_c, state.above_warm_since
+    else:
+        return None
+    return {"to": to, "edge_c": edge, "since": since, "after": cond.minutes_text(thresholds.enter_seconds)}

@@ -90,6 +90,13 @@ class DomainHoldSerializer(serializers.Serializer):
 CONDITIONS = ("ok", "warm", "hot", "unknown")
 
 
+class InletEnteringSerializer(serializers.Serializer):
+    to = serializers.ChoiceField(choices=["warm", "hot"], help_text="the condition it enters if it stays")
+    edge_c = serializers.FloatField(help_text="the edge it stands above")
+    since = serializers.FloatField(help_text="since when (seconds since the epoch)")
+    after = serializers.CharField(help_text="how long it must stay above to enter (\"1 min\")")
+
+
 class InletSerializer(serializers.Serializer):
     celsius = serializers.FloatField(help_text="the latest inlet reading")
     at = serializers.FloatField(help_text="when it was read (seconds since the epoch)")
@@ -98,6 +105,10 @@ class InletSerializer(serializers.Serializer):
     hot_c = serializers.FloatField(help_text="hot above this")
     above_since = serializers.FloatField(
         allow_null=True, help_text="warm or hot: since when it has stood above that edge (seconds since the epoch)"
+    )
+    entering = InletEnteringSerializer(
+        allow_null=True, required=False,
+        help_text="the worse condition the inlet is on its way to, while above that edge for less than the entry time",
     )
 
 

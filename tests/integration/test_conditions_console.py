@@ -86,3 +86,21 @@ def test_the_facility_socket_sends_the_conditions_partial(join_node):
     html = consumer.html()
     assert '<section class="card" id="facility-conditions" hx-swap-oob="true">' in html
     assert "rack:r1-01" in html[html.index('id="condition-events"'):]
+
+
+def test_an_inlet_above_the_hot_edge_for_less_than_the_entry_time_says_when_it_turns_hot(viewer, join_node):
+    """35 °C for 30 s is not hot yet (it takes 2 min): the pages say ok, and beside the reading how long it
+    has stood above 32 °C and that it turns hot once it stays there 2 min, not "ok" beside 35 °C alone."""
+    join_node("gpu01", rack="r1-01")
+    facility_apply(text="facility:\n  sources:\n    agents: false\n    static: {rack:r1-01: {inlet_temp_c: 35}}\n")
+    now = timezone.now()
+    conditions_evaluate(now=now - timedelta(seconds=30))
+    conditions_evaluate(now=now)
+    since = round((now - timedelta(seconds=30)).timestamp())
+    words = f'above 32 °C for <time class="since" data-since="{since}"></time>: hot once it stays there 2 min'
+    line = viewer.get("/nodes/gpu01/").content.decode()
+    line = line[line.index('id="node-condition"'):]
+    line = line[: line.index("</p>")]
+    assert 'cond-ok">ok<' in line and '<strong class="inlet-domain">35.0 °C</strong>' in line
+    assert words in line, line
+    assert words in viewer.get("/facility/").content.decode()
