@@ -13,14 +13,14 @@ from django.db import DatabaseError, connection, transaction
 
 from placement import snapshot
 from placement.commit.lanes import Lane, Planned
-from placement.commit.locks import _locked_state
+from placement.commit.locks import Scope, _locked_state, scope_of
 from placement.commit.outcomes import LostRace, Placement
 from placement.commit.recheck import _Locked
 from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
 from placement.commit.writes import LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
-from placement.planner import ReplicaRequest
+from placement.planner import FacilityView, ReplicaRequest
 from placement.signals import placement_changed_on_commit
 
 
@@ -66,14 +66,15 @@ class _BatchLost(Exception):
 def _commit_batch(planned: list[Planned], index: PlacementIndex, now: datetime, lane: Lane) -> list[Planned]:
     """Commit the planned replicas together, waiting for it; record the outcomes; the ones to plan
     again, in order."""
-    names, domains_of, touched = _batch_scope(planned, index)
+    scope = scope_of((s.node for item in planned for s in item.plan.shards), index)
+    names, touched = scope.names, scope.touched
     facility = index.facility
     lost: dict[int, LostRace] = {}
     gone: set[int] = set()
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            lost, writes = _checked(planned, locked, domains_of, index, lane.request, now)
+            lost, writes = _checked(planned, locked, scope, index.facility, lane.request, now)
             if writes:
                 ids = {name: row[1] for name, row in locked.nodes.items()}
                 gone, raced = _write_postgresql_batch(cursor, writes, ids, now, touched)
@@ -89,25 +90,17 @@ def _commit_batch(planned: list[Planned], index: PlacementIndex, now: datetime, 
     return _settle_batch(planned, _Committed(lost, gone, False), index, now, lane)
 
 
-def _batch_scope(planned: list[Planned], index: PlacementIndex) -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """The batch's nodes (sorted), each one's domains, and every domain they touch (sorted)."""
-    names = sorted({s.node for item in planned for s in item.plan.shards})
-    domains_of = {name: [str(d) for d in index.node(name).domains] for name in names}
-    return names, domains_of, sorted({d for ds in domains_of.values() for d in ds})
-
-
 def _checked(
-    planned: list[Planned], locked: _Locked, domains_of: dict[str, list[str]], index: PlacementIndex,
-    request: ReplicaRequest, now: datetime,
+    planned: list[Planned], locked: _Locked, scope: Scope, facility: FacilityView, request: ReplicaRequest,
+    now: datetime,
 ) -> tuple[dict[int, LostRace], list[tuple[int, list, dict]]]:
     """The plans checked in turn against the locked rows: the ones that lost, and the writes of the rest."""
     lost: dict[int, LostRace] = {}
     writes = []
-    views = {name: index.node(name) for name in domains_of}
     for item in planned:
         shards = sorted(item.plan.shards, key=lambda s: s.node)
         try:
-            locked.check(shards, domains_of, index.facility, now, views=views, request=request)
+            locked.check(shards, scope.domains_of, facility, now, views=scope.views, request=request)
         except LostRace as race:
             lost[item.replica.pk] = race
             continue
@@ -151,14 +144,15 @@ class _InFlight:
     @classmethod
     def send(cls, planned: list[Planned], index: PlacementIndex, now: datetime, request: ReplicaRequest) -> _InFlight:
         flight = cls()
-        names, domains_of, touched = _batch_scope(planned, index)
+        scope = scope_of((s.node for item in planned for s in item.plan.shards), index)
+        names, touched = scope.names, scope.touched
         facility = index.facility
         connection.ensure_connection()
         cursor = connection.cursor()
         try:
             cursor.execute("BEGIN")
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            flight._lost, flight._writes = _checked(planned, locked, domains_of, index, request, now)
+            flight._lost, flight._writes = _checked(planned, locked, scope, index.facility, request, now)
             if not flight._writes:
                 cursor.execute("COMMIT")
                 cursor.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,8 +13,29 @@ from agents.models import Node, NodeDomain, measured_fresh_seconds
 from facility.models import Budget, Hold
 from facility.power import node_draw_sql
 from llmgw.sqlin import sql_in
+from placement.index import PlacementIndex
 from placement.models import NodeBooking
-from placement.planner import FacilityView
+from placement.planner import FacilityView, NodeView
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a commit of some plans touches: its nodes (sorted), the index's view of each (what the plans
+    were made on), each one's domains, and every domain they are in (sorted: the budgets' lock order)."""
+
+    names: list[str]
+    views: dict[str, NodeView]
+    domains_of: dict[str, list[str]]
+    touched: list[str]
+
+
+def scope_of(nodes: Iterable[str], index: PlacementIndex) -> Scope:
+    """The :class:`Scope` of a commit whose shards go to ``nodes``."""
+    names = sorted(set(nodes))
+    views = {name: index.node(name) for name in names}
+    domains_of = {name: [str(d) for d in view.domains] for name, view in views.items()}
+    return Scope(names, views, domains_of, sorted({d for ds in domains_of.values() for d in ds}))
+
 
 LockedState = tuple[
     dict[str, tuple], dict[str, tuple[float, float]], dict[str, str], dict[str, float], dict[str, tuple[float, float]]

@@ -15,7 +15,7 @@ from django.db.models import F
 
 from agents.models import GPU, Node
 from facility.models import Hold
-from placement.commit.locks import _budgets_sql, _locked_state, _read_sql, _state_of
+from placement.commit.locks import _budgets_sql, _locked_state, _read_sql, _state_of, scope_of
 from placement.commit.outcomes import LostRace, ReplicaGone
 from placement.commit.recheck import _Locked
 from placement.index import PlacementIndex
@@ -29,14 +29,11 @@ def _commit(
 ) -> bool:
     """Lock, re-check and write one plan; False when the replica is no longer pending. Raises LostRace."""
     shards = sorted(plan.shards, key=lambda s: s.node)
-    names = [s.node for s in shards]
-    facility = index.facility
-    views = {name: index.node(name) for name in names}
-    domains_of = {name: [str(d) for d in view.domains] for name, view in views.items()}
-    touched = sorted({d for ds in domains_of.values() for d in ds})
+    scope = scope_of(plan.nodes, index)
+    names, touched, facility = scope.names, scope.touched, index.facility
     with connection.cursor() as cursor:
         locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-        locked.check(shards, domains_of, facility, now, views=views, request=request)
+        locked.check(shards, scope.domains_of, facility, now, views=scope.views, request=request)
         ids = {name: locked.nodes[name][1] for name in names}
         if connection.vendor == "postgresql":
             return _write_postgresql(cursor, replica_id, shards, ids, explain, now, touched)
@@ -59,11 +56,8 @@ def _commit_pipelined(
     from psycopg.pq import TransactionStatus
 
     shards = sorted(plan.shards, key=lambda s: s.node)
-    names = [s.node for s in shards]
-    facility = index.facility
-    views = {name: index.node(name) for name in names}
-    domains_of = {name: [str(d) for d in view.domains] for name, view in views.items()}
-    touched = sorted({d for ds in domains_of.values() for d in ds})
+    scope = scope_of(plan.nodes, index)
+    names, touched, facility = scope.names, scope.touched, index.facility
     connection.ensure_connection()
     pg = connection.connection
     try:
@@ -74,7 +68,7 @@ def _commit_pipelined(
                     budgets.execute(*_budgets_sql(touched))
                 cursor.execute(*_read_sql(names, touched, now))
             locked = _Locked(*_state_of(budgets.fetchall() if touched else [], cursor.fetchall(), facility))
-            locked.check(shards, domains_of, facility, now, views=views, request=request)
+            locked.check(shards, scope.domains_of, facility, now, views=scope.views, request=request)
             ids = {name: locked.nodes[name][1] for name in names}
             try:
                 with pg.pipeline():
