@@ -132,8 +132,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def models_headroom(request: HttpRequest) -> HttpResponse:
     """The headroom of the page's models (``?name=…&name=…``, at most a page of them), each swapped into its
-    card by id: one dry run's read of the nodes for all of them (it is most of each dry run's time), where a
-    request a model read the nodes again for every card, each request queueing before the next page."""
+    card by id: one read of the nodes for all of them (most of a dry run's time), not one a card."""
     require_reader(request)
     names = list(dict.fromkeys(request.GET.getlist("name")))[:REPLICAS_PER_PAGE]
     found = selectors.models_headroom(names)
