@@ -47,9 +47,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
+from itertools import compress
+from operator import itemgetter
 
 from facility.domains import Domain
 from facility.power import EPSILON_WATTS, Budget, node_use_watts
@@ -89,6 +92,7 @@ from placement.plugins import REGISTRY
 # ranking further behind is made afresh).
 _RANKINGS_KEPT = 64
 _IMPROVEMENTS_KEPT = 65536
+_CHANGES_KEPT = 65536
 _INFINITY = float("inf")
 # A kept step is trusted while the rack's use stays this share of the limit away from where the step
 # would change: the boundaries are worked out in floating point, step_left decides the rest.
@@ -107,6 +111,32 @@ def _range_of(limit: float, added: float, step: int) -> tuple[float, float]:
     return low, high
 
 
+class _Log:
+    """What changed, in order (slates whose version moved, cells whose use moved), for a kept walk to read
+    what moved since it was made instead of asking each of its slates; the oldest dropped past a bound."""
+
+    __slots__ = ("items", "start")
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.start = 0  # the position of items[0] since the log began
+
+    def add(self, item: object) -> None:
+        self.items.append(item)
+        if len(self.items) > _CHANGES_KEPT:
+            drop = len(self.items) - _CHANGES_KEPT // 2
+            del self.items[:drop]
+            self.start += drop
+
+    def mark(self) -> int:
+        """Where the log stands now."""
+        return self.start + len(self.items)
+
+    def since(self, mark: int) -> list | None:
+        """What was added since ``mark``; None when some of it was dropped."""
+        return None if mark < self.start else self.items[mark - self.start :]
+
+
 class _Cell:
     """A budgeted domain, its use, and its refusals and headroom steps at that use (kept until the use
     changes).
@@ -117,9 +147,9 @@ class _Cell:
     path's to the last bit.
     """
 
-    __slots__ = ("budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version")
+    __slots__ = ("budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version", "log")
 
-    def __init__(self, budget: Budget, margin: float) -> None:
+    def __init__(self, budget: Budget, margin: float, log: _Log) -> None:
         self.budget = budget
         self.margin = margin
         self.limit = budget.limit_watts(margin)
@@ -130,6 +160,7 @@ class _Cell:
         self._steps: dict[float, tuple[int, float, float]] = {}
         # Counts the changes of use: a walk's power refusals hold while it stays.
         self.version = 0
+        self.log = log  # the index's: each change of use is added to it
 
     def count(self, name: str, term: float | None) -> None:
         """A member's term (None: it left), and the use with it."""
@@ -143,6 +174,7 @@ class _Cell:
             self._refusals.clear()
             self._steps.clear()
             self.version += 1
+            self.log.add(self)
 
     def refusal(self, draw: float | None, added: float) -> str | None:
         """Why a shard of this draw, adding ``added`` to the use, may not come in; None when it fits."""
@@ -251,9 +283,11 @@ class _Slate:
     read of its candidates (a walk through the slate is walked again).
     """
 
-    __slots__ = ("sid", "group", "gpu_model", "weights", "bases", "entries", "order", "low", "high", "version")
+    __slots__ = (
+        "sid", "group", "gpu_model", "weights", "bases", "entries", "order", "low", "high", "version", "changes",
+    )
 
-    def __init__(self, sid: int, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> None:
+    def __init__(self, sid: int, group: _Group, gpu_model: str | None, weights: frozenset[str], changes: _Log) -> None:
         self.sid = sid
         self.group = group
         self.gpu_model = gpu_model
@@ -264,6 +298,12 @@ class _Slate:
         self.low = -_INFINITY
         self.high = _INFINITY
         self.version = 0
+        self.changes = changes  # the shape's: each change of version is added to it
+
+    def changed(self) -> None:
+        """Its order, or what the filters read of a candidate, changed: a walk through it is walked again."""
+        self.version += 1
+        self.changes.add(self)
 
     def is_current(self) -> bool:
         """True when every entry's step is right at the rack's use of now."""
@@ -279,7 +319,7 @@ class _Slate:
         self.order = sorted(entries.values())
         self.low = max((entry[5] for entry in self.order), default=-_INFINITY)
         self.high = min((entry[6] for entry in self.order), default=_INFINITY)
-        self.version += 1
+        self.changed()
 
     def put(self, name: str, base: tuple) -> tuple:
         """Add a candidate at the rack's use of now; its entry."""
@@ -290,7 +330,7 @@ class _Slate:
             self.low = entry[5]  # no earlier key while the use stays above this candidate's range too
         if entry[6] < self.high:
             self.high = entry[6]
-        self.version += 1
+        self.changed()
         return entry
 
     def take(self, name: str) -> None:
@@ -299,7 +339,7 @@ class _Slate:
         del self.bases[name]
         order = self.order
         del order[bisect_left(order, entry)]
-        self.version += 1
+        self.changed()
 
     def repair(self) -> None:
         """Step again the entries whose range the rack's use left, and put them in order."""
@@ -322,7 +362,7 @@ class _Slate:
                 high = above
         if moved:
             order.sort()
-            self.version += 1
+            self.changed()
         self.low, self.high = low, high
 
 
@@ -334,7 +374,8 @@ class _Shape:
     position ``improved_start``), for the rankings to move them up in their heaps."""
 
     __slots__ = (
-        "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "improved", "improved_start",
+        "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "of_group", "improved", "improved_start",
+        "changes",
     )
 
     def __init__(self, profile: Profile) -> None:
@@ -345,16 +386,19 @@ class _Shape:
         self.by_id: list[_Slate] = []
         self.of_node: dict[str, _Slate] = {}
         self.in_rack: dict[Domain, list[_Slate]] = {}
+        self.of_group: dict[_Group, list[_Slate]] = {}
         self.improved: list[int] = []
         self.improved_start = 0
+        self.changes = _Log()
 
     def slate(self, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> _Slate:
         """The slate of these alike nodes, made when first asked."""
         kind = (group.domains, gpu_model, weights)
         slate = self.slates.get(kind)
         if slate is None:
-            slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights)
+            slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights, self.changes)
             self.by_id.append(slate)
+            self.of_group.setdefault(group, []).append(slate)
             if group.step_cell is not None:
                 self.in_rack.setdefault(group.step_cell.budget.domain, []).append(slate)
         return slate
@@ -425,8 +469,9 @@ class _Walk:
     """The candidates a plan passed over before its choice, kept for the ranking's next plan: their
     rejections in rank order (and each reason's count), and beside each, in ``trail``, the slate and
     position it came from and whether a power refusal it is; each walked slate's last position passed
-    over (``last``) with its version; the budgeted domains whose refusals it read (their versions, and
-    ``reads``: the places in the trail that read them); the exclusions it was made with; the last key
+    over (``last``) and where the next plan goes on in it (``frontier``); where the shape's log of changed slates and the index's of changed uses stood when it
+    was made (``changes``, ``uses``: what moved since is read off them); the budgeted domains whose refusals it read (their versions, and
+    ``reads``: by group, the places in the trail whose refusal read its domains); the exclusions it was made with; the last key
     passed over (``end``).
 
     The next plan takes it up as it is when nothing of it moved. Else it replays it, merged with the heap
@@ -440,25 +485,92 @@ class _Walk:
     each of its replacements, are so passed over again at the cost of merging them, not of checking each.
     """
 
-    __slots__ = ("rejections", "reasons", "trail", "last", "versions", "groups", "cells", "reads", "exclude", "end",
-                 "moved", "improved")
+    __slots__ = ("rejections", "reasons", "trail", "last", "frontier", "changes", "uses", "cells", "reads", "exclude",
+                 "end", "moved", "improved")
 
     def __init__(self, rejections: dict[str, str], reasons: dict[str, int], trail: list[tuple[_Slate, int, bool]],
-                 last: dict[_Slate, int], cells: dict, reads: dict, exclude: frozenset[str], end: tuple) -> None:
+                 last: dict[_Slate, int], frontier: list[tuple] | None, changes: int, uses: int, cells: dict,
+                 reads: dict, exclude: frozenset[str], end: tuple) -> None:
         self.rejections = rejections
         self.reasons = reasons  # each rejection reason's count: the explain's summary, not counted again
         self.trail = trail
         self.last = last
-        self.versions = {slate: slate.version for slate in last}
-        self.groups: dict[_Group, list[_Slate]] = {}
-        for slate in last:
-            self.groups.setdefault(slate.group, []).append(slate)
+        # Where the next plan goes on in each walked slate not walked to its end, as a heap of (key, slate
+        # id, position); None when it is to be made again from ``last``.
+        self.frontier = frontier
+        self.changes = changes
+        self.uses = uses
         self.cells = cells  # _Cell → its version when read
-        self.reads = reads  # _Cell → the places in the trail whose power refusal read it, in order
+        self.reads = reads  # _Group → the places in the trail whose power refusal read its cells, in order
         self.exclude = exclude
         self.end = end
         self.moved: set[_Slate] = set()
         self.improved = False
+
+
+def _read(group: _Group, read: dict) -> None:
+    """Note the versions of the group's cells as a walk's power refusal read them (the first read holds)."""
+    for cell in group.cells:
+        if cell not in read:
+            read[cell] = cell.version
+
+
+class _Replay:
+    """The places of a kept walk to pass over again (those of the slates that did not move), in rank order:
+    their trail entries (slate, position, is a power refusal), names and reasons, and where the power
+    refusals are. Their keys did not change (a slate whose did is moved), so the places before a key are
+    found by bisection and passed over in bulk: a long walk (a full room, walked by each of its replacements)
+    costs its length in copies, not in steps of the plan's loop."""
+
+    __slots__ = ("trail", "names", "whys", "power", "size", "_key_at")
+
+    def __init__(self, trail: list[tuple], names: list[str], whys: list[str], key_at) -> None:
+        self.trail = trail
+        self.names = names
+        self.whys = whys
+        self.power = [at for at, (_, _, power) in enumerate(trail) if power]
+        self.size = len(trail)
+        self._key_at = key_at
+
+    def key(self, at: int) -> tuple:
+        """The ranking key of the place ``at``."""
+        slate, position, _ = self.trail[at]
+        return self._key_at(slate, position)
+
+    def pass_over(
+        self, start: int, bound: tuple | None, rejections: dict, reasons: dict, trail: list, last: dict,
+        read: dict, reads: dict,
+    ) -> int:
+        """Pass over again, as kept, the places from ``start`` whose key is before ``bound`` (every one left
+        when None); where the replay now stands."""
+        stop = self.size
+        if bound is not None:
+            stop = bisect_left(self.trail, bound, start, stop, key=lambda entry: self._key_at(entry[0], entry[1]))
+        if stop <= start:
+            return start
+        chunk = self.trail[start:stop]
+        whys = self.whys[start:stop]
+        rejections.update(zip(self.names[start:stop], whys, strict=True))
+        for reason, count in Counter(whys).items():
+            reasons[reason] = reasons.get(reason, 0) + count
+        power, entries = self.power, self.trail
+        offset = len(trail) - start  # a place's position in the plan's trail
+        group = places = None
+        for i in range(bisect_left(power, start), bisect_left(power, stop)):
+            at = power[i]
+            if entries[at][0].group is not group:  # a slate's refusals mostly come in a run
+                group = entries[at][0].group
+                places = reads.get(group)
+                if places is None:
+                    places = reads[group] = []
+                    _read(group, read)
+            places.append(offset + at)
+        trail.extend(chunk)
+        last.update(zip(map(itemgetter(0), chunk), map(itemgetter(1), chunk), strict=True))
+        return stop
+
+
+_NO_REPLAY = _Replay([], [], [], None)
 
 
 class PlacementIndex:
@@ -472,6 +584,7 @@ class PlacementIndex:
     def __init__(self, nodes: Iterable[NodeView], facility: FacilityView) -> None:
         self._facility = facility
         self._cells: dict[Domain, _Cell] = {}
+        self._uses = _Log()  # the cells whose use changed, in order
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
         self._groups_in: dict[Domain, list[_Group]] = {}  # the groups in each rack and PDU
@@ -531,7 +644,8 @@ class PlacementIndex:
         """New settings, budgets, holds or conditions: holds, verdicts and domain use are worked out again."""
         self._facility = facility
         margin = facility.settings.margin
-        self._cells = {domain: _Cell(budget, margin) for domain, budget in facility.budgets.items()}
+        self._uses = _Log()
+        self._cells = {domain: _Cell(budget, margin, self._uses) for domain, budget in facility.budgets.items()}
         for group in self._groups.values():
             group.set_cells(self._cells)
             group.set_conditions(facility)
@@ -659,7 +773,7 @@ class PlacementIndex:
             slate = was
             if slate.bases[name] == base:
                 if refiltered:
-                    slate.version += 1  # in the same place, but a walk through it is walked again
+                    slate.changed()  # in the same place, but a walk through it is walked again
                 return  # a reading that moves nothing of this shape's (measured below placed)
         else:
             slate = shape.slate(entry.group, gpu_model, node.weights)
@@ -747,8 +861,10 @@ class PlacementIndex:
                 counts[domain] = counts.get(domain, 0) + count
                 for group in self._groups_in.get(domain, ()):
                     spread[group] = spread_of(group.spread, counts)
-                    if walk is not None and group in walk.groups:
-                        walk.moved.update(walk.groups[group])  # its walked slates' keys came later
+                    if walk is not None:
+                        for slate in ranking.shape.of_group.get(group, ()):
+                            if slate in walk.last:
+                                walk.moved.add(slate)  # a walked slate's keys came later
         ranking.existing = existing
         ranking.request = request
         shape = ranking.shape
@@ -795,9 +911,9 @@ class PlacementIndex:
 
     def _take_up(self, ranking: _Ranking, exclude: frozenset[str]) -> tuple | None:
         """The kept walk as the next plan starts from it (see _Walk): (rejections, reasons, trail, last, cells
-        read, reads, the last key passed over, replay). ``replay`` is None when the walk is taken up as it is;
-        else the walk starts empty and ``replay`` lists the places to pass over again, in rank order, as
-        (key, slate, position, name, reason, is a power refusal), the moved slates back in the heap. None,
+        read, reads, the last key passed over, replay, frontier or None). ``replay`` is None when the walk is taken up as it is;
+        else the walk starts empty and ``replay`` holds the places to pass over again, in rank order
+        (:class:`_Replay`), the moved slates back in the heap. None,
         with every slate back, when nothing of it holds (other exclusions)."""
         walk = ranking.walk
         ranking.walk = None
@@ -805,38 +921,55 @@ class PlacementIndex:
             ranking.walk = walk
             self._walk_off(ranking)
             return None
-        moved = walk.moved
-        for slate, version in walk.versions.items():
-            if slate.version != version or not slate.is_current():
-                moved.add(slate)
-        rejections, reasons, cells = walk.rejections, walk.reasons, walk.cells
+        moved, last, cells = walk.moved, walk.last, walk.cells
+        shape = ranking.shape
+        changed = shape.changes.since(walk.changes)
+        uses = self._uses.since(walk.uses)
+        shifted = set()
+        if changed is None or uses is None:
+            moved.update(last)  # too long ago to tell: every walked slate is walked again
+        else:
+            moved.update(slate for slate in changed if slate in last)
+            in_rack = shape.in_rack
+            for cell in set(uses):
+                if cell in cells and cell.version != cells[cell]:
+                    shifted.add(cell)
+                for slate in in_rack.get(cell.budget.domain, ()):
+                    if slate in last and not slate.is_current():
+                        moved.add(slate)
+        # The last plan's rejections and reasons stay as it gave them; the rest of the walk is this plan's.
+        rejections, reasons = dict(walk.rejections), dict(walk.reasons)
         trail = walk.trail
-        shifted = [cell for cell, version in cells.items() if cell.version != version]
         if shifted:
-            rejections, reasons, cells = dict(rejections), dict(reasons), dict(cells)
             self._reword(trail, shifted, walk.reads, moved, rejections, reasons)
             for cell in shifted:
                 cells[cell] = cell.version
         if not moved and not walk.improved:
-            return (dict(rejections), dict(reasons), list(trail), dict(walk.last), dict(cells),
-                    {cell: list(places) for cell, places in walk.reads.items()}, walk.end, None)
+            return rejections, reasons, trail, last, cells, walk.reads, walk.end, None, walk.frontier
         heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
         for slate in moved:  # walked again from the heap, where it was (or at its earlier key)
             sid = slate.sid
             heappush(heap, (bounds[sid], sid, versions[sid]))
-        key_at = ranking.key_at
-        replay = []
-        for (slate, at, power), (name, reason) in zip(trail, rejections.items(), strict=True):
-            if slate not in moved:
-                replay.append((key_at(slate, at), slate, at, name, reason, power))
-        last = {slate: at for slate, at in walk.last.items() if slate not in moved}
-        return {}, {}, [], last, {}, {}, None, replay
+        kept = [slate not in moved for slate, _, _ in trail]
+        replay = _Replay(
+            list(compress(trail, kept)), list(compress(rejections, kept)), list(compress(rejections.values(), kept)),
+            ranking.key_at,
+        )
+        last = {slate: at for slate, at in last.items() if slate not in moved}
+        frontier = walk.frontier
+        if frontier is not None:
+            by_id = shape.by_id
+            frontier = [entry for entry in frontier if by_id[entry[1]] not in moved]
+            heapify(frontier)
+        return {}, {}, [], last, {}, {}, None, replay, frontier
 
     @staticmethod
-    def _reword(trail: list, shifted: list, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
+    def _reword(trail: list, shifted: set, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
         """The power refusals that read a domain whose use moved (``shifted``), worded again at the use of
         now (in place: the order stays); a slate with one that no longer refuses is ``moved``."""
-        places = sorted({at for cell in shifted for at in reads.get(cell, ())})
+        places = sorted({
+            at for group, read in reads.items() if not shifted.isdisjoint(group.cells) for at in read
+        })
         for at in places:
             slate, position, _ = trail[at]
             if slate in moved:
@@ -912,16 +1045,19 @@ class PlacementIndex:
         ranking = self._ranking(request)
         kept = self._take_up(ranking, exclude) if ranking.walk is not None else None
         frontier: list[tuple] = []
-        replay: list[tuple] = []
+        replay = _NO_REPLAY
         waiting: set[_Slate] = set()
         if kept is not None:
             # The candidates the last plan passed over: passed over again for their kept reasons (a lost
             # room's 2,500 held nodes, walked by each of its replacements), as they are or merged anew.
-            rejections, reasons, trail, last, read, reads, end, replayed = kept
-            for slate, at in last.items():
-                if at + 1 < len(slate.order):
-                    frontier.append((ranking.key_at(slate, at + 1), slate.sid, at + 1))
-            heapify(frontier)
+            rejections, reasons, trail, last, read, reads, end, replayed, kept_frontier = kept
+            if kept_frontier is not None:
+                frontier = kept_frontier
+            else:
+                for slate, at in last.items():
+                    if at + 1 < len(slate.order):
+                        frontier.append((ranking.key_at(slate, at + 1), slate.sid, at + 1))
+                heapify(frontier)
             if replayed is not None:
                 replay = replayed
                 waiting = set(last)  # off the heap: back into it at the end unless passed over again
@@ -935,26 +1071,13 @@ class PlacementIndex:
         while True:
             top = heap[0] if heap and heap[0] is checked else self._top(ranking)
             checked = top
-            if played < len(replay):
+            if played < replay.size:
                 # The replay's places before the other sources' first key are passed over again, as kept.
                 bound = frontier[0][0] if frontier else None
                 if top is not None and (bound is None or top[0] < bound):
                     bound = top[0]
-                while played < len(replay) and (bound is None or replay[played][0] < bound):
-                    _, slate, at, name, reason, power = replay[played]
-                    played += 1
-                    rejections[name] = reason
-                    reasons[reason] = reasons.get(reason, 0) + 1
-                    if power:
-                        for read_cell in slate.group.cells:
-                            if read_cell not in read:
-                                read[read_cell] = read_cell.version
-                                reads[read_cell] = [len(trail)]
-                            else:
-                                reads[read_cell].append(len(trail))
-                    trail.append((slate, at, power))
-                    last[slate] = at
-                if played == len(replay) and top is None and not frontier:
+                played = replay.pass_over(played, bound, rejections, reasons, trail, last, read, reads)
+                if played == replay.size and top is None and not frontier:
                     break
             if frontier and (top is None or frontier[0][0] < top[0]):
                 _, sid, at = heappop(frontier)
@@ -970,8 +1093,10 @@ class PlacementIndex:
             limit = frontier[0][0] if frontier else None
             if heap and (limit is None or heap[0][0] < limit):
                 limit = heap[0][0]
-            if played < len(replay) and (limit is None or replay[played][0] < limit):
-                limit = replay[played][0]
+            if played < replay.size:
+                following = replay.key(played)
+                if limit is None or following < limit:
+                    limit = following
             spread_of_slate, rank = spread[slate.group], slate.group.rank
             efficiency, weights = middles[sid]
             if limit is not None and (limit[0], limit[1]) > (spread_of_slate, rank):
@@ -991,21 +1116,22 @@ class PlacementIndex:
                             if cell.use + adds > cell.limit + EPSILON_WATTS:
                                 reason = cell.refusal(draw, adds)
                                 if reason is not None:
-                                    for read_cell in cells:  # worded again when their use moves
-                                        if read_cell not in read:
-                                            read[read_cell] = read_cell.version
-                                            reads[read_cell] = [len(trail)]
-                                        else:
-                                            reads[read_cell].append(len(trail))
+                                    places = reads.get(slate.group)  # worded again when their use moves
+                                    if places is None:
+                                        places = reads[slate.group] = []
+                                        _read(slate.group, read)
+                                    places.append(len(trail))
                                     power = True
                                     break
                     if reason is None:
                         if trail:
                             end = ranking.key_at(*trail[-1][:2])
                         self._put_back(ranking, waiting, last)
+                        # Where each walked slate goes on holds for the next plan once the whole replay was
+                        # passed over again (else a replayed slate's last place is earlier than its entry).
                         return self._chosen(
-                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, trail, last, read,
-                            reads, exclude, end,
+                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, trail, last,
+                            frontier if played == replay.size else None, read, reads, exclude, end,
                         )
                 rejections[name] = reason
                 reasons[reason] = reasons.get(reason, 0) + 1
@@ -1037,8 +1163,8 @@ class PlacementIndex:
 
     def _chosen(
         self, ranking: _Ranking, slate: _Slate, at: int, node: NodeView, draw: float | None, step: int,
-        rejections: dict[str, str], reasons: dict[str, int], trail: list, last: dict, read: dict, reads: dict,
-        exclude: frozenset[str], end: tuple | None,
+        rejections: dict[str, str], reasons: dict[str, int], trail: list, last: dict, frontier: list | None,
+        read: dict, reads: dict, exclude: frozenset[str], end: tuple | None,
     ) -> Plan:
         """The plan for the candidate at ``at`` of ``slate``; the walk that came before it kept. The slates
         walked stay off the heap with it (the next plan starts each after its last place); the chosen one,
@@ -1047,7 +1173,12 @@ class PlacementIndex:
         if slate not in last:
             heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
         if trail:
-            ranking.walk = _Walk(rejections, reasons, trail, last, read, reads, exclude, end)
+            if frontier is not None and slate in last:
+                heappush(frontier, (ranking.key_at(slate, at), slate.sid, at))  # it goes on at the chosen one
+            ranking.walk = _Walk(
+                rejections, reasons, trail, last, frontier, ranking.shape.changes.mark(), self._uses.mark(), read,
+                reads, exclude, end,
+            )
         if len(heap) > 4 * len(versions) + 64:
             heap[:] = [e for e in heap if e[2] == versions[e[1]]]
             heapify(heap)
