@@ -52,7 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import compress
-from operator import itemgetter
+from operator import itemgetter, not_
 
 from facility.domains import Domain
 from facility.power import EPSILON_WATTS, Budget, node_use_watts
@@ -471,7 +471,9 @@ class _Walk:
     position it came from and whether a power refusal it is; each walked slate's last position passed
     over (``last``) and where the next plan goes on in it (``frontier``); where the shape's log of changed slates and the index's of changed uses stood when it
     was made (``changes``, ``uses``: what moved since is read off them); the budgeted domains whose refusals it read (their versions, and
-    ``reads``: by group, the places in the trail whose refusal read its domains); the exclusions it was made with; the last key
+    ``reads``: by group, the power refusals that read its domains, as trail entries in a dict kept as an
+    ordered set — a replay carries them over, so some may not have been passed over by the last plan:
+    they are worded again only when they were); the exclusions it was made with; the last key
     passed over (``end``).
 
     The next plan takes it up as it is when nothing of it moved. Else it replays it, merged with the heap
@@ -501,7 +503,7 @@ class _Walk:
         self.changes = changes
         self.uses = uses
         self.cells = cells  # _Cell → its version when read
-        self.reads = reads  # _Group → the places in the trail whose power refusal read its cells, in order
+        self.reads = reads  # _Group → {trail entry: None} of its power refusals
         self.exclude = exclude
         self.end = end
         self.moved: set[_Slate] = set()
@@ -515,20 +517,44 @@ def _read(group: _Group, read: dict) -> None:
             read[cell] = cell.version
 
 
+def _reword_one(slate: _Slate, position: int, moved: set, rejections: dict, reasons: dict) -> None:
+    """A kept power refusal worded again at the use of now; its slate ``moved`` when it no longer refuses.
+    One the last plan did not pass over (a replay carries every refusal of its walk) is left."""
+    key, draw, added, _, _, _, _ = slate.order[position]
+    old = rejections.get(key[2])
+    if old is None:
+        return
+    adds = added or 0.0
+    reason = None
+    for cell in slate.group.cells:  # the first that refuses, in level order, as plan_replica says it
+        if cell.use + adds > cell.limit + EPSILON_WATTS:
+            reason = cell.refusal(draw, adds)
+            if reason is not None:
+                break
+    if reason is None:
+        moved.add(slate)
+    elif old != reason:
+        rejections[key[2]] = reason
+        if reasons[old] == 1:
+            del reasons[old]
+        else:
+            reasons[old] -= 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
 class _Replay:
     """The places of a kept walk to pass over again (those of the slates that did not move), in rank order:
-    their trail entries (slate, position, is a power refusal), names and reasons, and where the power
-    refusals are. Their keys did not change (a slate whose did is moved), so the places before a key are
+    their trail entries (slate, position, is a power refusal), names and reasons (the power refusals' reads
+    are carried over with the walk's). Their keys did not change (a slate whose did is moved), so the places before a key are
     found by bisection and passed over in bulk: a long walk (a full room, walked by each of its replacements)
     costs its length in copies, not in steps of the plan's loop."""
 
-    __slots__ = ("trail", "names", "whys", "power", "size", "_key_at")
+    __slots__ = ("trail", "names", "whys", "size", "_key_at")
 
     def __init__(self, trail: list[tuple], names: list[str], whys: list[str], key_at) -> None:
         self.trail = trail
         self.names = names
         self.whys = whys
-        self.power = [at for at, (_, _, power) in enumerate(trail) if power]
         self.size = len(trail)
         self._key_at = key_at
 
@@ -537,34 +563,16 @@ class _Replay:
         slate, position, _ = self.trail[at]
         return self._key_at(slate, position)
 
-    def pass_over(
-        self, start: int, bound: tuple | None, rejections: dict, reasons: dict, trail: list, last: dict,
-        read: dict, reads: dict,
-    ) -> int:
+    def pass_over(self, start: int, bound: tuple | None, rejections: dict, trail: list, last: dict) -> int:
         """Pass over again, as kept, the places from ``start`` whose key is before ``bound`` (every one left
-        when None); where the replay now stands."""
+        when None); where the replay now stands. The plan counts the reasons once at its end."""
         stop = self.size
         if bound is not None:
             stop = bisect_left(self.trail, bound, start, stop, key=lambda entry: self._key_at(entry[0], entry[1]))
         if stop <= start:
             return start
         chunk = self.trail[start:stop]
-        whys = self.whys[start:stop]
-        rejections.update(zip(self.names[start:stop], whys, strict=True))
-        for reason, count in Counter(whys).items():
-            reasons[reason] = reasons.get(reason, 0) + count
-        power, entries = self.power, self.trail
-        offset = len(trail) - start  # a place's position in the plan's trail
-        group = places = None
-        for i in range(bisect_left(power, start), bisect_left(power, stop)):
-            at = power[i]
-            if entries[at][0].group is not group:  # a slate's refusals mostly come in a run
-                group = entries[at][0].group
-                places = reads.get(group)
-                if places is None:
-                    places = reads[group] = []
-                    _read(group, read)
-            places.append(offset + at)
+        rejections.update(zip(self.names[start:stop], self.whys[start:stop], strict=True))
         trail.extend(chunk)
         last.update(zip(map(itemgetter(0), chunk), map(itemgetter(1), chunk), strict=True))
         return stop
@@ -929,19 +937,22 @@ class PlacementIndex:
         if changed is None or uses is None:
             moved.update(last)  # too long ago to tell: every walked slate is walked again
         else:
-            moved.update(slate for slate in changed if slate in last)
+            walked = last.keys()
+            moved.update(walked & changed)
             in_rack = shape.in_rack
             for cell in set(uses):
                 if cell in cells and cell.version != cells[cell]:
                     shifted.add(cell)
-                for slate in in_rack.get(cell.budget.domain, ()):
-                    if slate in last and not slate.is_current():
-                        moved.add(slate)
+                racked = in_rack.get(cell.budget.domain)
+                if racked:
+                    for slate in walked & racked:
+                        if not slate.is_current():
+                            moved.add(slate)
         # The last plan's rejections and reasons stay as it gave them; the rest of the walk is this plan's.
         rejections, reasons = dict(walk.rejections), dict(walk.reasons)
         trail = walk.trail
         if shifted:
-            self._reword(trail, shifted, walk.reads, moved, rejections, reasons)
+            self._reword(shifted, walk.reads, moved, rejections, reasons)
             for cell in shifted:
                 cells[cell] = cell.version
         if not moved and not walk.improved:
@@ -950,50 +961,41 @@ class PlacementIndex:
         for slate in moved:  # walked again from the heap, where it was (or at its earlier key)
             sid = slate.sid
             heappush(heap, (bounds[sid], sid, versions[sid]))
-        kept = [slate not in moved for slate, _, _ in trail]
-        replay = _Replay(
-            list(compress(trail, kept)), list(compress(rejections, kept)), list(compress(rejections.values(), kept)),
-            ranking.key_at,
-        )
-        last = {slate: at for slate, at in last.items() if slate not in moved}
+        gone = list(map(moved.__contains__, map(itemgetter(0), trail)))
+        if True in gone:
+            kept = list(map(not_, gone))
+            replay = _Replay(
+                list(compress(trail, kept)),
+                list(compress(rejections, kept)),
+                list(compress(rejections.values(), kept)),
+                ranking.key_at,
+            )
+        else:
+            replay = _Replay(trail, list(rejections), list(rejections.values()), ranking.key_at)
+        last = dict(last)
+        reads = dict(walk.reads)
+        for slate in moved:
+            last.pop(slate, None)
+            places = reads.get(slate.group)
+            if places:
+                reads[slate.group] = {entry: None for entry in places if entry[0] not in moved}
         frontier = walk.frontier
         if frontier is not None:
             by_id = shape.by_id
             frontier = [entry for entry in frontier if by_id[entry[1]] not in moved]
             heapify(frontier)
-        return {}, {}, [], last, {}, {}, None, replay, frontier
+        return {}, {}, [], last, cells, reads, None, replay, frontier
 
     @staticmethod
-    def _reword(trail: list, shifted: set, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
+    def _reword(shifted: set, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
         """The power refusals that read a domain whose use moved (``shifted``), worded again at the use of
         now (in place: the order stays); a slate with one that no longer refuses is ``moved``."""
-        places = sorted({
-            at for group, read in reads.items() if not shifted.isdisjoint(group.cells) for at in read
-        })
-        for at in places:
-            slate, position, _ = trail[at]
-            if slate in moved:
+        for group, places in reads.items():
+            if shifted.isdisjoint(group.cells):
                 continue
-            key, draw, added, _, _, _, _ = slate.order[position]
-            adds = added or 0.0
-            reason = None
-            for cell in slate.group.cells:  # the first that refuses, in level order, as plan_replica says it
-                if cell.use + adds > cell.limit + EPSILON_WATTS:
-                    reason = cell.refusal(draw, adds)
-                    if reason is not None:
-                        break
-            if reason is None:
-                moved.add(slate)
-                continue
-            name = key[2]
-            old = rejections[name]
-            if old != reason:
-                rejections[name] = reason
-                if reasons[old] == 1:
-                    del reasons[old]
-                else:
-                    reasons[old] -= 1
-                reasons[reason] = reasons.get(reason, 0) + 1
+            for slate, position, _ in places:
+                if slate not in moved:
+                    _reword_one(slate, position, moved, rejections, reasons)
 
     def _top(self, ranking: _Ranking) -> tuple | None:
         """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
@@ -1076,7 +1078,7 @@ class PlacementIndex:
                 bound = frontier[0][0] if frontier else None
                 if top is not None and (bound is None or top[0] < bound):
                     bound = top[0]
-                played = replay.pass_over(played, bound, rejections, reasons, trail, last, read, reads)
+                played = replay.pass_over(played, bound, rejections, trail, last)
                 if played == replay.size and top is None and not frontier:
                     break
             if frontier and (top is None or frontier[0][0] < top[0]):
@@ -1118,14 +1120,16 @@ class PlacementIndex:
                                 if reason is not None:
                                     places = reads.get(slate.group)  # worded again when their use moves
                                     if places is None:
-                                        places = reads[slate.group] = []
+                                        places = reads[slate.group] = {}
                                         _read(slate.group, read)
-                                    places.append(len(trail))
+                                    places[(slate, at, True)] = None
                                     power = True
                                     break
                     if reason is None:
                         if trail:
                             end = ranking.key_at(*trail[-1][:2])
+                        if replay.size:
+                            reasons = dict(Counter(rejections.values()))
                         self._put_back(ranking, waiting, last)
                         # Where each walked slate goes on holds for the next plan once the whole replay was
                         # passed over again (else a replayed slate's last place is earlier than its entry).
