@@ -147,7 +147,9 @@ class _Cell:
     path's to the last bit.
     """
 
-    __slots__ = ("budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version", "log")
+    __slots__ = (
+        "budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version", "log", "groups",
+    )
 
     def __init__(self, budget: Budget, margin: float, log: _Log) -> None:
         self.budget = budget
@@ -161,6 +163,7 @@ class _Cell:
         # Counts the changes of use: a walk's power refusals hold while it stays.
         self.version = 0
         self.log = log  # the index's: each change of use is added to it
+        self.groups: list[_Group] = []  # the groups of nodes in the domain
 
     def count(self, name: str, term: float | None) -> None:
         """A member's term (None: it left), and the use with it."""
@@ -216,6 +219,8 @@ class _Group:
     def set_cells(self, cells: dict[Domain, _Cell]) -> None:
         """The group's budgeted domains' cells, in level order."""
         self.cells = tuple(cells[d] for d in self.domains if d in cells)
+        for cell in self.cells:
+            cell.groups.append(self)
         self.step_cell = next((c for c in self.cells if c.budget.domain.level == "rack"), None)
 
     def set_conditions(self, facility: FacilityView) -> None:
@@ -385,7 +390,7 @@ class _Shape:
         self.slates: dict[tuple, _Slate] = {}
         self.by_id: list[_Slate] = []
         self.of_node: dict[str, _Slate] = {}
-        self.in_rack: dict[Domain, list[_Slate]] = {}
+        self.in_rack: dict[_Cell, list[_Slate]] = {}  # by the rack's cell (new cells make new shapes)
         self.of_group: dict[_Group, list[_Slate]] = {}
         self.improved: list[int] = []
         self.improved_start = 0
@@ -400,7 +405,7 @@ class _Shape:
             self.by_id.append(slate)
             self.of_group.setdefault(group, []).append(slate)
             if group.step_cell is not None:
-                self.in_rack.setdefault(group.step_cell.budget.domain, []).append(slate)
+                self.in_rack.setdefault(group.step_cell, []).append(slate)
         return slate
 
     def improve(self, slate: _Slate, first: tuple | None) -> None:
@@ -735,7 +740,7 @@ class PlacementIndex:
             self._reshape(shape, entry, refiltered)
             if fell:
                 use = group.step_cell.use
-                for slate in shape.in_rack.get(group.step_cell.budget.domain, ()):
+                for slate in shape.in_rack.get(group.step_cell, ()):
                     if slate.order and use <= slate.low:  # a step may have risen: an earlier key
                         first = slate.order[0][0]
                         slate.repair()
@@ -943,7 +948,7 @@ class PlacementIndex:
             for cell in set(uses):
                 if cell in cells and cell.version != cells[cell]:
                     shifted.add(cell)
-                racked = in_rack.get(cell.budget.domain)
+                racked = in_rack.get(cell)
                 if racked:
                     for slate in walked & racked:
                         if not slate.is_current():
@@ -990,12 +995,15 @@ class PlacementIndex:
     def _reword(shifted: set, reads: dict, moved: set, rejections: dict, reasons: dict) -> None:
         """The power refusals that read a domain whose use moved (``shifted``), worded again at the use of
         now (in place: the order stays); a slate with one that no longer refuses is ``moved``."""
-        for group, places in reads.items():
-            if shifted.isdisjoint(group.cells):
-                continue
-            for slate, position, _ in places:
-                if slate not in moved:
-                    _reword_one(slate, position, moved, rejections, reasons)
+        seen = set()
+        for cell in shifted:
+            for group in cell.groups:
+                places = reads.get(group)
+                if places and group not in seen:
+                    seen.add(group)
+                    for slate, position, _ in places:
+                        if slate not in moved:
+                            _reword_one(slate, position, moved, rejections, reasons)
 
     def _top(self, ranking: _Ranking) -> tuple | None:
         """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
