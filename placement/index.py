@@ -31,10 +31,12 @@ that passes every filter. The candidates it passed over are kept with their reas
 and the slates it walked through stay off the heap: the next plan starts where this one stopped while
 none of them moved, no candidate came in ahead of the last one passed over, their budgeted domains' use
 did not change and the exclusions are the same (a lost room's held nodes and the full racks were walked
-again by each of its replacements). It gives the same plan as ``plan_replica`` (property tests hold the
-two together, through heartbeats, drifting readings, label moves and new facility figures): the same
-filters and keys, shared with the planner module, and the same kept rejections (candidates ranked ahead
-of the chosen one, in rank order). A no-fit reports every node, as the plain path words it; a multi-node
+again by each of its replacements). What moved since is read off two logs — the slates whose order
+changed, the budgeted domains whose use changed — not asked of each slate walked; a walk some of whose
+slates moved is replayed, its other places passed over in bulk. It gives the same plan as
+``plan_replica`` (property tests hold the two together, through heartbeats, drifting readings, label moves
+and new facility figures): the same filters and keys, shared with the planner module, and the same kept
+rejections (candidates ranked ahead of the chosen one, in rank order). A no-fit reports every node, as the plain path words it; a multi-node
 replica goes through ``plan_replica`` on the indexed views.
 
 Kept in one module: its structures (groups, slates, rankings, walks) keep invariants across one
@@ -474,12 +476,13 @@ class _Walk:
     """The candidates a plan passed over before its choice, kept for the ranking's next plan: their
     rejections in rank order (and each reason's count), and beside each, in ``trail``, the slate and
     position it came from and whether a power refusal it is; each walked slate's last position passed
-    over (``last``) and where the next plan goes on in it (``frontier``); where the shape's log of changed slates and the index's of changed uses stood when it
-    was made (``changes``, ``uses``: what moved since is read off them); the budgeted domains whose refusals it read (their versions, and
-    ``reads``: by group, the power refusals that read its domains, as trail entries in a dict kept as an
-    ordered set — a replay carries them over, so some may not have been passed over by the last plan:
-    they are worded again only when they were); the exclusions it was made with; the last key
-    passed over (``end``).
+    over (``last``) and where the next plan goes on in it (``frontier``); where the shape's log of changed
+    slates and the index's of changed uses stood when it was made (``changes``, ``uses``: what moved since
+    is read off them, not asked of each walked slate); the budgeted domains whose refusals it read (their
+    versions, and ``reads``: by group, the power refusals that read its domains, as trail entries in a dict
+    kept as an ordered set — a replay carries them over, so some may not have been passed over by the last
+    plan: they are worded again only when they were); the exclusions it was made with; the last key passed
+    over (``end``).
 
     The next plan takes it up as it is when nothing of it moved. Else it replays it, merged with the heap
     in rank order: the candidates of the slates that did not move are passed over again for their kept
@@ -550,9 +553,9 @@ def _reword_one(slate: _Slate, position: int, moved: set, rejections: dict, reas
 class _Replay:
     """The places of a kept walk to pass over again (those of the slates that did not move), in rank order:
     their trail entries (slate, position, is a power refusal), names and reasons (the power refusals' reads
-    are carried over with the walk's). Their keys did not change (a slate whose did is moved), so the places before a key are
-    found by bisection and passed over in bulk: a long walk (a full room, walked by each of its replacements)
-    costs its length in copies, not in steps of the plan's loop."""
+    are carried over with the walk's). Their keys did not change (a slate whose did is moved), so the places
+    before a key are found by bisection and passed over in bulk: a long walk (a full room, walked by each of
+    its replacements) costs its length in copies, not in steps of the plan's loop."""
 
     __slots__ = ("trail", "names", "whys", "size", "_key_at")
 
@@ -924,10 +927,10 @@ class PlacementIndex:
 
     def _take_up(self, ranking: _Ranking, exclude: frozenset[str]) -> tuple | None:
         """The kept walk as the next plan starts from it (see _Walk): (rejections, reasons, trail, last, cells
-        read, reads, the last key passed over, replay, frontier or None). ``replay`` is None when the walk is taken up as it is;
-        else the walk starts empty and ``replay`` holds the places to pass over again, in rank order
-        (:class:`_Replay`), the moved slates back in the heap. None,
-        with every slate back, when nothing of it holds (other exclusions)."""
+        read, reads, the last key passed over, replay, frontier or None). ``replay`` is None when the walk is
+        taken up as it is; else the walk starts empty and ``replay`` holds the places to pass over again, in
+        rank order (:class:`_Replay`), the moved slates back in the heap. None, with every slate back, when
+        nothing of it holds (other exclusions)."""
         walk = ranking.walk
         ranking.walk = None
         if exclude != walk.exclude:
