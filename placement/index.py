@@ -36,8 +36,8 @@ changed, the budgeted domains whose use changed — not asked of each slate walk
 slates moved is replayed, its other places passed over in bulk. It gives the same plan as
 ``plan_replica`` (property tests hold the two together, through heartbeats, drifting readings, label moves
 and new facility figures): the same filters and keys, shared with the planner module, and the same kept
-rejections (candidates ranked ahead of the chosen one, in rank order). A no-fit reports every node, as the plain path words it; a multi-node
-replica goes through ``plan_replica`` on the indexed views.
+rejections (candidates ranked ahead of the chosen one, in rank order). A no-fit reports every node, as the
+plain path words it; a multi-node replica goes through ``plan_replica`` on the indexed views.
 
 Kept in one module: its structures (groups, slates, rankings, walks) keep invariants across one
 another (a slate's version, its group's spread, a ranking's walk and the slates it passed over) and
