@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import placement.index
 from facility.domains import Domain, domains_of
 from facility.power import Budget, FacilitySettings
 from placement.index import PlacementIndex
@@ -521,6 +523,21 @@ def test_the_index_keeps_the_plain_paths_plans_through_drifting_readings(data):
     """Every node's reading its own and moving between plans (most by less than a headroom step), while
     models of shared shard shapes place in turns, lose races and see nodes freed: the index's plans stay
     the plain path's, rejections in rank order."""
+    place_drifting(data)
+
+
+@FAST
+@given(st.data())
+def test_the_index_keeps_the_plain_paths_plans_when_its_change_logs_drop_what_a_walk_needs(data):
+    """A kept walk learns what moved since it was made from the index's logs of changed slates and uses;
+    kept short, they drop what an older walk needs, and that walk is walked again whole: the plans stay the
+    plain path's."""
+    with mock.patch.object(placement.index, "_CHANGES_KEPT", data.draw(st.sampled_from([2, 8, 32]))):
+        place_drifting(data)
+
+
+def place_drifting(data) -> None:
+    """Drifting readings and turns of placements, each plan held to the plain path's."""
     nodes, facility, reqs = data.draw(drifting())
     index = PlacementIndex(nodes, facility)
     existing: dict[str, list[frozenset[str]]] = {}
