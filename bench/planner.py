@@ -13,7 +13,9 @@ every node checked) is timed on a sample for comparison.
 
 ``--index FILE`` times another placement/index.py beside this one (the code before a change, as
 ``git show HEAD~1:placement/index.py > /tmp/index_before.py`` leaves it), on the same cluster and the
-same readings, alternating: on a shared machine only figures taken side by side compare.
+same readings, alternating which goes first: on a shared machine only figures taken side by side
+compare. Both are then loaded from their files the same way (a module imported as usual and one loaded
+from a file timed apart by 5–12 %), and the medians of the rounds are printed.
 
 Run: ``.venv/bin/python bench/planner.py`` (``--nodes 1000`` to pick one size). Prints figures, asserts
 nothing.
@@ -25,6 +27,7 @@ import argparse
 import dataclasses
 import importlib.util
 import random
+import statistics
 import sys
 import time
 from collections import Counter
@@ -133,11 +136,11 @@ def percentile(samples: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def load_index(path: str | None) -> type:
-    """PlacementIndex from this tree, or from another copy of placement/index.py (``--index``)."""
+def load_index(path: str | None, name: str = "placement._index_compared") -> type:
+    """PlacementIndex from this tree, or from a copy of placement/index.py at ``path`` (as module ``name``)."""
     if path is None:
         return PlacementIndex
-    spec = importlib.util.spec_from_file_location("placement._index_compared", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -226,15 +229,26 @@ def run(count: int, plain_sample: int, *, compare: str | None = None, rounds: in
         f"{sum(1 for c in facility.conditions.values() if c.condition == 'hot')} hot (enforced); "
         f"{readings} node's reading moves between every two plans"
     )
-    other = load_index(compare) if compare else None
+    if compare:
+        ours = load_index(str(Path(__file__).resolve().parents[1] / "placement" / "index.py"), "placement._index_ours")
+        other = load_index(compare)
+    else:
+        ours, other = PlacementIndex, None
+    rates: dict[str, list[float]] = {"index": [], f"index of {compare}": []}
     for number in range(rounds):
-        figures = run_once(count, plain_sample if number == 0 else 0, readings=readings)
-        print(line("index", figures))
-        if other is not None:
-            before = run_once(count, 0, other, readings=readings)
-            print(line(f"index of {compare}", before))
-            if before.plans != figures.plans:
-                print("        (the two planned differently!)")
+        runs = [("index", ours), (f"index of {compare}", other)] if other is not None else [("index", ours)]
+        if number % 2:
+            runs.reverse()  # the one run first is timed on a machine not yet warm: each goes first in turn
+        done = {}
+        for label, index_class in runs:
+            done[label] = run_once(count, plain_sample if number == 0 else 0, index_class, readings=readings)
+            print(line(label, done[label]))
+            rates[label].append(len(done[label].cpu) / sum(done[label].cpu))
+        figures = done["index"]
+        if other is not None and done[f"index of {compare}"].plans != figures.plans:
+            print("        (the two planned differently!)")
+    if other is not None and rounds > 1:
+        print("        medians by CPU time: " + "; ".join(f"{label} {statistics.median(r):,.0f}/s" for label, r in rates.items()))
     print(
         f"        ended with {figures.free} of {figures.total} GPUs free, fullest rack at {figures.fullest:.0%} of "
         f"its limit; {figures.readings} readings moved"
