@@ -94,6 +94,8 @@ from placement.plugins import REGISTRY
 # ranking further behind is made afresh).
 _RANKINGS_KEPT = 64
 _IMPROVEMENTS_KEPT = 65536
+# Changes each log keeps for the kept walks to read (a walk made before what it still holds is walked
+# again whole).
 _CHANGES_KEPT = 65536
 _INFINITY = float("inf")
 # A kept step is trusted while the rack's use stays this share of the limit away from where the step
