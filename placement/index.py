@@ -481,10 +481,9 @@ class _Walk:
     over (``last``) and where the next plan goes on in it (``frontier``); where the shape's log of changed
     slates and the index's of changed uses stood when it was made (``changes``, ``uses``: what moved since
     is read off them, not asked of each walked slate); the budgeted domains whose refusals it read (their
-    versions, and ``reads``: by group, the power refusals that read its domains, as trail entries in a dict
-    kept as an ordered set — a replay carries them over, so some may not have been passed over by the last
-    plan: they are worded again only when they were); the exclusions it was made with; the last key passed
-    over (``end``).
+    versions, and ``reads``: by group, the power refusals among the places passed over, as trail entries in
+    a dict kept as an ordered set, carried over by a replay); the exclusions it was made with; the last key
+    passed over (``end``).
 
     The next plan takes it up as it is when nothing of it moved. Else it replays it, merged with the heap
     in rank order: the candidates of the slates that did not move are passed over again for their kept
@@ -528,12 +527,9 @@ def _read(group: _Group, read: dict) -> None:
 
 
 def _reword_one(slate: _Slate, position: int, moved: set, rejections: dict, reasons: dict) -> None:
-    """A kept power refusal worded again at the use of now; its slate ``moved`` when it no longer refuses.
-    One the last plan did not pass over (a replay carries every refusal of its walk) is left."""
+    """A kept power refusal worded again at the use of now; its slate ``moved`` when it no longer refuses."""
     key, draw, added, _, _, _, _ = slate.order[position]
-    old = rejections.get(key[2])
-    if old is None:
-        return
+    old = rejections[key[2]]
     adds = added or 0.0
     reason = None
     for cell in slate.group.cells:  # the first that refuses, in level order, as plan_replica says it
@@ -550,6 +546,17 @@ def _reword_one(slate: _Slate, position: int, moved: set, rejections: dict, reas
         else:
             reasons[old] -= 1
         reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def _passed(reads: dict, last: dict) -> dict:
+    """``reads`` with only the refusals at or before their slate's last place passed over (a slate's places
+    are passed over in order)."""
+    kept = {}
+    for group, places in reads.items():
+        places = {entry: None for entry in places if last.get(entry[0], -1) >= entry[1]}
+        if places:
+            kept[group] = places
+    return kept
 
 
 class _Replay:
@@ -1190,7 +1197,11 @@ class PlacementIndex:
         if slate not in last:
             heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
         if trail:
-            if frontier is not None and slate in last:
+            if frontier is None:
+                # The replay was cut short by the choice: the refusals it carried over that were not passed
+                # over again are dropped (their slates are back in the heap, and may change there).
+                reads = _passed(reads, last)
+            elif slate in last:
                 heappush(frontier, (ranking.key_at(slate, at), slate.sid, at))  # it goes on at the chosen one
             ranking.walk = _Walk(
                 rejections, reasons, trail, last, frontier, ranking.shape.changes.mark(), self._uses.mark(), read,
