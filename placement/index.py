@@ -965,14 +965,17 @@ class PlacementIndex:
                     for slate in walked & racked:
                         if not slate.is_current():
                             moved.add(slate)
-        # The last plan's rejections and reasons stay as it gave them; the rest of the walk is this plan's.
-        rejections, reasons = dict(walk.rejections), dict(walk.reasons)
-        trail = walk.trail
+        # The last plan's rejections and reasons stay as it gave them (copied before a change); the rest of
+        # the walk is this plan's.
+        rejections, reasons, trail = walk.rejections, walk.reasons, walk.trail
         if shifted:
+            rejections, reasons = dict(rejections), dict(reasons)
             self._reword(shifted, walk.reads, moved, rejections, reasons)
             for cell in shifted:
                 cells[cell] = cell.version
         if not moved and not walk.improved:
+            if not shifted:
+                rejections, reasons = dict(rejections), dict(reasons)  # this plan adds to them
             return rejections, reasons, trail, last, cells, walk.reads, walk.end, None, walk.frontier
         heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
         for slate in moved:  # walked again from the heap, where it was (or at its earlier key)
