@@ -13,6 +13,26 @@ import pytest
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="llmgw-tests-state-")
 
 
+def _redis_database_of_this_worker() -> None:
+    """Under pytest-xdist each worker process flushes and fills a Redis database of its own (15, 14, …
+    counting down from the one LLMGW_TEST_REDIS_URL names), as pytest-django gives each its own test
+    database (test_llmgw_gw0, …): one worker's flush never empties another's queue."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    from urllib.parse import urlparse, urlunparse
+
+    url = urlparse(os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+    base = int(url.path.strip("/") or 0)
+    db = base - int(worker[2:])
+    if db < 0:
+        raise RuntimeError(f"too many test workers for Redis databases 0–{base} ({worker}): run fewer (-n)")
+    os.environ["LLMGW_TEST_REDIS_URL"] = urlunparse(url._replace(path=f"/{db}"))
+
+
+_redis_database_of_this_worker()
+
+
 def pytest_configure(config) -> None:
     """This process waits longest before it looks for a deadlock (10 s, PostgreSQL's default is 1 s).
 
@@ -177,3 +197,17 @@ def _fresh_in_memory_channel_layer():
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_observe_mode_counts_from_an_earlier_test():
+    """The embedded default counts observe mode's would-be refusals in the process (/metrics reads
+    them): an earlier test's placements in observe mode would show in this test's series."""
+    try:
+        from placement import explain
+    except Exception:  # pure unit tests run without Django
+        yield
+        return
+    explain._local_counts.clear()
+    yield
+    explain._local_counts.clear()
