@@ -3,6 +3,7 @@ PostgreSQL in one statement per batch and portably (SQLite) one replica at a tim
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -127,7 +128,6 @@ def _batch_write(
     # Every list travels as one array parameter, so the statement's text is the same whatever the batch
     # (parsed once and prepared), in binary (%b: no escaping of the explain texts); a shard's cards as
     # the text of an int[] ('{0,1}'), arrays being square.
-    hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[]))" if touched else "TRUE"
     # Each list goes out once (a parameter is dumped each time it is named): the replica ids and the hold
     # guard are read from the first CTEs wherever they are needed.
     rows = [(replica_id, s) for replica_id, shards, _ in plans for s in shards]
@@ -142,6 +142,28 @@ def _batch_write(
     replica_ids = [replica_id for replica_id, _, _ in plans]
     explains = [json.dumps(explain) for _, _, explain in plans]
     guard_params = [list(touched)] if touched else []
+    return (
+        _batch_write_sql(held_guard=bool(touched), strict=strict),
+        [
+            replica_ids,
+            *guard_params,
+            *params,
+            ReplicaState.PLACED.value,
+            explains,
+            now,
+            ReplicaState.PENDING.value,
+            ReplicaState.PLACED.value,
+            now,
+        ],
+    )
+
+
+@functools.cache
+def _batch_write_sql(*, held_guard: bool, strict: bool) -> str:
+    """_batch_write's statement, made once for each of its four forms, each line's indent taken off: the
+    driver converts a text over 4,096 characters again on every execute (it caches shorter ones), and the
+    strict form was longer than that with its indents."""
+    hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[]))" if held_guard else "TRUE"
     # Strict, a lost race raises (placement_lost_race): the transaction is aborted whatever follows it,
     # so a COMMIT sent behind the statement without waiting for it rolls back instead. Lost: held
     # meanwhile, a card not booked (taken, or gone), a node's cores or memory not counted.
@@ -152,8 +174,7 @@ def _batch_write(
         " THEN placement_lost_race() END"
         if strict else ""
     )
-    return (
-        f"""
+    sql = f"""
         WITH p AS (SELECT CAST(%b AS bigint[]) AS ids, {hold_guard} AS unheld),
         v(replica_id, node_id, gpus, cores, mem, draw) AS (
             SELECT replica_id, node_id, CAST(gpus AS int[]), cores, mem, draw
@@ -213,19 +234,8 @@ def _batch_write(
             SELECT ARRAY(SELECT shard_id FROM g) AS booked, ARRAY(SELECT ARRAY[id, node_id, replica_id] FROM s),
                 ARRAY(SELECT node_id FROM n) AS counted, ARRAY(SELECT id FROM r), (SELECT unheld FROM p) AS unheld
         ) AS o
-        """,
-        [
-            replica_ids,
-            *guard_params,
-            *params,
-            ReplicaState.PLACED.value,
-            explains,
-            now,
-            ReplicaState.PENDING.value,
-            ReplicaState.PLACED.value,
-            now,
-        ],
-    )
+        """
+    return "\n".join(line.strip() for line in sql.splitlines() if line.strip())
 
 
 def _batch_written(
