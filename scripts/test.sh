@@ -78,8 +78,8 @@ export LLMGW_DATA_DIR="${LLMGW_DATA_DIR:-$(mktemp -d)}"
 mkdir -p test-output
 unset REDIS_URL
 # The suite in worker processes (pytest-xdist), a test file each at a time: each worker has its own test
-# database and Redis database (tests/conftest.py). Half of a test's time is waiting on the servers,
-# workers and browsers it starts, so one more worker than cores; LLMGW_TEST_WORKERS=0 runs it in one process.
+# database and Redis database (tests/conftest.py). Many tests mostly wait on the servers, workers and
+# browsers they start, so one more worker than cores; LLMGW_TEST_WORKERS=0 runs it in one process.
 WORKERS=${LLMGW_TEST_WORKERS:-$(( $(nproc) + 1 > 8 ? 8 : $(nproc) + 1 ))}
 PARALLEL=()
 if [ "$WORKERS" != 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile); fi

@@ -161,8 +161,8 @@ def _batch_write(
 @functools.cache
 def _batch_write_sql(*, held_guard: bool, strict: bool) -> str:
     """_batch_write's statement, made once for each of its four forms, each line's indent taken off: the
-    driver converts a text over 4,096 characters again on every execute (it caches shorter ones), and the
-    strict form was longer than that with its indents."""
+    driver converts a text over 4,096 characters again on every execute (it caches shorter ones), so the
+    text stays under that, strict form included."""
     hold_guard = f"NOT EXISTS (SELECT 1 FROM {Hold._meta.db_table} WHERE domain = ANY(%b::text[]))" if held_guard else "TRUE"
     # Strict, a lost race raises (placement_lost_race): the transaction is aborted whatever follows it,
     # so a COMMIT sent behind the statement without waiting for it rolls back instead. Lost: held
