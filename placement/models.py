@@ -113,8 +113,6 @@ class Shard(models.Model):
         ordering = ["replica", "node"]
         constraints = [
             models.UniqueConstraint(fields=["replica", "node"], name="shard_one_per_node"),
-            # What a GPU booking's key refers to: the shard and its node, as one pair (migration 0004).
-            models.UniqueConstraint(fields=["id", "node"], name="shard_id_node"),
         ]
 
     def __str__(self) -> str:
@@ -124,9 +122,11 @@ class Shard(models.Model):
 class GpuBooking(models.Model):
     """One GPU of a node booked by a shard: a card is booked at most once, by the unique constraint.
 
-    On PostgreSQL (shard, node) is one foreign key to the shard's (id, node) (migration 0004): the
-    booking's node is its shard's, and each booking is one check at commit where two keys were two
-    (a batch of 128 placements books ~1,000 cards: the checks were a third of its commit).
+    On PostgreSQL a booking's (shard, node) is held to its shard's (id, node) — the booking's node is
+    its shard's — by statement triggers (migration 0007) rather than a foreign key: the same rule, the
+    same error, checked once a statement over all its rows where the key checked each booking at commit
+    (a batch of 128 placements books ~1,000 cards). So bookings go before their shard, in the statement
+    that deletes it or an earlier one, as Django's cascade and ``placement.services`` do.
     """
 
     shard = models.ForeignKey(Shard, on_delete=models.CASCADE, related_name="gpu_bookings", db_constraint=False)

@@ -48,20 +48,59 @@ def test_a_replica_gets_one_replacement_at_a_time_from_the_database_itself() -> 
     assert Replica.objects.filter(replaces__isnull=True).count() == 3
 
 
-@pytest.mark.postgres
-def test_a_gpu_booking_names_its_shards_own_node() -> None:
-    """PostgreSQL holds a booking's (shard, node) to the shard's (id, node): one key, both checked."""
+def database_triggers(table: str) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal", [table])
+        return {name for (name,) in cursor.fetchall()}
+
+
+def _needs_postgresql() -> None:
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://… (make test does)")
-    assert "booking_shard_node" in database_names()
+
+
+@pytest.mark.postgres
+def test_a_gpu_booking_names_its_shards_own_node() -> None:
+    """PostgreSQL holds a booking's (shard, node) to the shard's (id, node), checked once a statement
+    (migration 0007): a booking naming another node, or no shard, is refused with the key's error."""
+    _needs_postgresql()
+    assert {"booking_shard_node_insert", "booking_shard_node_update"} <= database_triggers("placement_gpubooking")
+    assert {"booking_shard_node_delete", "booking_shard_node_key"} <= database_triggers("placement_shard")
     model = Model.objects.create(name="m", replicas=1, gpus=1)
     replica = Replica.objects.create(model=model, ordinal=1)
     here, there = (Node.objects.create(name=name) for name in ("here", "there"))
     shard = Shard.objects.create(replica=replica, node=here, gpu_indices=[0])
-    with connection.cursor() as cursor:
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # checked at the statement, not at a commit
     GpuBooking.objects.create(shard=shard, node=here, index=0)
     for wrong in ({"shard_id": shard.pk, "node": there}, {"shard_id": shard.pk + 1000, "node": here}):
-        with pytest.raises(IntegrityError), transaction.atomic():
-            GpuBooking.objects.create(index=1, **wrong)
+        with pytest.raises(IntegrityError, match='violates foreign key constraint "booking_shard_node"'):
+            with transaction.atomic():
+                GpuBooking.objects.create(index=1, **wrong)
+    # Many rows in one statement, one of them wrong: the statement is refused whole.
+    with pytest.raises(IntegrityError, match=rf"Key \(shard_id, node_id\)=\({shard.pk}, {there.pk}\)"):
+        with transaction.atomic():
+            GpuBooking.objects.bulk_create(
+                [GpuBooking(shard=shard, node=here, index=2), GpuBooking(shard=shard, node=there, index=3)]
+            )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        GpuBooking.objects.filter(index=0).update(node=there)
     assert list(GpuBooking.objects.values_list("node__name", "index")) == [("here", 0)]
+
+
+@pytest.mark.postgres
+def test_a_booked_shard_keeps_its_key_until_its_bookings_go() -> None:
+    """A shard with bookings cannot be deleted, nor moved to another node, under them; once they are gone
+    it can, and a shard's other columns change freely."""
+    _needs_postgresql()
+    model = Model.objects.create(name="m", replicas=1, gpus=1)
+    replica = Replica.objects.create(model=model, ordinal=1)
+    here, there = (Node.objects.create(name=name) for name in ("here", "there"))
+    shard = Shard.objects.create(replica=replica, node=here, gpu_indices=[0])
+    GpuBooking.objects.create(shard=shard, node=here, index=0)
+    with pytest.raises(IntegrityError, match=rf"Key \(id\)=\({shard.pk}\) is still referenced"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("DELETE FROM placement_shard WHERE id = %s", [shard.pk])
+    with pytest.raises(IntegrityError, match="still referenced"), transaction.atomic():
+        Shard.objects.filter(pk=shard.pk).update(node=there)
+    assert Shard.objects.filter(pk=shard.pk).update(restarts=2, node=here) == 1  # its key as it was
+    shard.delete()  # Django deletes the bookings first (their cascade), then the shard
+    assert not GpuBooking.objects.exists() and not Shard.objects.exists()

@@ -1,0 +1,125 @@
+# A GPU booking's (shard, node) held to its shard's (id, node) once a statement instead of once a row.
+#
+# The foreign key of 0004 checked each booking at commit, one lookup and one row lock apiece: a batch of
+# 128 placements books ~1,000 cards, and those checks were about a third of the batched path's time
+# (bench/RESULTS.md). The same rule as statement triggers over the statement's rows, set-wise:
+#
+# - bookings inserted or updated: their shards locked KEY SHARE, as the key's check locks them (a shard
+#   being deleted meanwhile is waited for), then every booking must find its shard with its node;
+# - shards deleted: no booking may still name one (bookings go first, as the key's NO ACTION asked);
+# - a shard's id or node changed while bookings name it: refused (row trigger, only when they change).
+#
+# Checked at the end of each statement rather than at commit: every writer puts a booking in the
+# statement that makes its shard (placement.commit.writes) and deletes bookings before their shards
+# (placement.services, Django's cascade). The error is the key's: SQLSTATE 23503 with the constraint's
+# name, so an IntegrityError as before. PostgreSQL only, as 0004 was.
+
+from django.db import migrations
+
+BOOKINGS, SHARDS = "placement_gpubooking", "placement_shard"
+
+VIOLATION = (
+    "USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'booking_shard_node', "
+    f"TABLE = '{BOOKINGS}'"
+)
+
+CREATE = [
+    f'ALTER TABLE "{BOOKINGS}" DROP CONSTRAINT IF EXISTS "booking_shard_node"',
+    f"""
+CREATE FUNCTION placement_bookings_name_their_shards() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    orphan record;
+BEGIN
+    PERFORM 1 FROM {SHARDS} s WHERE s.id IN (SELECT shard_id FROM new_rows) ORDER BY s.id FOR KEY SHARE OF s;
+    SELECT b.shard_id, b.node_id INTO orphan FROM new_rows b
+        WHERE NOT EXISTS (SELECT 1 FROM {SHARDS} s WHERE s.id = b.shard_id AND s.node_id = b.node_id) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'insert or update on table "{BOOKINGS}" violates foreign key constraint "booking_shard_node"'
+            {VIOLATION},
+            DETAIL = format('Key (shard_id, node_id)=(%s, %s) is not present in table "{SHARDS}".',
+                            orphan.shard_id, orphan.node_id);
+    END IF;
+    RETURN NULL;
+END $$
+""",
+    f"""
+CREATE FUNCTION placement_shards_gone_unbooked() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    named bigint;
+BEGIN
+    SELECT b.shard_id INTO named FROM {BOOKINGS} b WHERE b.shard_id IN (SELECT id FROM old_rows) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" on table "{BOOKINGS}"'
+            {VIOLATION},
+            DETAIL = format('Key (id)=(%s) is still referenced from table "{BOOKINGS}".', named);
+    END IF;
+    RETURN NULL;
+END $$
+""",
+    f"""
+CREATE FUNCTION placement_shard_key_kept() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {BOOKINGS} b WHERE b.shard_id = OLD.id AND b.node_id = OLD.node_id) THEN
+        RAISE EXCEPTION 'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" on table "{BOOKINGS}"'
+            {VIOLATION},
+            DETAIL = format('Key (id, node_id)=(%s, %s) is still referenced from table "{BOOKINGS}".',
+                            OLD.id, OLD.node_id);
+    END IF;
+    RETURN NEW;
+END $$
+""",
+    f"""
+CREATE TRIGGER booking_shard_node_insert AFTER INSERT ON {BOOKINGS} REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION placement_bookings_name_their_shards()
+""",
+    f"""
+CREATE TRIGGER booking_shard_node_update AFTER UPDATE ON {BOOKINGS} REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION placement_bookings_name_their_shards()
+""",
+    f"""
+CREATE TRIGGER booking_shard_node_delete AFTER DELETE ON {SHARDS} REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION placement_shards_gone_unbooked()
+""",
+    f"""
+CREATE TRIGGER booking_shard_node_key BEFORE UPDATE OF id, node_id ON {SHARDS} FOR EACH ROW
+    WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.node_id IS DISTINCT FROM NEW.node_id)
+    EXECUTE FUNCTION placement_shard_key_kept()
+""",
+]
+
+DROP = [
+    f"DROP TRIGGER IF EXISTS booking_shard_node_key ON {SHARDS}",
+    f"DROP TRIGGER IF EXISTS booking_shard_node_delete ON {SHARDS}",
+    f"DROP TRIGGER IF EXISTS booking_shard_node_update ON {BOOKINGS}",
+    f"DROP TRIGGER IF EXISTS booking_shard_node_insert ON {BOOKINGS}",
+    "DROP FUNCTION IF EXISTS placement_shard_key_kept()",
+    "DROP FUNCTION IF EXISTS placement_shards_gone_unbooked()",
+    "DROP FUNCTION IF EXISTS placement_bookings_name_their_shards()",
+    f'ALTER TABLE "{BOOKINGS}" ADD CONSTRAINT "booking_shard_node" FOREIGN KEY ("shard_id", "node_id") '
+    f'REFERENCES "{SHARDS}" ("id", "node_id") DEFERRABLE INITIALLY DEFERRED',
+]
+
+
+def create(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for statement in CREATE:
+            schema_editor.execute(statement, None)  # no parameters: its % are the functions' own
+
+
+def drop(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for statement in DROP:
+            schema_editor.execute(statement, None)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("placement", "0006_model_topology"),
+    ]
+
+    operations = [
+        migrations.RunPython(create, drop),
+        # It was there for the key to refer to; the triggers find a shard by its id.
+        migrations.RemoveConstraint(model_name="shard", name="shard_id_node"),
+    ]
