@@ -5,7 +5,8 @@
 # (bench/RESULTS.md). The same rule as statement triggers over the statement's rows, set-wise:
 #
 # - bookings inserted or updated: their shards locked KEY SHARE, as the key's check locks them (a shard
-#   being deleted meanwhile is waited for), then every booking must find its shard with its node;
+#   being deleted meanwhile is waited for, and then not found), and every booking must find its shard,
+#   as locked, with its node;
 # - shards deleted: no booking may still name one (bookings go first, as the key's NO ACTION asked);
 # - a shard's id or node changed while bookings name it: refused (row trigger, only when they change).
 #
@@ -30,9 +31,10 @@ CREATE FUNCTION placement_bookings_name_their_shards() RETURNS trigger LANGUAGE 
 DECLARE
     orphan record;
 BEGIN
-    PERFORM 1 FROM {SHARDS} s WHERE s.id IN (SELECT shard_id FROM new_rows) ORDER BY s.id FOR KEY SHARE OF s;
+    WITH held AS MATERIALIZED (SELECT s.id, s.node_id FROM {SHARDS} s WHERE s.id IN (SELECT shard_id FROM new_rows)
+                               ORDER BY s.id FOR KEY SHARE OF s)
     SELECT b.shard_id, b.node_id INTO orphan FROM new_rows b
-        WHERE NOT EXISTS (SELECT 1 FROM {SHARDS} s WHERE s.id = b.shard_id AND s.node_id = b.node_id) LIMIT 1;
+        WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = b.shard_id AND h.node_id = b.node_id) LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'insert or update on table "{BOOKINGS}" violates foreign key constraint "booking_shard_node"'
             {VIOLATION},
