@@ -7,6 +7,10 @@ went with it, while the state kept it. These read the database itself.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
 import pytest
 from django.apps import apps
 from django.db import IntegrityError, connection, transaction
@@ -104,3 +108,59 @@ def test_a_booked_shard_keeps_its_key_until_its_bookings_go() -> None:
     assert Shard.objects.filter(pk=shard.pk).update(restarts=2, node=here) == 1  # its key as it was
     shard.delete()  # Django deletes the bookings first (their cascade), then the shard
     assert not GpuBooking.objects.exists() and not Shard.objects.exists()
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def _waits_for_a_lock(watcher, pid: int) -> None:
+    """Until the backend ``pid`` waits for a row lock (at most 10 s)."""
+    for _ in range(1000):
+        row = watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+        if row and row[0] == "Lock":
+            return
+        time.sleep(0.01)
+    pytest.fail(f"backend {pid} never waited for a lock")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_booking_and_its_shards_deletion_racing_leave_no_booking_without_its_shard() -> None:
+    """The check locks the shards its bookings name, as a foreign key's does: a booking written while
+    another transaction deletes its shard waits for it and is then refused; a shard deleted while another
+    transaction books it waits, then sees the booking and is refused. Either way no booking outlives its
+    shard (unlocked, each would pass on what it could see, and both commit)."""
+    _needs_postgresql()
+    model = Model.objects.create(name="m", replicas=2, gpus=1)
+    here = Node.objects.create(name="here")
+    first, second = (
+        Shard.objects.create(replica=Replica.objects.create(model=model, ordinal=i), node=here, gpu_indices=[0])
+        for i in (1, 2)
+    )
+    book = "INSERT INTO placement_gpubooking (shard_id, node_id, index) VALUES (%s, %s, %s)"
+    with (
+        psycopg.connect(_database_url()) as deleter,
+        psycopg.connect(_database_url()) as booker,
+        psycopg.connect(_database_url(), autocommit=True) as watcher,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        # The deletion first: the booking waits for it, then finds no shard.
+        deleter.execute("DELETE FROM placement_shard WHERE id = %s", [first.pk])
+        booking = pool.submit(booker.execute, book, [first.pk, here.pk, 0])
+        _waits_for_a_lock(watcher, booker.info.backend_pid)
+        deleter.commit()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="booking_shard_node"):
+            booking.result(timeout=10)
+        booker.rollback()
+        # The booking first: the deletion waits for it, then finds the booking.
+        booker.execute(book, [second.pk, here.pk, 0])
+        deletion = pool.submit(deleter.execute, "DELETE FROM placement_shard WHERE id = %s", [second.pk])
+        _waits_for_a_lock(watcher, deleter.info.backend_pid)
+        booker.commit()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still referenced"):
+            deletion.result(timeout=10)
+        deleter.rollback()
+    assert list(Shard.objects.values_list("pk", flat=True)) == [second.pk]
+    assert list(GpuBooking.objects.values_list("shard_id", flat=True)) == [second.pk]
