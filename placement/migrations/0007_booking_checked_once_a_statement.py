@@ -31,10 +31,11 @@ CREATE FUNCTION placement_bookings_name_their_shards() RETURNS trigger LANGUAGE 
 DECLARE
     orphan record;
 BEGIN
-    WITH held AS MATERIALIZED (SELECT s.id, s.node_id FROM {SHARDS} s WHERE s.id IN (SELECT shard_id FROM new_rows)
-                               ORDER BY s.id FOR KEY SHARE OF s)
+    -- Each booking's shard looked up by its id and locked (a subquery per row, never a join whose plan
+    -- would follow the first statement's size): as many index probes as bookings, whatever the table.
     SELECT b.shard_id, b.node_id INTO orphan FROM new_rows b
-        WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = b.shard_id AND h.node_id = b.node_id) LIMIT 1;
+        WHERE (SELECT s.node_id FROM {SHARDS} s WHERE s.id = b.shard_id FOR KEY SHARE) IS DISTINCT FROM b.node_id
+        LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'insert or update on table "{BOOKINGS}" violates foreign key constraint "booking_shard_node"'
             {VIOLATION},
@@ -49,7 +50,9 @@ CREATE FUNCTION placement_shards_gone_unbooked() RETURNS trigger LANGUAGE plpgsq
 DECLARE
     named bigint;
 BEGIN
-    SELECT b.shard_id INTO named FROM {BOOKINGS} b WHERE b.shard_id IN (SELECT id FROM old_rows) LIMIT 1;
+    -- An index probe a deleted shard, as above.
+    SELECT o.id INTO named FROM old_rows o
+        WHERE (SELECT b.shard_id FROM {BOOKINGS} b WHERE b.shard_id = o.id LIMIT 1) IS NOT NULL LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" on table "{BOOKINGS}"'
             {VIOLATION},
