@@ -211,3 +211,18 @@ def _no_observe_mode_counts_from_an_earlier_test():
     explain._local_counts.clear()
     yield
     explain._local_counts.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_server_loop_from_an_earlier_test():
+    """A live server's event loop, noted by a request of an earlier test in this process, still runs: a
+    send from a plain thread would go to it (agents.events.server_loop), and a test reading the channel
+    layer from its own loop would wait for a message delivered to another loop's queue."""
+    try:
+        from agents import events
+    except Exception:  # pure unit tests run without Django
+        yield
+        return
+    events._server_loop = None
+    yield
+    events._server_loop = None

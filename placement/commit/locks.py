@@ -99,11 +99,11 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     assert draw.count("%s") == 1, draw
     draw = draw.replace("%s", "p.fresh")
     # The budgeted domains as arrays (InitPlans): each member found through the domain's index, not by a
-    # join the planner may make a scan of every node's domains. Against the locked rows no list of names
-    # is matched with `= ANY(…)`: PostgreSQL compares a non-constant array element by element, and a
-    # batch's 120 domains against each member's four, or its 128 names against each member, were most of
-    # the read. The budgeted domains are a set (bd, a hashed semi-join), the chosen nodes their ids; each
-    # member's draw is worked out once (drew), for its domains' sums and, if chosen, its own row.
+    # join the planner may make a scan of every node's domains. PostgreSQL compares `= ANY(array)` with
+    # a non-constant array element by element: a batch's 120 domains against each member's four, and its
+    # 128 names against each locked member, were most of the read. The budgeted domains are a set (bd, a
+    # hashed semi-join), and the chosen nodes are picked out of the locked rows by id (integers, not
+    # names); each member's draw is worked out once (drew), for its domains' sums and its own row.
     # The read opens with the locks (tests wait for "WITH locked" to move in between the read and the
     # write); the lists it needs again are read from p.
     sql = (
