@@ -218,6 +218,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # connection is given up after LLMGW_DB_CONNECT_TIMEOUT (refused: at once), a wait for one from the pool
     # after LLMGW_DB_POOL_TIMEOUT.
     DATABASES["default"]["OPTIONS"]["connect_timeout"] = env_number("LLMGW_DB_CONNECT_TIMEOUT", "3", int)
+    # READ COMMITTED whatever the server's default: the guarded commit reads under its locks with a
+    # snapshot taken after them, and the database refuses a shard's deletion under a kept snapshot
+    # (placement migration 0007). The commit's own BEGINs say so too.
+    from psycopg import IsolationLevel
+
+    DATABASES["default"]["OPTIONS"]["isolation_level"] = IsolationLevel.READ_COMMITTED
     if env_bool("LLMGW_DB_POOL", True):
         pool_timeout = env_number("LLMGW_DB_POOL_TIMEOUT", "3", float)
         DATABASES["default"]["OPTIONS"]["pool"] = {

@@ -17,7 +17,7 @@ from placement.commit.locks import Scope, _locked_state, scope_of
 from placement.commit.outcomes import LostRace, Placement
 from placement.commit.recheck import _Locked
 from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
-from placement.commit.writes import LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
+from placement.commit.writes import BEGIN, LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
 from placement.planner import FacilityView, ReplicaRequest
@@ -150,7 +150,7 @@ class _InFlight:
         connection.ensure_connection()
         cursor = connection.cursor()
         try:
-            cursor.execute("BEGIN")
+            cursor.execute(BEGIN)
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
             flight._lost, flight._writes = _checked(planned, locked, scope, index.facility, request, now)
             if not flight._writes:

@@ -23,6 +23,10 @@ from placement.index import PlacementIndex
 from placement.models import GpuBooking, NodeBooking, Replica, ReplicaState, Shard
 from placement.planner import Plan, ReplicaRequest
 
+# What a commit begun by hand sends (the connection stays in autocommit for Django): READ COMMITTED said,
+# not left to the server's default — the read under the locks takes its snapshot once they are held.
+BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
 
 def _commit(
     replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime,
@@ -64,7 +68,7 @@ def _commit_pipelined(
     try:
         with connection.wrap_database_errors, pg.cursor() as budgets, pg.cursor() as cursor:
             with pg.pipeline():
-                cursor.execute("BEGIN")
+                cursor.execute(BEGIN)
                 if touched:
                     budgets.execute(*_budgets_sql(touched))
                 cursor.execute(*_read_sql(names, touched, now))

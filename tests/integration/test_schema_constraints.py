@@ -14,8 +14,9 @@ import psycopg
 import pytest
 from django.apps import apps
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
-from agents.models import Node
+from agents.models import GPU, Node
 from placement.models import GpuBooking, Model, Replica, Shard
 
 pytestmark = pytest.mark.django_db
@@ -195,3 +196,41 @@ def test_shards_are_deleted_under_read_committed_and_truncated_with_their_bookin
         conn.execute("TRUNCATE placement_shard, placement_gpubooking")  # both: as Django's flush does
         conn.rollback()
     assert Shard.objects.count() == 1 and GpuBooking.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_freeing_and_placing_run_read_committed_whatever_the_servers_default() -> None:
+    """A server whose default is REPEATABLE READ (a DBA's choice) changes nothing: Django's transactions
+    and the commit's own BEGINs say READ COMMITTED, so freeing a replica deletes its shard (the database
+    refuses that under a kept snapshot) and a placement commits."""
+    from placement import snapshot
+    from placement.commit import replica_place
+    from placement.index import PlacementIndex
+    from placement.services import replicas_free
+
+    _needs_postgresql()
+    model = Model.objects.create(name="m", replicas=2, gpus=1)
+    here = Node.objects.create(name="here", last_heartbeat_at=timezone.now(), heartbeat_interval_seconds=3600)
+    GPU.objects.create(node=here, index=0, model="H100")
+    GPU.objects.create(node=here, index=1, model="H100")
+    placed = Replica.objects.create(model=model, ordinal=1)
+    shard = Shard.objects.create(replica=placed, node=here, gpu_indices=[0])
+    GpuBooking.objects.create(shard=shard, node=here, index=0)
+    pending = Replica.objects.create(model=model, ordinal=2)
+    with connection.cursor() as cursor:
+        cursor.execute("SET default_transaction_isolation = 'repeatable read'")
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SHOW transaction_isolation")
+            assert cursor.fetchone()[0] == "read committed"
+        assert replicas_free(replica_ids=[placed.pk]) == 1
+        index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+        [candidate] = snapshot.pending_replicas(model)
+        outcome = replica_place(replica=candidate, request=snapshot.replica_request(model), index=index)
+        assert outcome.plan is not None, outcome.reason
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET default_transaction_isolation")
+    assert list(Shard.objects.values_list("replica_id", "node__name")) == [(pending.pk, "here")]
+    assert GpuBooking.objects.count() == 1
