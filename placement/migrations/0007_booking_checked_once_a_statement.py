@@ -29,6 +29,18 @@ VIOLATION = (
     "USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'booking_shard_node', "
     f"TABLE = '{BOOKINGS}'"
 )
+# The key's own words when a shard still named by bookings would go or move.
+STILL_NAMED = (
+    f'RAISE EXCEPTION \'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" '
+    f'on table "{BOOKINGS}"\'\n            {VIOLATION},\n'
+    f"            DETAIL = format('Key (%s)=(%s) is still referenced from table \"{BOOKINGS}\".', {{columns}}, {{values}});"
+)
+
+
+def _still_named(columns: str, values: str) -> str:
+    """STILL_NAMED for the key's ``columns`` (their names, as the message shows them) and ``values``."""
+    return STILL_NAMED.format(columns=f"'{columns}'", values=values)
+
 
 CREATE = [
     f'ALTER TABLE "{BOOKINGS}" DROP CONSTRAINT IF EXISTS "booking_shard_node"',
@@ -75,9 +87,7 @@ BEGIN
     SELECT o.id INTO named FROM old_rows o
         WHERE (SELECT b.shard_id FROM {BOOKINGS} b WHERE b.shard_id = o.id LIMIT 1) IS NOT NULL LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" on table "{BOOKINGS}"'
-            {VIOLATION},
-            DETAIL = format('Key (id)=(%s) is still referenced from table "{BOOKINGS}".', named);
+        {_still_named("id", "named")}
     END IF;
     RETURN NULL;
 END $$
@@ -90,10 +100,7 @@ BEGIN
     -- holds the row KEY SHARE, and is waited for, then seen.
     PERFORM 1 FROM {SHARDS} s WHERE s.id = OLD.id FOR UPDATE;
     IF EXISTS (SELECT 1 FROM {BOOKINGS} b WHERE b.shard_id = OLD.id AND b.node_id = OLD.node_id) THEN
-        RAISE EXCEPTION 'update or delete on table "{SHARDS}" violates foreign key constraint "booking_shard_node" on table "{BOOKINGS}"'
-            {VIOLATION},
-            DETAIL = format('Key (id, node_id)=(%s, %s) is still referenced from table "{BOOKINGS}".',
-                            OLD.id, OLD.node_id);
+        {_still_named("id, node_id", "concat_ws(', ', OLD.id, OLD.node_id)")}
     END IF;
     RETURN NEW;
 END $$

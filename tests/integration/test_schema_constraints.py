@@ -147,30 +147,28 @@ def test_a_booking_and_its_shards_deletion_racing_leave_no_booking_without_its_s
         psycopg.connect(_database_url(), autocommit=True) as watcher,
         ThreadPoolExecutor(1) as pool,
     ):
+        def waits_then_refused(first, then, sql: str, params: list, match: str) -> None:
+            """``first`` has run its statement, uncommitted; ``then``'s waits for it, and once ``first``
+            commits, is refused."""
+            later = pool.submit(then.execute, sql, params)
+            _waits_for_a_lock(watcher, then.info.backend_pid)
+            first.commit()
+            with pytest.raises(psycopg.errors.ForeignKeyViolation, match=match):
+                later.result(timeout=10)
+            then.rollback()
+
         # The deletion first: the booking waits for it, then finds no shard.
         deleter.execute("DELETE FROM placement_shard WHERE id = %s", [first.pk])
-        booking = pool.submit(booker.execute, book, [first.pk, here.pk, 0])
-        _waits_for_a_lock(watcher, booker.info.backend_pid)
-        deleter.commit()
-        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="booking_shard_node"):
-            booking.result(timeout=10)
-        booker.rollback()
+        waits_then_refused(deleter, booker, book, [first.pk, here.pk, 0], "booking_shard_node")
         # The booking first: the deletion waits for it, then finds the booking.
         booker.execute(book, [second.pk, here.pk, 0])
-        deletion = pool.submit(deleter.execute, "DELETE FROM placement_shard WHERE id = %s", [second.pk])
-        _waits_for_a_lock(watcher, deleter.info.backend_pid)
-        booker.commit()
-        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still referenced"):
-            deletion.result(timeout=10)
-        deleter.rollback()
+        waits_then_refused(booker, deleter, "DELETE FROM placement_shard WHERE id = %s", [second.pk], "still referenced")
         # A move of the booked shard to another node, while its booking is being written: the same.
         booker.execute(book, [second.pk, here.pk, 1])
-        move = pool.submit(deleter.execute, "UPDATE placement_shard SET node_id = %s WHERE id = %s", [there.pk, second.pk])
-        _waits_for_a_lock(watcher, deleter.info.backend_pid)
-        booker.commit()
-        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still referenced"):
-            move.result(timeout=10)
-        deleter.rollback()
+        waits_then_refused(
+            booker, deleter, "UPDATE placement_shard SET node_id = %s WHERE id = %s", [there.pk, second.pk],
+            "still referenced",
+        )
     assert list(Shard.objects.values_list("pk", "node__name")) == [(second.pk, "here")]
     assert sorted(GpuBooking.objects.values_list("shard_id", "index")) == [(second.pk, 0), (second.pk, 1)]
 
