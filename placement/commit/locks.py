@@ -47,14 +47,15 @@ def _locked_state(cursor, names: list[str], touched: list[str], facility: Facili
 
     Returns (node rows by name, budgets (cap, other) by domain, holds by domain, each locked budget's
     domain use, each node's (placed, max(placed, fresh measured)) when a budget is touched). Raw SQL:
-    this is the hot path of every placement. Two statements: the budgets' lock (_budgets_sql), then the
-    read (_read_sql), which on PostgreSQL also locks every member of the budgeted domains.
+    this is the hot path of every placement. The budgets' lock (_budgets_sql), on PostgreSQL the nodes'
+    (_members_sql), then the read (_read_sql).
     """
     budget_rows: list[tuple] = []
     if touched:
         cursor.execute(*_budgets_sql(touched))
         budget_rows = cursor.fetchall()
     if connection.features.has_select_for_update:
+        cursor.execute(*_members_sql(names, touched))
         cursor.execute(*_read_sql(names, touched, now))
     else:
         cursor.execute(*_read_sql_unlocked(names, sorted(row[0] for row in budget_rows), now))
@@ -76,19 +77,36 @@ def _budgets_sql(touched: list[str]) -> tuple[str, list[Any]]:
     )
 
 
-def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str, list[Any]]:
-    """PostgreSQL, run once the budgets' locks are held (in the same transaction, after _budgets_sql;
-    the two may go out together in pipeline mode): lock the chosen nodes and every member of the touched
-    domains that have a budget, by name, and read the chosen nodes, the holds, each budgeted domain's use
-    and the chosen nodes' draws.
+def _members_sql(names: list[str], touched: list[str]) -> tuple[str, list[Any]]:
+    """PostgreSQL, once the budgets' locks are held (after _budgets_sql, in the same transaction): lock
+    the chosen nodes and every member of the touched domains that have a budget, by name.
 
-    A heartbeat raising a member's measured draw waits for this commit, or committed before the lock was
-    granted; either way the sums see it: they read the members' rows as locked (the latest version: a
-    locked row is read again once the lock is granted), not the statement's snapshot, so a drift landing
-    between the read and the commit cannot carry the domain past its limit with fresh data at the commit.
-    The placed watts are the snapshot's, taken once the budgets' locks were held: every placement into
-    those domains committed before is in them. (The members were locked by a statement of their own
-    before the read: a round trip, and a scan of every node, each placement.)
+    A statement of its own, before the read (the three may go out together in pipeline mode): the read's
+    snapshot is taken once these locks are held, so it sees every change committed to these nodes, and
+    to which domains they are in. Locked and read in one statement, the rows were the latest but the
+    domains they are in were the snapshot's from before the wait: a member relabelled into the domain
+    while the lock waited for it (a node moved to its rack's other PDU) went uncounted, and the commit
+    could carry that PDU past its limit.
+    """
+    node_table, domain_table = Node._meta.db_table, NodeDomain._meta.db_table
+    return (
+        f"SELECT id FROM {node_table} WHERE id = ANY(ARRAY("
+        f"SELECT node_id FROM {domain_table} WHERE domain = ANY(ARRAY("
+        f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
+        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[])))) ORDER BY name FOR UPDATE",
+        [touched, names],
+    )
+
+
+def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL, run once the budgets' and nodes' locks are held (after _budgets_sql and _members_sql,
+    in the same transaction): read the chosen nodes, the holds, each budgeted domain's use and the chosen
+    nodes' draws.
+
+    A heartbeat raising a member's measured draw, or a relabel moving a member, waits for this commit, or
+    committed before the lock was granted; either way this statement's snapshot, taken once the locks
+    are held, sees it. So does it every placement into those domains committed before (the placed watts).
+    A node relabelled into a domain after the members were locked is read too, once committed.
     """
     node_table, domain_table, booking_table = Node._meta.db_table, NodeDomain._meta.db_table, NodeBooking._meta.db_table
     fresh_after = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=measured_fresh_seconds()))
@@ -104,14 +122,14 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     # 128 names against each locked member, were most of the read. The budgeted domains are a set (bd, a
     # hashed semi-join), and the chosen nodes are picked out of the locked rows by id (integers, not
     # names); each member's draw is worked out once (drew), for its domains' sums and its own row.
-    # The read opens with the locks (tests wait for "WITH locked" to move in between the read and the
-    # write); the lists it needs again are read from p.
+    # The read opens with "WITH locked", the locked nodes' rows (tests wait for it to move in between the
+    # read and the write); the lists it needs again are read from p.
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT id, name, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
         f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE id = ANY(ARRAY("
         f"SELECT node_id FROM {domain_table} WHERE domain = ANY(ARRAY("
         f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
-        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[])))) ORDER BY name FOR UPDATE), "
+        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[]))))), "
         f"p AS (SELECT CAST(%b AS text[]) AS touched, CAST(%b AS text[]) AS names, "
         f"CAST(%s AS timestamptz) AS fresh), "
         f"bd AS MATERIALIZED (SELECT domain FROM {Budget._meta.db_table} "

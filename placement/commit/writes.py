@@ -16,7 +16,7 @@ from django.db.models import F
 
 from agents.models import GPU, Node
 from facility.models import Hold
-from placement.commit.locks import _budgets_sql, _locked_state, _read_sql, _state_of, scope_of
+from placement.commit.locks import _budgets_sql, _locked_state, _members_sql, _read_sql, _state_of, scope_of
 from placement.commit.outcomes import LostRace, ReplicaGone
 from placement.commit.recheck import _Locked
 from placement.index import PlacementIndex
@@ -49,8 +49,8 @@ def _commit_pipelined(
     replica_id: int, plan: Plan, index: PlacementIndex, explain: dict[str, Any], now: datetime,
     request: ReplicaRequest,
 ) -> bool | None:
-    """_commit on PostgreSQL outside any transaction, in two round trips: BEGIN, the budgets' locks and
-    the locked read go out together; the plan is checked; the write (strict) and COMMIT go out together.
+    """_commit on PostgreSQL outside any transaction, in two round trips: BEGIN, the budgets' locks, the
+    nodes' locks and the read go out together; the plan is checked; the write (strict) and COMMIT go out together.
     False when the replica is no longer pending; raises LostRace from the check. None when the strict
     write found a lost race: the database rolled it all back, and the caller commits the plan again the
     plain way (_commit), which finds the race again with its words, or commits.
@@ -66,11 +66,12 @@ def _commit_pipelined(
     connection.ensure_connection()
     pg = connection.connection
     try:
-        with connection.wrap_database_errors, pg.cursor() as budgets, pg.cursor() as cursor:
+        with connection.wrap_database_errors, pg.cursor() as budgets, pg.cursor() as members, pg.cursor() as cursor:
             with pg.pipeline():
                 cursor.execute(BEGIN)
                 if touched:
                     budgets.execute(*_budgets_sql(touched))
+                members.execute(*_members_sql(names, touched))
                 cursor.execute(*_read_sql(names, touched, now))
             locked = _Locked(*_state_of(budgets.fetchall() if touched else [], cursor.fetchall(), facility))
             locked.check(shards, scope.domains_of, facility, now, views=scope.views, request=request)

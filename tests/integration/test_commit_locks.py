@@ -1,9 +1,9 @@
 """The guarded commit's locked read on PostgreSQL: every member of a budgeted domain is locked, and a draw a
-heartbeat raised meanwhile is in the sums.
+heartbeat raised, or a member relabelled into the domain, meanwhile is in the sums.
 
-The read locks the members in the statement that sums their draws, and sums them from the rows as
-locked: a heartbeat that raised a member's measured draw either waits for the placement's commit, or
-committed before the lock was granted and is counted (never read from the statement's older snapshot).
+The members are locked by a statement of their own, and the read that sums their draws takes its
+snapshot once they are: a heartbeat raising a member's measured draw, or a relabel moving it, either
+waits for the placement's commit, or committed before the lock was granted and is counted.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from agents.models import Node, NodeDomain
 from agents.services import heartbeat_record
 from agents.simulator.cluster import heartbeat_for
 from facility.services import budget_set, settings_set
@@ -99,3 +100,40 @@ def test_a_heartbeat_raising_a_members_draw_waits_for_the_commit(rack):
     finally:
         release.set()
         placer.join(10)
+
+
+def pdu_use(names: list[str], out: dict) -> None:
+    """PDU r1-b's use as the commit's locked read sums it, in a thread of its own."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _, _, _, use, _ = commit._locked_state(
+                cursor, names, ["pdu:r1-b", "rack:r1"], snapshot.facility_view(), timezone.now()
+            )
+        out["use"] = use["pdu:r1-b"]
+    finally:
+        connections.close_all()
+
+
+def test_a_member_relabelled_into_the_domain_while_the_lock_waits_is_in_the_sums(rack):
+    """A node moved to its rack's other PDU while the commit waited for its row (a member of the rack) is
+    counted in that PDU: the read's snapshot is taken once the nodes are locked. (Read in the statement
+    that locked them, its domains were the snapshot's from before the wait, and the PDU went past its
+    limit at the commit: found by the rehearsal's auditor.)"""
+    budget_set(domain="pdu:r1-b", cap_watts=20000)
+    Node.objects.filter(name="a").update(labels={**Node.objects.get(name="a").labels, "llmgw.io/pdu": "r1-b"})
+    a, b = Node.objects.get(name="a"), Node.objects.get(name="b")
+    NodeDomain.objects.create(node=a, domain="pdu:r1-b", level="pdu")
+    with other_connection() as relabel:
+        # b moves to PDU r1-b (as labels_set writes it: the node row locked, its domain rows written).
+        relabel.execute("UPDATE agents_node SET labels = labels || '{\"llmgw.io/pdu\": \"r1-b\"}' WHERE name = 'b'")
+        relabel.execute(
+            "INSERT INTO agents_nodedomain (node_id, domain, level) VALUES (%s, 'pdu:r1-b', 'pdu')", [b.pk]
+        )
+        out: dict = {}
+        reader = threading.Thread(target=pdu_use, args=(["a"], out))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive(), "the commit must wait for the rack member's row"
+        relabel.commit()
+        reader.join(10)
+    assert out["use"] == 1000 + 1000  # a, and b as it moved in while the lock waited
