@@ -125,7 +125,7 @@ class GpuBooking(models.Model):
     On PostgreSQL a booking's (shard, node) is held to its shard's (id, node) — the booking's node is
     its shard's — by statement triggers (migration 0007) rather than a foreign key: the same rule, the
     same error, checked once a statement over all its rows where the key checked each booking at commit
-    (a batch of 128 placements books ~1,000 cards). So bookings go before their shard, in the statement
+    (a batch of placements books a card a row). So bookings go before their shard, in the statement
     that deletes it or an earlier one, as Django's cascade and ``placement.services`` do.
     """
 

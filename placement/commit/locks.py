@@ -118,8 +118,8 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     draw = draw.replace("%s", "p.fresh")
     # The budgeted domains as arrays (InitPlans): each member found through the domain's index, not by a
     # join the planner may make a scan of every node's domains. PostgreSQL compares `= ANY(array)` with
-    # a non-constant array element by element: a batch's 120 domains against each member's four, and its
-    # 128 names against each locked member, were most of the read. The budgeted domains are a set (bd, a
+    # a non-constant array element by element, each member's domains against every budgeted domain of a
+    # batch and each locked member against every chosen name. The budgeted domains are a set (bd, a
     # hashed semi-join), and the chosen nodes are picked out of the locked rows by id (integers, not
     # names); each member's draw is worked out once (drew), for its domains' sums and its own row.
     # The read opens with "WITH locked", the locked nodes' rows (tests wait for it to move in between the

@@ -1,8 +1,8 @@
 # A GPU booking's (shard, node) held to its shard's (id, node) once a statement instead of once a row.
 #
-# The foreign key of 0004 checked each booking at commit, one lookup and one row lock apiece: a batch of
-# 128 placements books ~1,000 cards, and those checks were about a third of the batched path's time
-# (bench/RESULTS.md). The same rule as statement triggers over the statement's rows, set-wise:
+# The foreign key of 0004 checked each booking at commit, one lookup and one row lock apiece, and a
+# batch of placements books a card a row (its cost: bench/RESULTS.md). The same rule as statement
+# triggers over the statement's rows, set-wise:
 #
 # - bookings inserted or updated: their shards locked KEY SHARE, as the key's check locks them (a shard
 #   being deleted meanwhile is waited for, and then not found), and every booking must find its shard,
@@ -50,8 +50,8 @@ DECLARE
     orphan record;
 BEGIN
     -- The named shards found through their key (an array, so an index scan whatever the statement's
-    -- size) and locked once each; the bookings looked up in them as a hashed set. (A join here was planned
-    -- for one statement's size and kept: quadratic on a large one.)
+    -- size) and locked once each; the bookings looked up in them as a hashed set (a join here would keep
+    -- the plan made for one statement's size, and grow with the square of a large one's).
     WITH held AS MATERIALIZED (SELECT s.id, s.node_id FROM {SHARDS} s
                                WHERE s.id = ANY(ARRAY(SELECT shard_id FROM new_rows)) ORDER BY s.id FOR KEY SHARE OF s)
     SELECT b.shard_id, b.node_id INTO orphan FROM new_rows b

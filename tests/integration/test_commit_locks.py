@@ -40,14 +40,14 @@ def other_connection() -> psycopg.Connection:
     return psycopg.connect(**params)
 
 
-def rack_use(names: list[str], out: dict) -> None:
-    """The rack's use as the commit's locked read sums it, read in a thread of its own (its own connection)."""
+def domain_use(names: list[str], out: dict, domain: str = "rack:r1", touched: tuple = ("rack:r1",)) -> None:
+    """A domain's use as the commit's locked read sums it, read in a thread of its own (its own connection)."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             _, _, _, use, _ = commit._locked_state(
-                cursor, names, ["rack:r1"], snapshot.facility_view(), timezone.now()
+                cursor, names, list(touched), snapshot.facility_view(), timezone.now()
             )
-        out["use"] = use["rack:r1"]
+        out["use"] = use[domain]
     finally:
         connections.close_all()
 
@@ -67,7 +67,7 @@ def test_a_members_draw_raised_before_the_lock_is_granted_is_in_the_sums(rack):
         # The heartbeat holds b's row (not the chosen node: a member of its rack) with a raised draw.
         beat.execute("UPDATE agents_node SET measured_peak_watts = 9000, sensors_at = now() WHERE name = 'b'")
         out: dict = {}
-        reader = threading.Thread(target=rack_use, args=(["a"], out))
+        reader = threading.Thread(target=domain_use, args=(["a"], out))
         reader.start()
         reader.join(0.5)
         assert reader.is_alive(), "the locked read must wait for the member's row"
@@ -102,18 +102,6 @@ def test_a_heartbeat_raising_a_members_draw_waits_for_the_commit(rack):
         placer.join(10)
 
 
-def pdu_use(names: list[str], out: dict) -> None:
-    """PDU r1-b's use as the commit's locked read sums it, in a thread of its own."""
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _, _, _, use, _ = commit._locked_state(
-                cursor, names, ["pdu:r1-b", "rack:r1"], snapshot.facility_view(), timezone.now()
-            )
-        out["use"] = use["pdu:r1-b"]
-    finally:
-        connections.close_all()
-
-
 def test_a_member_relabelled_into_the_domain_while_the_lock_waits_is_in_the_sums(rack):
     """A node moved to its rack's other PDU while the commit waited for its row (a member of the rack) is
     counted in that PDU: the read's snapshot is taken once the nodes are locked. (Read in the statement
@@ -130,7 +118,7 @@ def test_a_member_relabelled_into_the_domain_while_the_lock_waits_is_in_the_sums
             "INSERT INTO agents_nodedomain (node_id, domain, level) VALUES (%s, 'pdu:r1-b', 'pdu')", [b.pk]
         )
         out: dict = {}
-        reader = threading.Thread(target=pdu_use, args=(["a"], out))
+        reader = threading.Thread(target=domain_use, args=(["a"], out, "pdu:r1-b", ("pdu:r1-b", "rack:r1")))
         reader.start()
         reader.join(0.5)
         assert reader.is_alive(), "the commit must wait for the rack member's row"
