@@ -96,6 +96,34 @@ def node_refresh_labels(
     return True
 
 
+def _domains_joining(
+    name: str, *, agent: Mapping[str, str] | None = None, store: Mapping[str, str] | None = None,
+    trusted: Collection[str] | None = None,
+) -> None:
+    """Before a node's row is locked to write its labels: the domains its labels would put it in that it
+    is not in yet (read without locks) go to the facility, which locks their budgets first.
+
+    A placement's commit locks budgets, then nodes; a relabel holding the node while it waited for a
+    budget would wait on a commit that waits on it. What changes between this read and the node's lock
+    (an agent's labels meanwhile) is still held by the budgets' trigger (facility migration 0005), out
+    of this order but rare. ``agent`` (the agent's labels: none read when they are the node's already),
+    ``store`` and ``trusted`` are read when not given; a node not known yet is in no domain (and nothing
+    waits on its row)."""
+    row = Node.objects.filter(name=name).values_list("pk", "agent_labels").first()
+    if row is None or (agent is not None and agent == (row[1] or {})):
+        return
+    if store is None:
+        store = dict(StoreLabel.objects.filter(node_name=name).values_list("key", "value"))
+    if trusted is None:
+        trusted = trusted_location_keys()
+    labels = effective_labels(row[1] or {} if agent is None else agent, store, trusted)
+    joining = {str(d) for d in domains_of(labels)} - set(
+        NodeDomain.objects.filter(node_id=row[0]).values_list("domain", flat=True)
+    )
+    if joining:
+        signals.domains_joining.send(sender=Node, domains=sorted(joining))
+
+
 def nodes_refresh_labels() -> list[str]:
     """Every node's effective labels again (facility.location_from changed); the names of the nodes whose
     domains changed, which placement and the feeds' caps are told of.
@@ -115,6 +143,7 @@ def nodes_refresh_labels() -> list[str]:
         ) == (node.location_conflicts or []):
             continue
         with transaction.atomic():
+            _domains_joining(node.name, store=own, trusted=trusted)
             locked = Node.objects.select_for_update().filter(pk=node.pk).first()
             if locked is not None and node_refresh_labels(locked, trusted=trusted):
                 moved.append(locked.name)
@@ -160,7 +189,9 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
                 node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
             )
     # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
-    # placement's commit (which locks the node) sees the new location.
+    # placement's commit (which locks the node) sees the new location; the budgets of the domains it
+    # joins first, in a commit's order.
+    _domains_joining(node_name)
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
@@ -303,6 +334,7 @@ def _heartbeat_record_full(
 ) -> Node:
     inventory = heartbeat.get("inventory") or {}
     sensors = heartbeat.get("sensors") or {}
+    _domains_joining(node_name, agent=dict(heartbeat.get("labels") or {}))
     node, created = Node.objects.select_for_update().get_or_create(name=node_name)
     was_ready = node.is_ready(now)
     node.hostname = inventory.get("hostname", node.hostname) or ""

@@ -12,3 +12,9 @@ node_reported = Signal()
 # Something placement depends on changed on nodes: a node appeared or came back, its labels, inventory,
 # cordon or drain changed (sent inside the writing transaction). Arguments: ``node_names``.
 nodes_changed = Signal()
+
+# A node's labels are about to put it in domains it is not in yet (sent inside the writing transaction,
+# before the node's row is locked). Arguments: ``domains`` (sorted texts). The facility locks their
+# budgets, so a relabel takes its locks in a placement commit's order (budgets, then nodes) and waits
+# for the commits into those domains (facility.services.budgets_joined_lock).
+domains_joining = Signal()

@@ -12,6 +12,11 @@ class FacilityConfig(AppConfig):
         from facility.feed_services import refresh_after_labels
 
         nodes_changed.connect(refresh_after_labels, dispatch_uid="facility-feed-caps-on-nodes")
+        # A relabel locks the budgets of the domains a node joins before the node (a commit's order).
+        from agents.signals import domains_joining
+        from facility.services import budgets_joined_lock
+
+        domains_joining.connect(budgets_joined_lock, dispatch_uid="facility-budgets-joined-lock")
         # server.yaml's facility.measured_window, for the nodes layer's measured peaks.
         from django.db.models.signals import post_save
 

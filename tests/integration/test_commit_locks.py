@@ -16,7 +16,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
-from agents.services import heartbeat_record
+from agents.services import heartbeat_record, labels_set
 from agents.simulator.cluster import heartbeat_for
 from facility.services import budget_set, settings_set
 from placement import commit, snapshot
@@ -125,3 +125,73 @@ def test_a_member_relabelled_into_the_domain_while_the_lock_waits_is_in_the_sums
         relabel.commit()
         reader.join(10)
     assert out["use"] == 1000 + 1000  # a, and b as it moved in while the lock waited
+
+
+def holding_the_commits_locks(names: list[str], touched: list[str], locked: threading.Event, release: threading.Event):
+    """A thread that takes a commit's locks (budgets, then nodes) and its read, and holds them until released."""
+
+    def place() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                commit._locked_state(cursor, names, touched, snapshot.facility_view(), timezone.now())
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    return threading.Thread(target=place)
+
+
+def test_a_node_joining_a_budgeted_domain_from_outside_the_commits_locks_waits_for_it(rack):
+    """c, in another rack, is neither a member nor chosen: the commit does not lock its row. Its joining
+    the PDU the commit sums waits for the commit (the budget's share lock), so it is never left out of
+    a sum the commit relied on."""
+    budget_set(domain="pdu:r1-b", cap_watts=20000)
+    join_measuring("c", "r2", 1000)
+    c = Node.objects.get(name="c")
+    locked, release = threading.Event(), threading.Event()
+    placer = holding_the_commits_locks(["a"], ["pdu:r1-b", "rack:r1"], locked, release)
+    placer.start()
+    try:
+        assert locked.wait(10)
+        with other_connection() as relabel:
+            relabel.execute("SET lock_timeout = '300ms'")
+            relabel.execute("SELECT 1 FROM agents_node WHERE name = 'c' FOR UPDATE")  # not the commit's
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                relabel.execute(
+                    "INSERT INTO agents_nodedomain (node_id, domain, level) VALUES (%s, 'pdu:r1-b', 'pdu')", [c.pk]
+                )
+    finally:
+        release.set()
+        placer.join(10)
+
+
+@pytest.mark.parametrize("how", ["labels_set", "heartbeat"])
+def test_a_relabel_locks_the_budgets_it_joins_before_the_node(rack, how):
+    """In a commit's order: while a commit holds the PDU's budget, a relabel of c into it waits without
+    holding c's row (a commit placing onto c, or summing its rack, would otherwise wait on the relabel
+    as the relabel waits on it: a deadlock), then moves c."""
+    budget_set(domain="pdu:r1-b", cap_watts=20000)
+    join_measuring("c", "r2", 1000)
+
+    def relabel() -> None:
+        try:
+            if how == "labels_set":
+                labels_set(node_name="c", changes={"llmgw.io/pdu": "r1-b"})
+            else:
+                heartbeat_record(node_name="c", heartbeat=heartbeat_for(node_spec("c", rack="r2", pdu="r1-b")))
+        finally:
+            connections.close_all()
+
+    with other_connection() as placing:
+        placing.execute("SELECT 1 FROM facility_budget WHERE domain = 'pdu:r1-b' FOR UPDATE")
+        mover = threading.Thread(target=relabel)
+        mover.start()
+        mover.join(0.5)
+        assert mover.is_alive(), "the relabel must wait for the budget the commit holds"
+        with other_connection() as probe:
+            probe.execute("SELECT 1 FROM agents_node WHERE name = 'c' FOR UPDATE NOWAIT")  # c is not held
+        placing.commit()
+        mover.join(10)
+    assert not mover.is_alive()
+    assert "pdu:r1-b" in set(NodeDomain.objects.filter(node__name="c").values_list("domain", flat=True))
