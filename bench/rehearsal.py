@@ -12,7 +12,7 @@ every 10 s), drawing events at random (KINDS' weights; each process makes every 
   makes it (at most 100 placements, the rest queued); each model's change and each replica created,
   placed (in batches of up to 128 per transaction) or freed one event;
 - hold and release of a rack, with or without drain;
-- label moves: a node to its rack's other PDU (labels_set);
+- label moves: a node to its rack's other PDU, or into another rack (labels_set);
 - budget changes: a rack's or PDU's cap moved within ±10 % of where it started (budget_set);
 - the reconcile those changes ask for, queued as on workers: run by the process when asked (at most
   every 2 s), one process at a time (the workers' advisory lock); each replica it places or frees one
@@ -55,6 +55,9 @@ MODELS = (  # name, gpus, nodes, keep_within, most replicas
 HEARTBEATS_PER_BATCH = 500
 # Models one scale event changes together (an apply of several models), reconciled in one run.
 MOST_MODELS_PER_SCALE = 2
+# Every tenth node may be moved into another rack (a label move); a model kept within a rack is not
+# placed on them (their label, its selector).
+MOVABLE, MOVABLE_EVERY = ("pool", "movable"), 10
 # Without workers, a change's reconcile is queued (noted) and this process runs it, at most this often:
 # the single-flight worker's pace (a reconcile asked while one runs goes again 2 s later).
 RECONCILE_GAP_SECONDS = 2.0
@@ -78,9 +81,17 @@ def setup(nodes: int) -> None:
 
     load_cluster(nodes)
     settings_set(margin=0.1, gpu_watts=700, cpu_core_watts=5, node_watts=350)
+    from agents.models import Node
+    from agents.services import labels_set
+
+    for name in Node.objects.order_by("name").values_list("name", flat=True)[::MOVABLE_EVERY]:
+        labels_set(node_name=name, changes={MOVABLE[0]: MOVABLE[1]})
     for name, gpus, count, keep_within, _ in MODELS:
         Model.objects.create(
-            name=name, replicas=0, gpus=gpus, nodes=count, keep_within=keep_within, cpu_cores=4, memory_gib=32
+            name=name, replicas=0, gpus=gpus, nodes=count, keep_within=keep_within, cpu_cores=4, memory_gib=32,
+            # A node moved to another rack would split a replica kept within its rack (the auditor's
+            # check 4): the movable nodes are not for those models.
+            node_selector=f"{MOVABLE[0]}!={MOVABLE[1]}" if keep_within else "",
         )
 
 
@@ -101,6 +112,7 @@ class Rehearser:
         self.ids = {name: node_id for node_id, name, _, _ in rows}
         self.names = sorted(self.ids)
         self.racks = sorted({labels["llmgw.io/rack"] for _, labels in self.nodes})
+        self.movable = [(name, labels) for name, labels in self.nodes if labels.get(MOVABLE[0]) == MOVABLE[1]]
         self.caps = dict(Budget.objects.values_list("domain", "cap_watts"))
         for name, digest in self.digests.items():
             # What each node's first (full) heartbeat left: its next same heartbeat takes the fast path.
@@ -182,12 +194,18 @@ class Rehearser:
         return "hold", 1
 
     def label(self) -> tuple[str, int]:
-        """A node moved to its rack's other PDU (or the same one again)."""
+        """A node moved to one of its rack's PDUs (its other one, or the same again), or, one time in
+        four, a movable node into another rack and one of that rack's PDUs (from outside the domains a
+        commit into them locks); it comes back by a later move."""
         from agents.services import labels_set
 
-        name, labels = self.rng.choice(self.nodes)
-        rack = labels["llmgw.io/rack"]
-        labels_set(node_name=name, changes={"llmgw.io/pdu": f"{rack}-{self.rng.choice('ab')}"})
+        if self.rng.random() < 0.75:
+            name, labels = self.rng.choice(self.nodes)
+            rack = labels["llmgw.io/rack"]
+        else:
+            name, labels = self.rng.choice(self.movable)
+            rack = self.rng.choice(self.racks)
+        labels_set(node_name=name, changes={"llmgw.io/rack": rack, "llmgw.io/pdu": f"{rack}-{self.rng.choice('ab')}"})
         return "label", 1
 
     def budget(self) -> tuple[str, int]:

@@ -7,6 +7,10 @@ replacement fits, the old replica stays and the replacement waits, pending with 
 tried again as room appears. Releasing the hold (or uncordoning the node) stops the drain: a
 replacement not yet done is removed, replicas already moved stay where they are.
 
+A replica of a model kept within a domain (``keep_within``) whose nodes are no longer in one (a node of
+it moved rack by a relabel or a NetBox import, after it was placed) moves by the same steps: its
+replacement is placed within one domain, then it stops.
+
 All of it is rows (replicas, shards, holds, nodes), never a task's memory, so any reconcile — after a
 restart, in another worker — resumes where the last one stopped.
 """
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain, heartbeat_is_fresh
@@ -29,6 +35,9 @@ from placement.decisions.drain import Original, Replacement, drain_starts, drain
 from placement.minimums import ready_count
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
+
+log = logging.getLogger(__name__)
+LABEL_PREFIX = "llmgw.io/"
 
 
 def draining_nodes() -> dict[int, str]:
@@ -58,6 +67,20 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
     return set(shards.values_list("replica_id", flat=True))
 
 
+def replicas_split(model: Model) -> dict[int, list[str]]:
+    """The model's replicas (none a replacement) whose nodes are no longer within one domain of its
+    ``keep_within`` level, by id: the values of that label its nodes have now ("(none)" where one has
+    none), as the planner compares them. Only a multi-node model kept within a domain has any."""
+    if not model.keep_within or model.nodes < 2:
+        return {}
+    values: dict[int, set[str]] = defaultdict(set)
+    for replica_id, value in Shard.objects.filter(replica__model=model, replica__replaces__isnull=True).values_list(
+        "replica_id", KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
+    ):
+        values[replica_id].add(value or "(none)")
+    return {pk: sorted(found) for pk, found in values.items() if len(found) > 1 or "(none)" in found}
+
+
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
     """One step of the model's drain: finish the replacements that are ready, make the next ones.
 
@@ -71,6 +94,9 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     moving = _replicas_on(set(draining), model) if draining else set()
     # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
     moving |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
+    # Replicas a relabel split across their keep_within domain: replaced within one.
+    split = replicas_split(model)
+    moving |= set(split)
     stops = drain_stops(
         replacements=_replacements(model, run.now), moving=moving, ready=ready_count(model),
         min_ready=model.min_ready, min_ready_seconds=model.min_ready_seconds,
@@ -99,6 +125,13 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     )
     if not originals:
         return
+    for original in originals:
+        if original in split:
+            log.warning(
+                "model %s: replica %s spans %s %s (keep_within %s): a replacement within one %s first",
+                model.name, original, model.keep_within, ", ".join(split[original]), model.keep_within,
+                model.keep_within,
+            )
     start = _next_ordinal(model)
     created = Replica.objects.bulk_create(
         [

@@ -7,9 +7,10 @@ import textwrap
 import pytest
 
 from agents.models import Node
+from agents.services import labels_set
 from facility.services import hold_create, hold_release
-from placement.drain import drain_progress
-from placement.models import Replica, Shard
+from placement.drain import drain_progress, replicas_split
+from placement.models import Model, Replica, Shard
 from placement.reconcile import reconcile_all
 from placement.selectors import facility_overview
 from placement.services import models_apply
@@ -221,3 +222,66 @@ def test_a_drain_never_takes_a_model_below_its_min_ready():
     Replica.objects.filter(pk=other.pk).update(state="ready")
     reconcile_all()
     assert not Replica.objects.filter(pk=old.pk).exists()
+
+
+def test_a_replica_a_relabel_split_across_racks_is_replaced_within_one_rack_first(caplog):
+    """A node of a pair kept within its rack moved rack (a relabel, a NetBox correction): the pair spans
+    two racks. It moves as a drained replica does: a replacement within one rack first, then it stops."""
+    cluster = Cluster({"r1": 2, "r2": 2})
+    cluster.tick()
+    models_apply(
+        text=textwrap.dedent(
+            """\
+            kind: Model
+            name: pair
+            replicas: 1
+            profile:
+              gpus: 8
+              nodes: 2
+              keep_within: rack
+              min_ready_seconds: 0
+              command: "serve {model} --port {port}"
+            """
+        )
+    )
+    reconcile_all()
+    run_until_ready(cluster, {"pair": 1})
+    old = Replica.objects.get()
+    nodes = sorted(Shard.objects.filter(replica=old).values_list("node__name", flat=True))
+    rack = Node.objects.get(name=nodes[0]).labels["llmgw.io/rack"]
+    other = {"r1": "r2", "r2": "r1"}[rack]
+
+    labels_set(node_name=nodes[1], changes={"llmgw.io/rack": other})
+    cluster.tick(0)
+    replacement = Replica.objects.get(replaces=old)
+    assert Replica.objects.filter(pk=old.pk).exists()  # serving while its replacement starts
+    assert (
+        f"model pair: replica {old.pk} spans rack r1, r2 (keep_within rack): a replacement within one rack first"
+        in caplog.messages
+    )
+    run_until_ready(cluster, {"pair": 1})
+    for _ in range(5):
+        cluster.tick()
+    assert list(Replica.objects.values_list("pk", flat=True)) == [replacement.pk]
+    assert {n.labels["llmgw.io/rack"] for n in Node.objects.filter(shards__replica=replacement)} == {other}
+    assert replicas_split(Model.objects.get(name="pair")) == {}
+
+
+def test_a_split_pair_whose_node_moves_back_keeps_serving_and_its_replacement_goes():
+    cluster = Cluster({"r1": 2, "r2": 2}, ready_delay=30)
+    cluster.tick()
+    models_apply(text="kind: Model\nname: pair\nreplicas: 1\nprofile: {gpus: 8, nodes: 2, keep_within: rack}\n")
+    reconcile_all()
+    for _ in range(40):
+        cluster.tick()
+    old = Replica.objects.get()
+    node = Shard.objects.filter(replica=old).values_list("node__name", flat=True).first()
+    rack = Node.objects.get(name=node).labels["llmgw.io/rack"]
+    other = {"r1": "r2", "r2": "r1"}[rack]
+    mate = Shard.objects.filter(replica=old).exclude(node__name=node).values_list("node__name", flat=True).get()
+    labels_set(node_name=mate, changes={"llmgw.io/rack": other})
+    cluster.tick(0)
+    assert Replica.objects.filter(replaces=old).exists()
+    labels_set(node_name=mate, changes={"llmgw.io/rack": None})  # back where the agent says it is
+    cluster.tick(0)
+    assert list(Replica.objects.values_list("pk", flat=True)) == [old.pk]
