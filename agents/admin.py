@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db import transaction
 
 from agents import services
 from agents.models import GPU, Node, NodeToken, StoreLabel
+from facility import feed_services
 from facility.admin import ServiceForm, say_warnings
 from placement import selectors as placement_selectors
 from placement import services as placement_services
@@ -69,19 +71,33 @@ class StoreLabelAdmin(admin.ModelAdmin):
     search_fields = ["node_name", "key", "value"]
 
     def save_model(self, request, obj, form, change):
-        if change and "key" in form.changed_data:
-            placement_services.labels_change(node_name=form.initial["node_name"], changes={form.initial["key"]: None})
-        changed = placement_services.labels_change(
-            node_name=obj.node_name, changes={obj.key: obj.value}, set_by=request.user.get_username()
-        )
+        changes = {obj.key: obj.value}
+        was = (form.initial.get("node_name"), form.initial.get("key")) if change else (None, None)
+        with transaction.atomic():
+            if was[0] not in (None, obj.node_name):
+                # Two nodes in one transaction: every budget first, in a placement's lock order (one
+                # node's row would be held while the other's budgets were waited for).
+                feed_services.budgets_locked()
+                placement_services.labels_change(node_name=was[0], changes={was[1]: None})
+            elif was[1] not in (None, obj.key):
+                changes = {was[1]: None, **changes}  # one change of the node: its locks in order
+            changed = placement_services.labels_change(
+                node_name=obj.node_name, changes=changes, set_by=request.user.get_username()
+            )
         say_warnings(request, changed.warnings)
 
     def delete_model(self, request, obj):
         placement_services.labels_change(node_name=obj.node_name, changes={obj.key: None})
 
     def delete_queryset(self, request, queryset):
-        for obj in queryset:
-            placement_services.labels_change(node_name=obj.node_name, changes={obj.key: None})
+        removed: dict[str, dict[str, None]] = {}
+        for node_name, key in queryset.values_list("node_name", "key"):
+            removed.setdefault(node_name, {})[key] = None
+        with transaction.atomic():
+            if len(removed) > 1:
+                feed_services.budgets_locked()  # several nodes: every budget first (as save_model)
+            for node_name, changes in sorted(removed.items()):
+                placement_services.labels_change(node_name=node_name, changes=changes)
 
 
 @admin.register(NodeToken)

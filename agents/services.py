@@ -98,7 +98,7 @@ def node_refresh_labels(
 
 def _domains_joining(
     name: str, *, agent: Mapping[str, str] | None = None, store: Mapping[str, str] | None = None,
-    trusted: Collection[str] | None = None,
+    trusted: Collection[str] | None = None, changes: Mapping[str, str | None] | None = None,
 ) -> None:
     """Before a node's row is locked to write its labels: the domains its labels would put it in that it
     is not in yet (read without locks) go to the facility, which locks their budgets first.
@@ -107,13 +107,19 @@ def _domains_joining(
     budget would wait on a commit that waits on it. What changes between this read and the node's lock
     (an agent's labels meanwhile) is still held by the budgets' trigger (facility migration 0005), out
     of this order but rare. ``agent`` (the agent's labels: none read when they are the node's already),
-    ``store`` and ``trusted`` are read when not given; a node not known yet is in no domain (and nothing
-    waits on its row)."""
+    ``store`` and ``trusted`` are read when not given; ``changes``, the store's changes about to be
+    written (sent before they are: a relabel holding a store label's row while it waited for a budget
+    would wait on a change that holds the budget and waits for that row). A node not known yet is in no
+    domain (and nothing waits on its row). Several nodes relabelled in one transaction: the caller locks
+    the budgets first (facility.feed_services.budgets_locked), as one node's locks would come after
+    another's."""
     row = Node.objects.filter(name=name).values_list("pk", "agent_labels").first()
     if row is None or (agent is not None and agent == (row[1] or {})):
         return
     if store is None:
         store = dict(StoreLabel.objects.filter(node_name=name).values_list("key", "value"))
+    if changes:
+        store = {key: value for key, value in {**store, **changes}.items() if value is not None}
     if trusted is None:
         trusted = trusted_location_keys()
     labels = effective_labels(row[1] or {} if agent is None else agent, store, trusted)
@@ -181,6 +187,8 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
     """
     node_name = clean_node_name(node_name)
     labels_check(changes=changes)
+    # The budgets of the domains it joins first, before any row of the node's (a commit's order).
+    _domains_joining(node_name, changes=changes)
     for key, value in changes.items():
         if value is None:
             StoreLabel.objects.filter(node_name=node_name, key=key).delete()
@@ -189,9 +197,7 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
                 node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
             )
     # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
-    # placement's commit (which locks the node) sees the new location; the budgets of the domains it
-    # joins first, in a commit's order.
-    _domains_joining(node_name)
+    # placement's commit (which locks the node) sees the new location.
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))

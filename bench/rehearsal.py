@@ -58,6 +58,7 @@ MOST_MODELS_PER_SCALE = 2
 # Every tenth node may be moved into another rack (a label move); a model kept within a rack is not
 # placed on them (their label, its selector).
 MOVABLE, MOVABLE_EVERY = ("pool", "movable"), 10
+KEPT_SELECTOR = f"{MOVABLE[0]}!={MOVABLE[1]}"
 # Without workers, a change's reconcile is queued (noted) and this process runs it, at most this often:
 # the single-flight worker's pace (a reconcile asked while one runs goes again 2 s later).
 RECONCILE_GAP_SECONDS = 2.0
@@ -91,7 +92,7 @@ def setup(nodes: int) -> None:
             name=name, replicas=0, gpus=gpus, nodes=count, keep_within=keep_within, cpu_cores=4, memory_gib=32,
             # A node moved to another rack would split a replica kept within its rack (the auditor's
             # check 4): the movable nodes are not for those models.
-            node_selector=f"{MOVABLE[0]}!={MOVABLE[1]}" if keep_within else "",
+            node_selector=KEPT_SELECTOR if keep_within else "",
         )
 
 
@@ -173,6 +174,7 @@ class Rehearser:
         profile = {"gpus": gpus, "nodes": count, "cpu_cores": 4, "memory_gib": 32}
         if keep_within:
             profile["keep_within"] = keep_within
+            profile["node_selector"] = KEPT_SELECTOR  # as the model was made: off the movable nodes
         answer = httpx.post(
             f"{self.rng.choice(self.webs)}/api/v1/models",
             json={"kind": "Model", "name": name, "replicas": wanted, "profile": profile},

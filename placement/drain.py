@@ -18,17 +18,18 @@ restart, in another worker — resumes where the last one stopped.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 import logging
+from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain, heartbeat_is_fresh
+from facility.domains import LABEL_PREFIX
 from facility.models import Hold
 from llmgw.sqlin import any_of
 from placement.decisions.drain import Original, Replacement, drain_starts, drain_stops
@@ -37,7 +38,6 @@ from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
 log = logging.getLogger(__name__)
-LABEL_PREFIX = "llmgw.io/"
 
 
 def draining_nodes() -> dict[int, str]:
@@ -68,17 +68,29 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 
 
 def replicas_split(model: Model) -> dict[int, list[str]]:
-    """The model's replicas (none a replacement) whose nodes are no longer within one domain of its
-    ``keep_within`` level, by id: the values of that label its nodes have now ("(none)" where one has
-    none), as the planner compares them. Only a multi-node model kept within a domain has any."""
+    """The model's replicas (none a replacement) whose nodes are in more than one domain of its
+    ``keep_within`` level, by id: the values of that label its nodes have now, as the planner compares
+    them. Only a multi-node model kept within a domain has any. A node without the label is not counted
+    (no replacement could be placed by it either: the planner refuses a node without it)."""
     if not model.keep_within or model.nodes < 2:
         return {}
-    values: dict[int, set[str]] = defaultdict(set)
-    for replica_id, value in Shard.objects.filter(replica__model=model, replica__replaces__isnull=True).values_list(
-        "replica_id", KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
-    ):
-        values[replica_id].add(value or "(none)")
-    return {pk: sorted(found) for pk, found in values.items() if len(found) > 1 or "(none)" in found}
+    value = KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
+    split = (
+        Shard.objects.filter(replica__model=model, replica__replaces__isnull=True)
+        .annotate(value=value)
+        .exclude(value__isnull=True)
+        .exclude(value="")
+        .order_by()
+        .values("replica_id")
+        .annotate(domains=Count("value", distinct=True))
+        .filter(domains__gt=1)
+        .values_list("replica_id", flat=True)
+    )
+    found: dict[int, set[str]] = defaultdict(set)
+    for replica_id, text in Shard.objects.filter(replica_id__in=list(split)).values_list("replica_id", value):
+        if text:
+            found[replica_id].add(text)
+    return {pk: sorted(values) for pk, values in found.items()}
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
@@ -94,8 +106,11 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     moving = _replicas_on(set(draining), model) if draining else set()
     # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
     moving |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
-    # Replicas a relabel split across their keep_within domain: replaced within one.
-    split = replicas_split(model)
+    # Replicas a relabel split across their keep_within domain (or placed before keep_within was set):
+    # replaced within one, while nothing else of the model moves. A drain or shedding goes first: the
+    # replacements of split ones give their room back (drain_stops: no longer moving), and a split one
+    # whose replacement cannot be placed never holds a drain back.
+    split = {} if moving else replicas_split(model)
     moving |= set(split)
     stops = drain_stops(
         replacements=_replacements(model, run.now), moving=moving, ready=ready_count(model),

@@ -187,3 +187,37 @@ def test_a_bad_model_gets_the_same_words_in_the_admin_and_the_api(admin_client, 
     assert response.status_code == 200  # the form again, with the refusal on it: never a 500
     assert words in html.unescape(response.content.decode())
     assert not Model.objects.exists()
+
+
+def test_a_store_label_edited_or_deleted_in_the_admin_moves_the_nodes(admin_client, join_node):
+    """A key or node changed in the admin is one change per node (the old key removed, the new set), and a
+    bulk delete removes each node's labels: the nodes' labels follow."""
+    from agents.models import Node, StoreLabel
+
+    join_node("gpu01")
+    join_node("gpu02")
+    admin_client.post("/admin/agents/storelabel/add/", {"node_name": "gpu01", "key": "llmgw.io/row", "value": "r7"})
+    label = StoreLabel.objects.get()
+    admin_client.post(
+        f"/admin/agents/storelabel/{label.pk}/change/", {"node_name": "gpu01", "key": "llmgw.io/room", "value": "h2"}
+    )
+    labels = Node.objects.get(name="gpu01").labels
+    assert (labels.get("llmgw.io/row"), labels["llmgw.io/room"]) == (None, "h2")
+    label = StoreLabel.objects.get()
+    admin_client.post(
+        f"/admin/agents/storelabel/{label.pk}/change/", {"node_name": "gpu02", "key": "llmgw.io/room", "value": "h3"}
+    )
+    assert "llmgw.io/room" not in Node.objects.get(name="gpu01").labels
+    assert Node.objects.get(name="gpu02").labels["llmgw.io/room"] == "h3"
+    admin_client.post("/admin/agents/storelabel/add/", {"node_name": "gpu01", "key": "llmgw.io/room", "value": "h4"})
+    response = admin_client.post(
+        "/admin/agents/storelabel/",
+        {
+            "action": "delete_selected",
+            "_selected_action": list(StoreLabel.objects.values_list("pk", flat=True)),
+            "post": "yes",
+        },
+    )
+    assert response.status_code == 302
+    assert not StoreLabel.objects.exists()
+    assert [("llmgw.io/room" in n.labels) for n in Node.objects.order_by("name")] == [False, False]

@@ -12,7 +12,7 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
@@ -190,8 +190,35 @@ def test_a_relabel_locks_the_budgets_it_joins_before_the_node(rack, how):
         mover.join(0.5)
         assert mover.is_alive(), "the relabel must wait for the budget the commit holds"
         with other_connection() as probe:
+            probe.execute("SET lock_timeout = '300ms'")
             probe.execute("SELECT 1 FROM agents_node WHERE name = 'c' FOR UPDATE NOWAIT")  # c is not held
+            # Nor is its store label written yet: an import holding the budget would wait on that row.
+            probe.execute(
+                "INSERT INTO agents_storelabel (node_name, key, value, set_by, updated_at) "
+                "VALUES ('c', 'llmgw.io/pdu', 'r1-a', '', now())"
+            )
+            probe.rollback()
         placing.commit()
         mover.join(10)
     assert not mover.is_alive()
     assert "pdu:r1-b" in set(NodeDomain.objects.filter(node__name="c").values_list("domain", flat=True))
+
+
+def test_a_budget_made_for_a_domain_a_node_is_joining_waits_for_the_join(rack):
+    """No budget row yet, none to lock: the join holds the domain's advisory lock, shared, and making the
+    budget takes it exclusive. Made first, a commit locking it could sum the domain without the node
+    still joining, and both commit."""
+    join_measuring("c", "r2", 1000)
+    c = Node.objects.get(name="c")
+    with other_connection() as relabel:
+        relabel.execute("INSERT INTO agents_nodedomain (node_id, domain, level) VALUES (%s, 'pdu:r9-z', 'pdu')", [c.pk])
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '300ms'")
+            with pytest.raises(OperationalError, match="lock timeout"):
+                budget_set(domain="pdu:r9-z", cap_watts=20000)
+        relabel.commit()
+    budget_set(domain="pdu:r9-z", cap_watts=20000)  # once the node is in: counted by the next commit
+    with transaction.atomic(), connection.cursor() as cursor:
+        _, _, _, use, _ = commit._locked_state(cursor, ["a"], ["pdu:r9-z"], snapshot.facility_view(), timezone.now())
+    assert use["pdu:r9-z"] == 1000

@@ -285,3 +285,42 @@ def test_a_split_pair_whose_node_moves_back_keeps_serving_and_its_replacement_go
     labels_set(node_name=mate, changes={"llmgw.io/rack": None})  # back where the agent says it is
     cluster.tick(0)
     assert list(Replica.objects.values_list("pk", flat=True)) == [old.pk]
+
+
+def test_a_drain_of_the_model_goes_before_a_split_pair_and_then_the_pair_is_mended():
+    cluster = Cluster({"r1": 2, "r2": 2, "r3": 2, "r4": 2})
+    cluster.tick()
+    models_apply(text="kind: Model\nname: pair\nreplicas: 2\nprofile: {gpus: 8, nodes: 2, keep_within: rack, min_ready_seconds: 0}\n")
+    reconcile_all()
+    run_until_ready(cluster, {"pair": 2})
+    split, drained = Replica.objects.order_by("ordinal")
+    rack_of = {
+        r.pk: Node.objects.filter(shards__replica=r).values_list("labels__llmgw.io/rack", flat=True).first()
+        for r in (split, drained)
+    }
+    free = sorted({"r1", "r2", "r3", "r4"} - set(rack_of.values()))
+    mover = Shard.objects.filter(replica=split).values_list("node__name", flat=True).first()
+    labels_set(node_name=mover, changes={"llmgw.io/rack": free[0]})
+    hold_create(domain=f"rack:{rack_of[drained.pk]}", reason="PDU swap", drain=True)
+    cluster.tick(0)
+    assert list(Replica.objects.exclude(replaces=None).values_list("replaces", flat=True)) == [drained.pk]
+    for _ in range(30):
+        cluster.tick()
+        if not Replica.objects.filter(pk__in=[split.pk, drained.pk]).exists() and ready_counts()["pair"] == 2:
+            break
+    assert not Replica.objects.filter(pk__in=[split.pk, drained.pk]).exists()
+    assert shards_in(rack_of[drained.pk]) == 0
+    assert replicas_split(Model.objects.get(name="pair")) == {}
+
+
+def test_a_pair_on_nodes_without_the_keep_within_label_is_not_split():
+    """keep_within set after the pair was placed, on nodes without that label: no replacement could be
+    placed either (the planner refuses a node without it), so none is made."""
+    cluster = Cluster({"r1": 2})
+    cluster.tick()
+    models_apply(text="kind: Model\nname: pair\nreplicas: 1\nprofile: {gpus: 8, nodes: 2, keep_within: rack}\n")
+    reconcile_all()
+    Model.objects.filter(name="pair").update(keep_within="row")
+    assert replicas_split(Model.objects.get(name="pair")) == {}
+    cluster.tick(0)
+    assert not Replica.objects.exclude(replaces=None).exists()
