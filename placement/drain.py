@@ -79,7 +79,6 @@ def replicas_split(model: Model) -> dict[int, list[str]]:
         Shard.objects.filter(replica__model=model, replica__replaces__isnull=True)
         .annotate(value=value)
         .exclude(value__isnull=True)
-        .exclude(value="")
         .order_by()
         .values("replica_id")
         .annotate(domains=Count("value", distinct=True))
@@ -90,7 +89,7 @@ def replicas_split(model: Model) -> dict[int, list[str]]:
     for replica_id, text in Shard.objects.filter(replica_id__in=list(split)).values_list("replica_id", value):
         if text:
             found[replica_id].add(text)
-    return {pk: sorted(values) for pk, values in found.items()}
+    return {pk: sorted(values) for pk, values in found.items() if len(values) > 1}  # ("" is no value)
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
