@@ -7,9 +7,9 @@ replacement fits, the old replica stays and the replacement waits, pending with 
 tried again as room appears. Releasing the hold (or uncordoning the node) stops the drain: a
 replacement not yet done is removed, replicas already moved stay where they are.
 
-A replica of a model kept within a domain (``keep_within``) whose nodes are no longer in one (a node of
-it moved rack by a relabel or a NetBox import, after it was placed) moves by the same steps: its
-replacement is placed within one domain, then it stops.
+A multi-node replica whose nodes are no longer in one fabric, or one domain of its model's
+``keep_within`` (a node of it re-cabled, or moved rack by a relabel or a NetBox import, after it was
+placed) moves by the same steps: its replacement is placed within one, then it stops.
 
 All of it is rows (replicas, shards, holds, nodes), never a task's memory, so any reconcile — after a
 restart, in another worker — resumes where the last one stopped.
@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Value
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
@@ -67,29 +67,43 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
     return set(shards.values_list("replica_id", flat=True))
 
 
-def replicas_split(model: Model) -> dict[int, list[str]]:
-    """The model's replicas (none a replacement) whose nodes are in more than one domain of its
-    ``keep_within`` level, by id: the values of that label its nodes have now, as the planner compares
-    them. Only a multi-node model kept within a domain has any. A node without the label is not counted
-    (no replacement could be placed by it either: the planner refuses a node without it)."""
-    if not model.keep_within or model.nodes < 2:
+def replicas_split(model: Model) -> dict[int, str]:
+    """The model's multi-node replicas (none a replacement) no longer within one fabric, or one domain of
+    its ``keep_within`` level, as the planner keeps them: by id, what they span in words (``rack r1,
+    r2 (keep_within rack)``, ``fabric ib-a, ib-b``), read off their nodes now. A node without the
+    fabric or the label is not counted (no replacement could be placed on it either: the planner
+    refuses it)."""
+    if model.nodes < 2:
         return {}
-    value = KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
-    split = (
-        Shard.objects.filter(replica__model=model, replica__replaces__isnull=True)
-        .annotate(value=value)
-        .exclude(value__isnull=True)
-        .order_by()
-        .values("replica_id")
-        .annotate(domains=Count("value", distinct=True))
-        .filter(domains__gt=1)
-        .values_list("replica_id", flat=True)
-    )
-    found: dict[int, set[str]] = defaultdict(set)
-    for replica_id, text in Shard.objects.filter(replica_id__in=list(split)).values_list("replica_id", value):
+    shards = Shard.objects.filter(replica__model=model, replica__replaces__isnull=True).order_by()
+    counted = {"fabrics": Count("node__fabric", distinct=True, filter=~Q(node__fabric=""))}
+    spans = Q(fabrics__gt=1)
+    value = None
+    if model.keep_within:
+        value = KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
+        shards = shards.annotate(value=value)
+        counted["domains"] = Count("value", distinct=True)  # (a missing label is NULL: not counted)
+        spans |= Q(domains__gt=1)
+    split = list(shards.values("replica_id").annotate(**counted).filter(spans).values_list("replica_id", flat=True))
+    if not split:
+        return {}
+    fabrics: dict[int, set[str]] = defaultdict(set)
+    domains: dict[int, set[str]] = defaultdict(set)
+    for replica_id, fabric, text in Shard.objects.filter(replica_id__in=split).order_by().values_list(
+        "replica_id", "node__fabric", value if value is not None else Value("")
+    ):
+        if fabric:
+            fabrics[replica_id].add(fabric)
         if text:
-            found[replica_id].add(text)
-    return {pk: sorted(values) for pk, values in found.items() if len(values) > 1}  # ("" is no value)
+            domains[replica_id].add(text)
+    words: dict[int, str] = {}
+    for pk in split:  # ("" is no value: counted above, dropped here)
+        if len(domains[pk]) > 1:
+            level = model.keep_within
+            words[pk] = f"{level} {', '.join(sorted(domains[pk]))} (keep_within {level})"
+        elif len(fabrics[pk]) > 1:
+            words[pk] = f"fabric {', '.join(sorted(fabrics[pk]))}"
+    return words
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:
@@ -105,8 +119,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     moving = _replicas_on(set(draining), model) if draining else set()
     # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
     moving |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
-    # Replicas a relabel split across their keep_within domain (or placed before keep_within was set):
-    # replaced within one, while nothing else of the model moves. A drain or shedding goes first: the
+    # Multi-node replicas a relabel (or a re-cabled fabric) split across their keep_within domain or
+    # fabric, or placed before keep_within was set: replaced within one, while nothing else of the model moves. A drain or shedding goes first: the
     # replacements of split ones give their room back (drain_stops: no longer moving), and a split one
     # whose replacement cannot be placed never holds a drain back.
     split = {} if moving else replicas_split(model)
@@ -141,11 +155,8 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
         return
     for original in originals:
         if original in split:
-            log.warning(
-                "model %s: replica %s spans %s %s (keep_within %s): a replacement within one %s first",
-                model.name, original, model.keep_within, ", ".join(split[original]), model.keep_within,
-                model.keep_within,
-            )
+            log.warning("model %s: replica %s spans %s: a replacement within one first, then it stops",
+                        model.name, original, split[original])
     start = _next_ordinal(model)
     created = Replica.objects.bulk_create(
         [

@@ -256,7 +256,8 @@ def test_a_replica_a_relabel_split_across_racks_is_replaced_within_one_rack_firs
     replacement = Replica.objects.get(replaces=old)
     assert Replica.objects.filter(pk=old.pk).exists()  # serving while its replacement starts
     assert (
-        f"model pair: replica {old.pk} spans rack r1, r2 (keep_within rack): a replacement within one rack first"
+        f"model pair: replica {old.pk} spans rack r1, r2 (keep_within rack): a replacement within one first, "
+        "then it stops"
         in caplog.messages
     )
     run_until_ready(cluster, {"pair": 1})
@@ -324,3 +325,24 @@ def test_a_pair_on_nodes_without_the_keep_within_label_is_not_split():
     assert replicas_split(Model.objects.get(name="pair")) == {}
     cluster.tick(0)
     assert not Replica.objects.exclude(replaces=None).exists()
+
+
+def test_a_pair_whose_node_was_recabled_to_another_fabric_is_replaced_within_one():
+    """A multi-node replica stays in one fabric (the planner's rule, with or without keep_within): a node
+    of it reported on another fabric (re-cabled) moves it, as a split across racks does."""
+    cluster = Cluster({"r1": 4})
+    cluster.tick()
+    models_apply(text="kind: Model\nname: pair\nreplicas: 1\nprofile: {gpus: 8, nodes: 2, min_ready_seconds: 0}\n")
+    reconcile_all()
+    run_until_ready(cluster, {"pair": 1})
+    old = Replica.objects.get()
+    moved = Shard.objects.filter(replica=old).values_list("node__name", flat=True).first()
+    Node.objects.filter(name=moved).update(fabric="ib-b")
+    assert replicas_split(Model.objects.get(name="pair")) == {old.pk: "fabric ib-a, ib-b"}
+    cluster.nodes[moved].spec["fabric"] = "ib-b"  # its agent reports the new fabric from now on
+    cluster.tick(0)
+    replacement = Replica.objects.get(replaces=old)
+    for _ in range(10):
+        cluster.tick()
+    assert list(Replica.objects.values_list("pk", flat=True)) == [replacement.pk]
+    assert set(Node.objects.filter(shards__replica=replacement).values_list("fabric", flat=True)) == {"ib-a"}
