@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from llmgw.errors import NotFound
 from placement import index, snapshot
+from placement.drain import replicas_split
 from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
 from placement.planner import gpus_text, profile_text  # noqa: F401  (the model pages and ctl read them here)
 
@@ -113,12 +114,23 @@ def shown_state(state: str, replica_id: int, unreachable: dict[int, list[str]]) 
     return state
 
 
+def moving_reasons(models: Iterable[Model]) -> dict[int, str]:
+    """The replicas of ``models`` that move because they span what their model keeps one within (a fabric,
+    a keep_within domain: placement.drain.replicas_split), by id, with why in words."""
+    out: dict[int, str] = {}
+    for model in models:
+        for pk, spans in replicas_split(model).items():
+            out[pk] = f"spans {spans}: moving, its replacement within one first"
+    return out
+
+
 def _replica_dict(
-    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]] | None = None
+    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]] | None = None,
+    moving: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     unreachable = unreachable or {}
     quiet = unreachable.get(replica.pk, [])
-    reason = replica.reason or None
+    reason = (moving or {}).get(replica.pk) or replica.reason or None
     if quiet and shown_state(replica.state, replica.pk, unreachable) == UNREACHABLE:
         reason = f"{', '.join(sorted(quiet))}: not ready (no heartbeat); last reported {replica.state}"
     return {
@@ -143,7 +155,8 @@ def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
     replicas = list(replicas)
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
-    return [_replica_dict(r, r.model.name, shards.get(r.pk, []), unreachable) for r in replicas]
+    moving = moving_reasons({r.model_id: r.model for r in replicas}.values())
+    return [_replica_dict(r, r.model.name, shards.get(r.pk, []), unreachable, moving) for r in replicas]
 
 
 def _model_dict(model: Model, states: Counter, efficiency: dict[str, list] | None = None) -> dict[str, Any]:
@@ -204,11 +217,13 @@ def model_detail(name: str) -> dict[str, Any]:
 
 
 def _explained(
-    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]]
+    replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]],
+    moving: dict[int, str] | None = None,
 ) -> dict[str, Any]:
-    """A replica with what it kept of why it is where it is (placed) or why it waits (pending)."""
+    """A replica with what it kept of why it is where it is (placed) or why it waits (pending), and why it
+    moves when it does (``moving``: moving_reasons)."""
     kept = replica.explain or {}
-    row = _replica_dict(replica, model_name, shards, unreachable)
+    row = _replica_dict(replica, model_name, shards, unreachable, moving)
     if replica.state == ReplicaState.PENDING:
         row.update(
             {
@@ -231,6 +246,8 @@ def _explained(
                 "conflicts": kept.get("conflicts", []),
             }
         )
+        if moving and replica.pk in moving:
+            row["summary"] = moving[replica.pk]  # what it spans now, over what it was placed for
     return row
 
 
@@ -241,7 +258,8 @@ def model_explain(name: str) -> dict[str, Any]:
     replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
-    out = [_explained(replica, model.name, shards.get(replica.pk, []), unreachable) for replica in replicas]
+    moving = moving_reasons([model])
+    out = [_explained(replica, model.name, shards.get(replica.pk, []), unreachable, moving) for replica in replicas]
     counts = Counter(r.state for r in replicas)
     return {
         "model": model.name,
@@ -286,6 +304,7 @@ def models_shown(names: Iterable[str], *, offset: int = 0, limit: int = 10) -> d
     every = [r for rows in shown.values() for r in rows]
     shards = _shards_by_replica(every)
     unreachable = unreachable_replicas([r.pk for r in every]) if every else {}
+    moving = moving_reasons(model for model in models.values() if shown[model.pk])
     out: dict[str, dict[str, Any]] = {}
     for name, model in models.items():
         pending = []
@@ -300,7 +319,7 @@ def models_shown(names: Iterable[str], *, offset: int = 0, limit: int = 10) -> d
                 }
             )
         out[name] = {
-            "replicas": [_explained(r, name, shards.get(r.pk, []), unreachable) for r in shown[model.pk]],
+            "replicas": [_explained(r, name, shards.get(r.pk, []), unreachable, moving) for r in shown[model.pk]],
             "listed_total": others.get(model.pk, 0),
             "pending_groups": pending,
         }

@@ -12,7 +12,7 @@ from facility.services import hold_create, hold_release
 from placement.drain import drain_progress, replicas_split
 from placement.models import Model, Replica, Shard
 from placement.reconcile import reconcile_all
-from placement.selectors import facility_overview
+from placement.selectors import facility_overview, models_shown, replica_rows
 from placement.services import models_apply
 from tests.integration.drive import Cluster, ready_counts
 
@@ -260,6 +260,9 @@ def test_a_replica_a_relabel_split_across_racks_is_replaced_within_one_rack_firs
         "then it stops"
         in caplog.messages
     )
+    said = "spans rack r1, r2 (keep_within rack): moving, its replacement within one first"
+    assert {r["id"]: r["reason"] for r in replica_rows(model="pair")}[old.pk] == said  # API, ctl
+    assert {r["id"]: r["summary"] for r in models_shown(["pair"])["pair"]["replicas"]}[old.pk] == said  # console
     run_until_ready(cluster, {"pair": 1})
     for _ in range(5):
         cluster.tick()
