@@ -9,6 +9,7 @@ from agents import services
 from agents.models import GPU, Node, NodeToken, StoreLabel
 from facility import feed_services
 from facility.admin import ServiceForm, say_warnings
+from llmgw.errors import InvalidInput
 from placement import selectors as placement_selectors
 from placement import services as placement_services
 
@@ -61,6 +62,14 @@ class StoreLabelForm(ServiceForm):
     def service_check(self, data: dict) -> dict:
         services.clean_node_name(data.get("node_name"))
         services.labels_check(changes={data.get("key"): data.get("value")})
+        other = StoreLabel.objects.filter(node_name=data.get("node_name"), key=data.get("key"))
+        if self.instance.pk is not None:
+            other = other.exclude(pk=self.instance.pk)
+        if other.exists():
+            # Saved, it would overwrite that label's value without a word.
+            raise InvalidInput(
+                f"node {data.get('node_name')} has a label {data.get('key')} already: change that one", field="key"
+            )
         return {}
 
 

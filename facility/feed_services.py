@@ -241,7 +241,7 @@ def feed_caps_refresh() -> bool:
     existing = budgets_locked()
     caps = caps_derived()
     changed = False
-    for text, cap in caps.items():
+    for text, cap in sorted(caps.items()):  # by domain: a budget made takes its domain's lock in that order
         row = existing.get(text)
         if row is not None and row.source != Source.FEED:
             below = cap.cap_watts if cap.cap_watts < row.cap_watts - 1e-6 else None

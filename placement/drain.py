@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, Value
+from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
@@ -32,12 +33,14 @@ from agents.models import Node, NodeDomain, heartbeat_is_fresh
 from facility.domains import LABEL_PREFIX
 from facility.models import Hold
 from llmgw.sqlin import any_of
-from placement.decisions.drain import Original, Replacement, drain_starts, drain_stops
+from placement.decisions.drain import Original, Replacement, drain_starts, drain_stops, spans
 from placement.minimums import ready_count
 from placement.models import Model, Replica, ReplicaState, Shard
 from placement.services import replicas_free
 
 log = logging.getLogger(__name__)
+# The states of a replica that serves, or is about to: one of them may span what it must not.
+SERVING = frozenset((ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY))
 
 
 def draining_nodes() -> dict[int, str]:
@@ -69,41 +72,46 @@ def _replicas_on(node_ids: set[int], model: Model | None = None) -> set[int]:
 
 def replicas_split(model: Model) -> dict[int, str]:
     """The model's multi-node replicas (none a replacement) no longer within one fabric, or one domain of
-    its ``keep_within`` level, as the planner keeps them: by id, what they span in words (``rack r1,
-    r2 (keep_within rack)``, ``fabric ib-a, ib-b``), read off their nodes now. A node without the
-    fabric or the label is not counted (no replacement could be placed on it either: the planner
-    refuses it)."""
+    its ``keep_within`` level, as the planner keeps them: by id, what they span in words
+    (:func:`placement.decisions.drain.spans`), read off their nodes now."""
     if model.nodes < 2:
         return {}
     shards = Shard.objects.filter(replica__model=model, replica__replaces__isnull=True).order_by()
     counted = {"fabrics": Count("node__fabric", distinct=True, filter=~Q(node__fabric=""))}
-    spans = Q(fabrics__gt=1)
-    value = None
+    wide = Q(fabrics__gt=1)
     if model.keep_within:
-        value = KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels")
-        shards = shards.annotate(value=value)
+        shards = shards.annotate(value=KeyTextTransform(f"{LABEL_PREFIX}{model.keep_within}", "node__labels"))
         counted["domains"] = Count("value", distinct=True)  # (a missing label is NULL: not counted)
-        spans |= Q(domains__gt=1)
-    split = list(shards.values("replica_id").annotate(**counted).filter(spans).values_list("replica_id", flat=True))
-    if not split:
-        return {}
-    fabrics: dict[int, set[str]] = defaultdict(set)
-    domains: dict[int, set[str]] = defaultdict(set)
-    for replica_id, fabric, text in Shard.objects.filter(replica_id__in=split).order_by().values_list(
-        "replica_id", "node__fabric", value if value is not None else Value("")
+        wide |= Q(domains__gt=1)
+    # The few that may span, found in the database; their words from their nodes, as listings say them.
+    maybe = list(shards.values("replica_id").annotate(**counted).filter(wide).values_list("replica_id", flat=True))
+    return _spanning(maybe, {pk: model.keep_within for pk in maybe}) if maybe else {}
+
+
+def _spanning(replica_ids: list[int], keep_within: dict[int, str]) -> dict[int, str]:
+    """Of these multi-node replicas (``keep_within``: each one's model's level), those whose nodes span
+    what the planner keeps one within, with the words of :func:`spans`."""
+    nodes: dict[int, list[tuple[str, dict]]] = defaultdict(list)
+    for replica_id, fabric, labels in (
+        Shard.objects.filter(replica_id__in=replica_ids).order_by().values_list("replica_id", "node__fabric", "node__labels")
     ):
-        if fabric:
-            fabrics[replica_id].add(fabric)
-        if text:
-            domains[replica_id].add(text)
-    words: dict[int, str] = {}
-    for pk in split:  # ("" is no value: counted above, dropped here)
-        if len(domains[pk]) > 1:
-            level = model.keep_within
-            words[pk] = f"{level} {', '.join(sorted(domains[pk]))} (keep_within {level})"
-        elif len(fabrics[pk]) > 1:
-            words[pk] = f"fabric {', '.join(sorted(fabrics[pk]))}"
-    return words
+        nodes[replica_id].append((fabric, labels or {}))
+    found = {pk: spans(nodes[pk], keep_within=keep_within[pk]) for pk in nodes}
+    return {pk: words for pk, words in found.items() if words}
+
+
+def moving_reasons(replicas: Iterable[Replica], models: Mapping[int, Model]) -> dict[int, str]:
+    """Why each of these replicas (``models``: theirs, by id) is to move because it spans what its model
+    keeps one within, by id: for listings (the drain moves it while nothing else of its model moves).
+    One query, over the listed multi-node replicas that serve (placed, starting, ready)."""
+    kept = {
+        r.pk: models[r.model_id].keep_within
+        for r in replicas
+        if models[r.model_id].nodes > 1 and r.replaces_id is None and r.state in SERVING
+    }
+    if not kept:
+        return {}
+    return {pk: f"spans {words}: to be replaced within one" for pk, words in _spanning(list(kept), kept).items()}
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from llmgw.errors import NotFound
 from placement import index, snapshot
-from placement.drain import replicas_split
+from placement.drain import moving_reasons
 from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaState, Shard
 from placement.planner import gpus_text, profile_text  # noqa: F401  (the model pages and ctl read them here)
 
@@ -114,16 +114,6 @@ def shown_state(state: str, replica_id: int, unreachable: dict[int, list[str]]) 
     return state
 
 
-def moving_reasons(models: Iterable[Model]) -> dict[int, str]:
-    """The replicas of ``models`` that move because they span what their model keeps one within (a fabric,
-    a keep_within domain: placement.drain.replicas_split), by id, with why in words."""
-    out: dict[int, str] = {}
-    for model in models:
-        for pk, spans in replicas_split(model).items():
-            out[pk] = f"spans {spans}: moving, its replacement within one first"
-    return out
-
-
 def _replica_dict(
     replica: Replica, model_name: str, shards: list[dict[str, Any]], unreachable: dict[int, list[str]] | None = None,
     moving: dict[int, str] | None = None,
@@ -155,7 +145,7 @@ def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
     replicas = list(replicas)
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
-    moving = moving_reasons({r.model_id: r.model for r in replicas}.values())
+    moving = moving_reasons(replicas, {r.model_id: r.model for r in replicas})
     return [_replica_dict(r, r.model.name, shards.get(r.pk, []), unreachable, moving) for r in replicas]
 
 
@@ -246,8 +236,6 @@ def _explained(
                 "conflicts": kept.get("conflicts", []),
             }
         )
-        if moving and replica.pk in moving:
-            row["summary"] = moving[replica.pk]  # what it spans now, over what it was placed for
     return row
 
 
@@ -258,7 +246,7 @@ def model_explain(name: str) -> dict[str, Any]:
     replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
-    moving = moving_reasons([model])
+    moving = moving_reasons(replicas, {model.pk: model})
     out = [_explained(replica, model.name, shards.get(replica.pk, []), unreachable, moving) for replica in replicas]
     counts = Counter(r.state for r in replicas)
     return {
@@ -304,7 +292,7 @@ def models_shown(names: Iterable[str], *, offset: int = 0, limit: int = 10) -> d
     every = [r for rows in shown.values() for r in rows]
     shards = _shards_by_replica(every)
     unreachable = unreachable_replicas([r.pk for r in every]) if every else {}
-    moving = moving_reasons(model for model in models.values() if shown[model.pk])
+    moving = moving_reasons(every, {model.pk: model for model in models.values()})
     out: dict[str, dict[str, Any]] = {}
     for name, model in models.items():
         pending = []

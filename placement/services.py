@@ -59,8 +59,9 @@ def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
 def models_apply(*, text: str, filename: str = "models.yaml") -> list[Applied]:
     """Create or update the models of a multi-document YAML file: all of them, or none with the reason.
 
-    A changed profile applies to replicas placed from now on; placed ones keep their shards, but for a
-    keep_within their nodes are not all within: those move, replacement first (placement.drain).
+    A changed profile applies to replicas placed from now on; placed ones keep their shards, but for one
+    whose nodes span more than one domain of a keep_within set since: it moves, replacement first
+    (placement.drain).
     """
     return _models_save(documents.models_parse(text=text, filename=filename))
 

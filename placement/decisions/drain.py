@@ -8,10 +8,11 @@ there is room and something waits (it runs for every model on every reconcile).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from facility.domains import LABEL_PREFIX
 from placement.decisions.minimums import PENDING, READY, STOPPING, stops_allowed
 
 
@@ -124,3 +125,26 @@ def drain_step(
         min_ready_seconds=min_ready_seconds, surge=surge, now=now,
     )
     return stops, drain_starts(originals=originals, waiting=stops.waiting, room=stops.room)
+
+
+def spans(nodes: Iterable[tuple[str, Mapping[str, str]]], *, keep_within: str) -> str | None:
+    """What a multi-node replica's nodes span that the planner keeps one within, in words — ``rack r1, r2
+    (keep_within rack)``, ``fabric ib-a, ib-b`` — or None when they are within one. ``nodes``: each
+    node's (fabric, labels) now; ``keep_within``: the model's level ("" for none).
+
+    A node without a fabric, or without the level's label, is left out: the label may be missing on
+    every node (keep_within set later, on a level no node carries), and a replacement that cannot be
+    placed would wait for ever.
+    """
+    fabrics: set[str] = set()
+    domains: set[str] = set()
+    for fabric, labels in nodes:
+        if fabric:
+            fabrics.add(fabric)
+        if keep_within and labels.get(LABEL_PREFIX + keep_within):
+            domains.add(labels[LABEL_PREFIX + keep_within])
+    if len(domains) > 1:
+        return f"{keep_within} {', '.join(sorted(domains))} (keep_within {keep_within})"
+    if len(fabrics) > 1:
+        return f"fabric {', '.join(sorted(fabrics))}"
+    return None

@@ -221,3 +221,21 @@ def test_a_store_label_edited_or_deleted_in_the_admin_moves_the_nodes(admin_clie
     assert response.status_code == 302
     assert not StoreLabel.objects.exists()
     assert [("llmgw.io/room" in n.labels) for n in Node.objects.order_by("name")] == [False, False]
+
+
+def test_a_store_label_the_node_has_already_is_refused_in_the_admin_not_overwritten(admin_client, join_node):
+    from agents.models import StoreLabel
+
+    join_node("gpu01")
+    join_node("gpu02")
+    admin_client.post("/admin/agents/storelabel/add/", {"node_name": "gpu01", "key": "team", "value": "a"})
+    admin_client.post("/admin/agents/storelabel/add/", {"node_name": "gpu02", "key": "team", "value": "b"})
+    said = "node gpu02 has a label team already: change that one"
+    response = admin_client.post("/admin/agents/storelabel/add/", {"node_name": "gpu02", "key": "team", "value": "c"})
+    assert said in response.content.decode()
+    mine = StoreLabel.objects.get(node_name="gpu01")
+    response = admin_client.post(
+        f"/admin/agents/storelabel/{mine.pk}/change/", {"node_name": "gpu02", "key": "team", "value": "a"}
+    )
+    assert said in response.content.decode()
+    assert dict(StoreLabel.objects.values_list("node_name", "value")) == {"gpu01": "a", "gpu02": "b"}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from placement.decisions.drain import (
     drain_step,
     drain_stops,
     is_taken_over,
+    spans,
 )
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -162,3 +164,20 @@ def test_a_replica_gets_one_replacement_at_a_time_within_the_surge(model):
     # A replacement goes unless its original still moves (then it stays until it takes over).
     obsolete = {r.id for r in model["replacements"] if r.replaces not in model["moving"]}
     assert obsolete <= set(step.stop)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "keep_within", "words"),
+    [
+        ([("ib-a", {"llmgw.io/rack": "r1"}), ("ib-a", {"llmgw.io/rack": "r1"})], "rack", None),
+        ([("ib-a", {"llmgw.io/rack": "r2"}), ("ib-a", {"llmgw.io/rack": "r1"})], "rack", "rack r1, r2 (keep_within rack)"),
+        ([("ib-a", {}), ("ib-b", {})], "", "fabric ib-a, ib-b"),
+        ([("ib-a", {"llmgw.io/rack": "r2"}), ("ib-b", {"llmgw.io/rack": "r1"})], "rack", "rack r1, r2 (keep_within rack)"),
+        # A node without the fabric or the label is left out (the label may be on no node at all).
+        ([("ib-a", {"llmgw.io/rack": "r1"}), ("", {})], "rack", None),
+        ([("ib-a", {"llmgw.io/rack": "r1"}), ("ib-a", {"llmgw.io/row": "2"})], "row", None),
+        ([("ib-a", {"llmgw.io/rack": "r1"}), ("ib-a", {"llmgw.io/rack": "r2"})], "", None),
+    ],
+)
+def test_what_a_multi_node_replica_spans(nodes, keep_within, words):
+    assert spans(nodes, keep_within=keep_within) == words
