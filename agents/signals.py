@@ -16,5 +16,5 @@ nodes_changed = Signal()
 # A node's labels are about to put it in domains it is not in yet (sent inside the writing transaction,
 # before the node's row is locked). Arguments: ``domains`` (sorted texts). The facility locks their
 # budgets, so a relabel takes its locks in a placement commit's order (budgets, then nodes) and waits
-# for the commits into those domains (facility.services.budgets_joined_lock).
+# for the commits into those domains (facility.feed_services.budgets_joined_lock).
 domains_joining = Signal()

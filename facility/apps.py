@@ -14,7 +14,7 @@ class FacilityConfig(AppConfig):
         nodes_changed.connect(refresh_after_labels, dispatch_uid="facility-feed-caps-on-nodes")
         # A relabel locks the budgets of the domains a node joins before the node (a commit's order).
         from agents.signals import domains_joining
-        from facility.services import budgets_joined_lock
+        from facility.feed_services import budgets_joined_lock
 
         domains_joining.connect(budgets_joined_lock, dispatch_uid="facility-budgets-joined-lock")
         # server.yaml's facility.measured_window, for the nodes layer's measured peaks.

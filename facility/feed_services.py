@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents.models import NodeDomain
 from agents.node.protocol import value_shown
@@ -228,6 +228,20 @@ def budgets_locked() -> dict[str, Budget]:
     deadlock with a placement.
     """
     return {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
+
+
+def budgets_joined_lock(*, domains: list[str], **_: Any) -> None:
+    """A node is about to join ``domains`` (agents.signals.domains_joining): their budgets are locked
+    for share, sorted, before the node's row, as a placement's commit takes them (budgets, then nodes).
+    The relabel waits for the commits into those domains; relabels do not wait for each other. The
+    budgets' trigger (migration 0005) takes the same lock for a writer that did not send the signal."""
+    if connection.vendor != "postgresql" or not domains:
+        return  # SQLite serialises its writers
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {Budget._meta.db_table} WHERE domain = ANY(%s) ORDER BY domain FOR SHARE",
+            [sorted(domains)],
+        )
 
 
 @transaction.atomic

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from agents.node.protocol import value_shown
@@ -662,16 +662,3 @@ def scenario_stop() -> int:
     deleted, _ = ScenarioRun.objects.all().delete()
     return deleted
 
-
-def budgets_joined_lock(*, domains: list[str], **_: Any) -> None:
-    """A node is about to join ``domains`` (agents.signals.domains_joining): their budgets are locked
-    for share, sorted, before the node's row, as a placement's commit takes them (budgets, then nodes).
-    The relabel waits for the commits into those domains; relabels do not wait for each other. The
-    budgets' trigger (migration 0005) takes the same lock for a writer that did not send the signal."""
-    if connection.vendor != "postgresql" or not domains:
-        return  # SQLite serialises its writers
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {Budget._meta.db_table} WHERE domain = ANY(%s) ORDER BY domain FOR SHARE",
-            [sorted(domains)],
-        )

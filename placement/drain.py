@@ -128,9 +128,9 @@ def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None)
     # Replicas shedding marked move by the same steps (placement.shedding placed their replacement).
     moving |= set(Replica.objects.filter(model=model).exclude(shed_reason="").values_list("id", flat=True))
     # Multi-node replicas a relabel (or a re-cabled fabric) split across their keep_within domain or
-    # fabric, or placed before keep_within was set: replaced within one, while nothing else of the model moves. A drain or shedding goes first: the
-    # replacements of split ones give their room back (drain_stops: no longer moving), and a split one
-    # whose replacement cannot be placed never holds a drain back.
+    # fabric, or placed before keep_within was set: replaced within one, while nothing else of the model
+    # moves. A drain or shedding goes first: the replacements of split ones give their room back
+    # (drain_stops: no longer moving), and one whose replacement cannot be placed never holds it back.
     split = {} if moving else replicas_split(model)
     moving |= set(split)
     stops = drain_stops(

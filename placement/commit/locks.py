@@ -88,14 +88,16 @@ def _members_sql(names: list[str], touched: list[str]) -> tuple[str, list[Any]]:
     while the lock waited for it (a node moved to its rack's other PDU) went uncounted, and the commit
     could carry that PDU past its limit.
     """
-    node_table, domain_table = Node._meta.db_table, NodeDomain._meta.db_table
-    return (
-        f"SELECT id FROM {node_table} WHERE id = ANY(ARRAY("
-        f"SELECT node_id FROM {domain_table} WHERE domain = ANY(ARRAY("
-        f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
-        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[])))) ORDER BY name FOR UPDATE",
-        [touched, names],
-    )
+    return (f"SELECT id FROM {Node._meta.db_table} WHERE {_MEMBERS} ORDER BY name FOR UPDATE", [touched, names])
+
+
+# The nodes a commit locks and reads (its parameters: the touched domains, then the chosen names): every
+# member of a touched domain that has a budget, found through the domains' index, and the chosen nodes.
+_MEMBERS = (
+    f"id = ANY(ARRAY(SELECT node_id FROM {NodeDomain._meta.db_table} WHERE domain = ANY(ARRAY("
+    f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
+    f"UNION SELECT id FROM {Node._meta.db_table} WHERE name = ANY(CAST(%b AS text[]))))"
+)
 
 
 def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str, list[Any]]:
@@ -126,10 +128,7 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     # read and the write); the lists it needs again are read from p.
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT id, name, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE id = ANY(ARRAY("
-        f"SELECT node_id FROM {domain_table} WHERE domain = ANY(ARRAY("
-        f"SELECT domain FROM {Budget._meta.db_table} WHERE domain = ANY(CAST(%b AS text[])))) "
-        f"UNION SELECT id FROM {node_table} WHERE name = ANY(CAST(%b AS text[]))))), "
+        f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE {_MEMBERS}), "
         f"p AS (SELECT CAST(%b AS text[]) AS touched, CAST(%b AS text[]) AS names, "
         f"CAST(%s AS timestamptz) AS fresh), "
         f"bd AS MATERIALIZED (SELECT domain FROM {Budget._meta.db_table} "
