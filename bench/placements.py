@@ -174,8 +174,16 @@ def percentile(samples: list[float], share: float) -> float:
 
 def place_all(models: list) -> tuple[list[float], float, int, int]:
     """Round-robin over the models, one replica at a time, through replica_place; until none fits. As a
-    run of one-by-one placements does (placement.commit.batches._lanes_one_by_one), placement_changed goes
-    out once a round of turns, for the round's nodes, its time counted with the round's last placement."""
+    run of one-by-one placements does (placement.commit.batches._lanes_one_by_one, under lanes_place),
+    placement_changed goes out once a round of turns, for the round's nodes, its time counted with the
+    round's last placement, and the garbage collector is paused meanwhile."""
+    from placement.commit import collector_paused
+
+    with collector_paused():
+        return _place_all(models)
+
+
+def _place_all(models: list) -> tuple[list[float], float, int, int]:
     from placement import snapshot
     from placement.commit import replica_place
     from placement.index import PlacementIndex

@@ -17,6 +17,10 @@ same readings, alternating which goes first: on a shared machine only figures ta
 compare. Both are then loaded from their files the same way (a module imported as usual and one loaded
 from a file did not time alike), and the medians of the rounds are printed.
 
+The placements run with Python's cyclic garbage collector paused, as the product's placement runs do
+(``placement.commit.collector_paused`` around ``reconcile_all`` and ``lanes_place``); ``--collector``
+leaves it on, to see what it would cost.
+
 Run: ``.venv/bin/python bench/planner.py`` (``--nodes 1000`` to pick one size). Prints figures, asserts
 nothing.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import importlib.util
 import random
 import statistics
@@ -162,8 +167,23 @@ class Figures:
     plans: list  # every plan's shards (to check that two indexes planned alike)
 
 
-def run_once(count: int, plain_sample: int, index_class: type = PlacementIndex, readings: int = 1) -> Figures:
-    """Place until nothing fits; the readings of ``readings`` nodes move before each plan."""
+def run_once(
+    count: int, plain_sample: int, index_class: type = PlacementIndex, readings: int = 1, collector: bool = False
+) -> Figures:
+    """Place until nothing fits; the readings of ``readings`` nodes move before each plan. The collector is
+    paused meanwhile unless ``collector`` (placement.commit.collector_paused: this module stays free of
+    Django, so it pauses it by hand)."""
+    paused = not collector and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _run_once(count, plain_sample, index_class, readings)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _run_once(count: int, plain_sample: int, index_class: type, readings: int) -> Figures:
     nodes, facility = cluster(count)
     rng = random.Random(1)
     started = time.perf_counter()
@@ -219,7 +239,10 @@ def line(label: str, figures: Figures) -> str:
     )
 
 
-def run(count: int, plain_sample: int, *, compare: str | None = None, rounds: int = 1, readings: int = 1) -> None:
+def run(
+    count: int, plain_sample: int, *, compare: str | None = None, rounds: int = 1, readings: int = 1,
+    collector: bool = False,
+) -> None:
     """Print the figures at ``count`` nodes; with ``compare``, that index's beside this one's, alternating."""
     _, facility = cluster(count)
     racks = sum(1 for d in facility.budgets if d.level == "rack")
@@ -227,7 +250,8 @@ def run(count: int, plain_sample: int, *, compare: str | None = None, rounds: in
         f"{count:>6} nodes, {racks} racks, {len(facility.budgets) - racks} PDUs, "
         f"{sum(1 for c in facility.conditions.values() if c.condition == 'warm')} racks warm and "
         f"{sum(1 for c in facility.conditions.values() if c.condition == 'hot')} hot (enforced); "
-        f"{readings} node's reading moves between every two plans"
+        f"{readings} node's reading moves between every two plans; "
+        f"the garbage collector {'on' if collector else 'paused, as in a placement run'}"
     )
     if compare:
         ours = load_index(str(Path(__file__).resolve().parents[1] / "placement" / "index.py"), "placement._index_ours")
@@ -243,7 +267,7 @@ def run(count: int, plain_sample: int, *, compare: str | None = None, rounds: in
         done = {}
         for label, index_class in runs:
             sample = plain_sample if number == 0 and label == "index" else 0  # the plain path's sample once
-            done[label] = run_once(count, sample, index_class, readings=readings)
+            done[label] = run_once(count, sample, index_class, readings=readings, collector=collector)
             print(line(label, done[label]))
             rates[label].append(len(done[label].cpu) / sum(done[label].cpu))
         figures = done["index"]
@@ -270,9 +294,16 @@ def main() -> None:
     parser.add_argument("--readings", type=int, default=1, help="nodes whose reading moves between two plans")
     parser.add_argument("--index", help="another placement/index.py to time beside this one's, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each index")
+    parser.add_argument(
+        "--collector", action="store_true",
+        help="leave the garbage collector on while placing (a placement run pauses it)",
+    )
     args = parser.parse_args()
     for count in args.nodes or [1000, 10000]:
-        run(count, args.plain_sample, compare=args.index, rounds=args.rounds, readings=args.readings)
+        run(
+            count, args.plain_sample, compare=args.index, rounds=args.rounds, readings=args.readings,
+            collector=args.collector,
+        )
 
 
 if __name__ == "__main__":
