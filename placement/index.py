@@ -8,7 +8,8 @@ A reconcile run places many replicas in a row, so this index keeps what the plai
 - each budgeted domain's use, updated by the change of one node's term when its view changes;
 - for each shard shape planned (the cards a shard asks and how its draw is counted: :class:`_Shape`),
   the candidates in order, shared by every model of that shape: in slates (:class:`_Slate`) of nodes
-  alike for any model — one group's nodes of one GPU model holding the same weights — each in the
+  alike for any model of the shape — one group's nodes of one GPU model holding the same weights of the
+  shape's models (a node holding only other models' weights is alike for them all) — each in the
   order of what is left of the key once the model's spread, rank, efficiency and weights are fixed
   (headroom step, bin packing, name), each entry with the range of its rack's use within which its
   step holds;
@@ -281,8 +282,8 @@ def _entry_of(base: tuple, cell: _Cell | None) -> tuple:
 
 class _Slate:
     """Candidates alike for any model of a shape — one group's nodes of one GPU model (``gpu_model``)
-    holding the same ``weights`` — in order, each with the range of its rack's use within which its step
-    holds.
+    holding the same ``weights`` of the shape's models — in order, each with the range of its rack's use
+    within which its step holds.
 
     ``bases`` are the candidates' own parts — ``((pack, name), draw, added, out)``: bin packing and the
     name, the shard's draw and what it adds to the domains' use, and the node's ``unavailable_reason`` —
@@ -378,17 +379,21 @@ class _Slate:
 class _Shape:
     """What the rankings of one shard shape share: the cards a shard asks (``gpus``: who is a candidate,
     and bin packing) and how its draw is counted (``profile`` stands for them: draw_of). Its slates, by
-    ``(group, GPU model, weights)`` and by id; the slate each candidate is in; the slates of each rack
-    (its use steps them); and the log of slates whose first key came earlier (``improved``, from
-    position ``improved_start``), for the rankings to move them up in their heaps."""
+    ``(group, GPU model, weights of its models)`` and by id; the slate each candidate is in; the slates of
+    each rack (its use steps them); the log of slates whose first key came earlier (``improved``, from
+    position ``improved_start``), for the rankings to move them up in their heaps; and the models ranked
+    on it (``models``): the weights a slate tells apart. Weights of other models put a node first for
+    none of them, so its slate is theirs; a model ranked on the shape later moves the nodes holding its
+    weights to slates of their own, as a node whose weights changed moves."""
 
     __slots__ = (
         "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "of_group", "improved", "improved_start",
-        "changes",
+        "changes", "models",
     )
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, models: frozenset[str] = frozenset()) -> None:
         self.profile = profile
+        self.models = models
         self.gpus = profile.gpus
         self.draws: dict[float | None, float | None] = {}  # by the node's card limit
         self.slates: dict[tuple, _Slate] = {}
@@ -400,9 +405,14 @@ class _Shape:
         self.improved_start = 0
         self.changes = _Log()
 
+    def weights_of(self, node: NodeView) -> frozenset[str]:
+        """The node's weights that a slate of this shape tells apart: its models'."""
+        weights = node.weights
+        return weights & self.models if weights else weights
+
     def slate(self, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> _Slate:
-        """The slate of these alike nodes, made when first asked."""
-        kind = (group.domains, gpu_model, weights)
+        """The slate of these alike nodes (``weights``: of the shape's models), made when first asked."""
+        kind = (group, gpu_model, weights)  # one group to a tuple of domains: it stands for them
         slate = self.slates.get(kind)
         if slate is None:
             slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights, self.changes)
@@ -613,6 +623,7 @@ class PlacementIndex:
         self._nodes: dict[str, _Entry] = {}
         self._groups: dict[tuple[Domain, ...], _Group] = {}
         self._groups_in: dict[Domain, list[_Group]] = {}  # the groups in each rack and PDU
+        self._holding: dict[str, set[str]] = {}  # each model's weights: the nodes holding them
         self._rankings: dict[tuple, _Ranking] = {}
         self._shapes: dict[tuple, _Shape] = {}
         # Moves when every shape and ranking must be made afresh: new facility figures, a node come, gone
@@ -709,6 +720,7 @@ class PlacementIndex:
             group.set_cells(self._cells)
             group.set_conditions(self._facility)
         self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility))
+        self._hold(node.name, node.weights, True)
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
         if group.cells:
@@ -719,10 +731,23 @@ class PlacementIndex:
     def _drop(self, entry: _Entry) -> None:
         node, group = entry.node, entry.group
         del self._nodes[node.name]
+        self._hold(node.name, node.weights, False)
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
         for cell in group.cells:
             cell.count(node.name, None)
+
+    def _hold(self, name: str, weights: frozenset[str], holds: bool) -> None:
+        """Note that the node holds (or no longer holds) these models' weights."""
+        holding = self._holding
+        for model in weights:
+            if holds:
+                holding.setdefault(model, set()).add(name)
+            else:
+                names = holding[model]
+                names.discard(name)
+                if not names:
+                    del holding[model]
 
     def _replace(self, entry: _Entry, node: NodeView) -> None:
         """The node's new view in its place (same domains: same group, same hold): its term's change goes
@@ -732,6 +757,9 @@ class PlacementIndex:
         group = entry.group
         entry.node = node
         entry.adds = {}
+        if old.weights != node.weights:
+            self._hold(node.name, old.weights, False)
+            self._hold(node.name, node.weights, True)
         if len(old.free_gpus) != len(node.free_gpus):
             _remove(group.by_free, len(old.free_gpus), node.name)
             _insert(group.by_free, len(node.free_gpus), node.name)
@@ -794,14 +822,15 @@ class PlacementIndex:
                 del shape.of_node[name]
             return
         gpu_model = node.labels.get("gpu.model")
-        if was is not None and was.gpu_model == gpu_model and was.weights == node.weights:
+        weights = shape.weights_of(node)
+        if was is not None and was.gpu_model == gpu_model and was.weights == weights:
             slate = was
             if slate.bases[name] == base:
                 if refiltered:
                     slate.changed()  # in the same place, but a walk through it is walked again
                 return  # a reading that moves nothing of this shape's (measured below placed)
         else:
-            slate = shape.slate(entry.group, gpu_model, node.weights)
+            slate = shape.slate(entry.group, gpu_model, weights)
         if was is not None:
             was.take(name)
         first = slate.order[0][0] if slate.order else None
@@ -809,13 +838,15 @@ class PlacementIndex:
         shape.of_node[name] = slate
         shape.improve(slate, first)
 
-    def _shape(self, profile: Profile) -> _Shape:
-        """The profile's shape, made when first asked."""
+    def _shape(self, profile: Profile, model: str) -> _Shape:
+        """The profile's shape with ``model`` among its models, made when first asked."""
         kind = _shape_of(profile)
         shape = self._shapes.get(kind)
         if shape is not None:
+            if model not in shape.models:
+                self._join(shape, model)
             return shape
-        shape = self._shapes[kind] = _Shape(profile)
+        shape = self._shapes[kind] = _Shape(profile, frozenset((model,)))
         gpus = profile.gpus
         for group in self._groups.values():
             buckets = group.by_free if gpus > 0 else group.by_replicas
@@ -827,11 +858,22 @@ class PlacementIndex:
                     base = self._base(shape, entry)
                     if base is not None:
                         node = entry.node
-                        slate = shape.of_node[name] = shape.slate(group, node.labels.get("gpu.model"), node.weights)
+                        slate = shape.of_node[name] = shape.slate(
+                            group, node.labels.get("gpu.model"), shape.weights_of(node)
+                        )
                         slate.bases[name] = base
         for slate in shape.by_id:
             slate.fill()
         return shape
+
+    def _join(self, shape: _Shape, model: str) -> None:
+        """A model ranked on the shape for the first time: the candidates holding its weights move to slates
+        of their own (by name: the slates' ids come in one order whatever the run)."""
+        shape.models = shape.models | {model}
+        of_node, nodes = shape.of_node, self._nodes
+        for name in sorted(self._holding.get(model, ())):
+            if name in of_node:
+                self._reshape(shape, nodes[name], False)
 
     def _ranking(self, request: ReplicaRequest) -> _Ranking:
         """The request's kept ranking, caught up with what changed since its last plan, or made afresh."""
@@ -860,7 +902,7 @@ class PlacementIndex:
 
     def _rank_afresh(self, request: ReplicaRequest) -> _Ranking:
         counts = spread_counts(request.existing, _NodesOf(self._nodes))
-        shape = self._shape(request.profile)
+        shape = self._shape(request.profile, request.model)
         ranking = _Ranking(request, shape, counts, self._epoch)
         for group in self._groups.values():
             ranking.spread[group] = spread_of(group.spread, counts)

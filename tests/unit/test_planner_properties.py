@@ -242,7 +242,7 @@ def test_the_index_gives_the_plain_paths_plans(case):
 def changed_node(draw, node: NodeView, racks: list[str]) -> NodeView:
     """The node as a heartbeat, a freeing, a label move or another replica's cores and memory would
     leave it."""
-    what = draw(st.sampled_from(["measured", "freed", "moved", "ready", "cores", "swapped", "rewired"]))
+    what = draw(st.sampled_from(["measured", "freed", "moved", "ready", "cores", "swapped", "rewired", "weights"]))
     if what == "measured":
         return dataclasses.replace(
             node, measured_watts=draw(st.one_of(st.none(), st.floats(0, 9000, allow_nan=False)))
@@ -254,6 +254,8 @@ def changed_node(draw, node: NodeView, racks: list[str]) -> NodeView:
         free = draw(st.lists(st.integers(0, node.gpus_total - 1), unique=True, min_size=len(node.free_gpus),
                              max_size=len(node.free_gpus)))
         return dataclasses.replace(node, free_gpus=tuple(sorted(free)))
+    if what == "weights":  # the agent loaded or dropped a model's weights
+        return dataclasses.replace(node, weights=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=2))))
     if what == "rewired":  # the agent read its topology anew (or could not)
         return dataclasses.replace(node, gpu_topology=draw(topologies()))
     if what == "cores":
@@ -549,6 +551,9 @@ def place_drifting(data) -> None:
             measured = max(0.0, (node.measured_watts or 0.0) + drift)
             if data.draw(st.integers(0, 9)) == 0:
                 node = dataclasses.replace(node, free_gpus=tuple(range(8)), placed_watts=0.0)  # freed
+            if data.draw(st.integers(0, 9)) == 0:  # weights loaded or dropped
+                weights = data.draw(st.lists(st.sampled_from(MODELS), max_size=2))
+                node = dataclasses.replace(node, weights=frozenset(weights))
             nodes[at] = dataclasses.replace(node, measured_watts=measured)
             index.update_node(nodes[at])
         req = data.draw(st.sampled_from(reqs))
