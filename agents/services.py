@@ -99,14 +99,13 @@ def node_refresh_labels(
 def _domains_joining(
     name: str, *, agent: Mapping[str, str] | None = None, store: Mapping[str, str] | None = None,
     trusted: Collection[str] | None = None, changes: Mapping[str, str | None] | None = None,
-) -> None:
+) -> set[str]:
     """Before a node's row is locked to write its labels: the domains its labels would put it in that it
-    is not in yet (read without locks) go to the facility, which locks their budgets first.
+    is not in yet (read without locks) go to the facility, which locks their budgets first; returned.
 
     A placement's commit locks budgets, then nodes; a relabel holding the node while it waited for a
     budget would wait on a commit that waits on it. What changes between this read and the node's lock
-    (an agent's labels meanwhile) is still held by the budgets' trigger (facility migration 0005), out
-    of this order but rare. ``agent`` (the agent's labels: none read when they are the node's already),
+    (an agent's or the store's labels meanwhile) is found once the row is locked (_node_locked). ``agent`` (the agent's labels: none read when they are the node's already),
     ``store`` and ``trusted`` are read when not given; ``changes``, the store's changes about to be
     written (sent before they are: a relabel holding a store label's row while it waited for a budget
     would wait on a change that holds the budget and waits for that row). A node not known yet is in no
@@ -115,7 +114,7 @@ def _domains_joining(
     another's."""
     row = Node.objects.filter(name=name).values_list("pk", "agent_labels").first()
     if row is None or (agent is not None and agent == (row[1] or {})):
-        return
+        return set()
     if store is None:
         store = dict(StoreLabel.objects.filter(node_name=name).values_list("key", "value"))
     if changes:
@@ -123,11 +122,57 @@ def _domains_joining(
     if trusted is None:
         trusted = trusted_location_keys()
     labels = effective_labels(row[1] or {} if agent is None else agent, store, trusted)
-    joining = {str(d) for d in domains_of(labels)} - set(
-        NodeDomain.objects.filter(node_id=row[0]).values_list("domain", flat=True)
-    )
+    joining = _joining(row[0], labels)
     if joining:
         signals.domains_joining.send(sender=Node, domains=sorted(joining))
+    return joining
+
+
+def _joining(node_id: int, labels: Mapping[str, str]) -> set[str]:
+    """The domains these labels put the node in that it is not in yet."""
+    return {str(d) for d in domains_of(labels)} - set(
+        NodeDomain.objects.filter(node_id=node_id).values_list("domain", flat=True)
+    )
+
+
+# Savepoints rolled back before a relabel goes on with the labels its locked row gives (labels changing
+# under it that often are an agent at odds with the store: the domains' trigger locks what is left).
+_JOIN_TRIES = 3
+
+
+def _node_locked(
+    step: Callable[[], tuple[Node | None, bool]], locked: set[str], *, agent: Mapping[str, str] | None = None
+) -> Node | None:
+    """The node's row, locked by ``step`` in a savepoint, once the budgets of every domain its labels join
+    are locked before it.
+
+    ``step`` writes what the node's labels come from (the store's) and locks the row; it returns the node
+    (None: not known) and whether its labels may change (a node just made is in no domain: nothing waits
+    on its row). ``agent``: the agent's labels about to be written (the row's when None). ``locked``: the
+    domains whose budgets _domains_joining locked, from a read before the row's lock. Labels changed in
+    between (a heartbeat's under a store change, or the other way round) may join a domain more: the
+    savepoint is rolled back, which lets go of the row, those budgets are locked, and ``step`` runs again.
+    """
+    for attempt in range(_JOIN_TRIES):
+        last = attempt == _JOIN_TRIES - 1
+        saved = None if last else transaction.savepoint()
+        node, may_change = step()
+        joining: set[str] = set()
+        if node is not None and may_change and not last:
+            store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+            labels = effective_labels(
+                node.agent_labels or {} if agent is None else agent, store, trusted_location_keys()
+            )
+            joining = _joining(node.pk, labels) - locked
+        if saved is None:
+            return node
+        if not joining:
+            transaction.savepoint_commit(saved)
+            return node
+        transaction.savepoint_rollback(saved)
+        signals.domains_joining.send(sender=Node, domains=sorted(joining))
+        locked |= joining
+    return node
 
 
 def nodes_refresh_labels() -> list[str]:
@@ -149,8 +194,9 @@ def nodes_refresh_labels() -> list[str]:
         ) == (node.location_conflicts or []):
             continue
         with transaction.atomic():
-            _domains_joining(node.name, store=own, trusted=trusted)
-            locked = Node.objects.select_for_update().filter(pk=node.pk).first()
+            joining = _domains_joining(node.name, store=own, trusted=trusted)
+            rows = Node.objects.select_for_update().filter(pk=node.pk)
+            locked = _node_locked(lambda rows=rows: (rows.first(), True), joining)
             if locked is not None and node_refresh_labels(locked, trusted=trusted):
                 moved.append(locked.name)
                 _notify(locked.name)
@@ -188,17 +234,21 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
     node_name = clean_node_name(node_name)
     labels_check(changes=changes)
     # The budgets of the domains it joins first, before any row of the node's (a commit's order).
-    _domains_joining(node_name, changes=changes)
-    for key, value in changes.items():
-        if value is None:
-            StoreLabel.objects.filter(node_name=node_name, key=key).delete()
-        else:
-            StoreLabel.objects.update_or_create(
-                node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
-            )
-    # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
-    # placement's commit (which locks the node) sees the new location.
-    node = Node.objects.select_for_update().filter(name=node_name).first()
+    joining = _domains_joining(node_name, changes=changes)
+
+    def write() -> tuple[Node | None, bool]:
+        for key, value in changes.items():
+            if value is None:
+                StoreLabel.objects.filter(node_name=node_name, key=key).delete()
+            else:
+                StoreLabel.objects.update_or_create(
+                    node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
+                )
+        # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
+        # placement's commit (which locks the node) sees the new location.
+        return Node.objects.select_for_update().filter(name=node_name).first(), True
+
+    node = _node_locked(write, joining)
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
     node_refresh_labels(node)
@@ -340,8 +390,16 @@ def _heartbeat_record_full(
 ) -> Node:
     inventory = heartbeat.get("inventory") or {}
     sensors = heartbeat.get("sensors") or {}
-    _domains_joining(node_name, agent=dict(heartbeat.get("labels") or {}))
-    node, created = Node.objects.select_for_update().get_or_create(name=node_name)
+    agent = dict(heartbeat.get("labels") or {})
+    joining = _domains_joining(node_name, agent=agent)
+    created = False
+
+    def lock() -> tuple[Node, bool]:
+        nonlocal created
+        node, created = Node.objects.select_for_update().get_or_create(name=node_name)
+        return node, not created and agent != (node.agent_labels or {})
+
+    node = _node_locked(lock, joining, agent=agent)
     was_ready = node.is_ready(now)
     node.hostname = inventory.get("hostname", node.hostname) or ""
     node.fabric = inventory.get("fabric") or ""

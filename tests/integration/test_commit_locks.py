@@ -9,12 +9,14 @@ waits for the placement's commit, or committed before the lock was granted and i
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import psycopg
 import pytest
 from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
+from agents import services
 from agents.models import Node, NodeDomain
 from agents.services import heartbeat_record, labels_set
 from agents.simulator.cluster import heartbeat_for
@@ -222,3 +224,58 @@ def test_a_budget_made_for_a_domain_a_node_is_joining_waits_for_the_join(rack):
     with transaction.atomic(), connection.cursor() as cursor:
         _, _, _, use, _ = commit._locked_state(cursor, ["a"], ["pdu:r9-z"], snapshot.facility_view(), timezone.now())
     assert use["pdu:r9-z"] == 1000
+
+
+def test_a_heartbeat_whose_labels_join_more_once_its_node_is_locked_locks_that_budget_first(rack):
+    """The heartbeat reads, unlocked, which domains it joins: c's PDU is the store's (r2-a), so none.
+    Before it locks c, the store's PDU is removed: the agent's, r1-b, now counts. Once c is locked the
+    heartbeat finds the join, lets go of c (its savepoint rolled back) and waits for the PDU's budget a
+    commit holds; the commit then locks c (a member it sums) and goes on. Holding c while it waited, the
+    heartbeat and the commit would each wait on the other."""
+    budget_set(domain="pdu:r1-b", cap_watts=20000)
+    join_measuring("c", "r2", 1000)
+    labels_set(node_name="c", changes={"llmgw.io/pdu": "r2-a"})
+    joining = services._domains_joining
+    held: dict = {}
+
+    def meanwhile(*args, **kwargs):
+        found = joining(*args, **kwargs)
+        if threading.current_thread().name == "heartbeat" and "placing" not in held:
+            remover = threading.Thread(target=store_pdu_removed)
+            remover.start()
+            remover.join(10)
+            held["placing"] = placing = other_connection()
+            placing.execute("SELECT 1 FROM facility_budget WHERE domain = 'pdu:r1-b' FOR UPDATE")
+            held["ready"].set()
+        return found
+
+    def store_pdu_removed() -> None:
+        try:
+            labels_set(node_name="c", changes={"llmgw.io/pdu": None})
+        finally:
+            connections.close_all()
+
+    def beat() -> None:
+        try:
+            heartbeat_record(node_name="c", heartbeat=heartbeat_for(node_spec("c", rack="r2", pdu="r1-b")))
+        finally:
+            connections.close_all()
+
+    held["ready"] = threading.Event()
+    with mock.patch.object(services, "_domains_joining", meanwhile):
+        beating = threading.Thread(target=beat, name="heartbeat")
+        beating.start()
+        try:
+            assert held["ready"].wait(10)
+            beating.join(0.5)
+            assert beating.is_alive(), "the heartbeat must wait for the budget the commit holds"
+            placing = held["placing"]
+            placing.execute("SET lock_timeout = '300ms'")
+            placing.execute("SELECT 1 FROM agents_node WHERE name = 'c' FOR UPDATE")  # not held by the heartbeat
+            placing.commit()
+        finally:
+            if "placing" in held:
+                held["placing"].close()
+            beating.join(10)
+    assert not beating.is_alive()
+    assert "pdu:r1-b" in set(NodeDomain.objects.filter(node__name="c").values_list("domain", flat=True))
