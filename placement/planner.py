@@ -60,6 +60,10 @@ from placement.topology import gpus_text as gpus_text  # ctl, the views and capp
 SPREAD_LEVELS = frozenset({"rack", "pdu"})
 SUMMARY_GROUPS = 5
 EPSILON_GIB = 1e-9
+# The most replicas one node is given. An agent reports every replica it runs in each heartbeat, and a
+# heartbeat listing more than the protocol's bound (agents.node.protocol.MAX_REPLICAS, 1,024) is refused:
+# the node would stop being ready for good. Half of it: placers racing for the last places stay far below.
+MAX_NODE_REPLICAS = 512
 # Headroom is compared in steps of a tenth of the rack's limit, so bin packing still decides inside one.
 HEADROOM_STEPS = 10
 FULL_HEADROOM = HEADROOM_STEPS
@@ -428,6 +432,12 @@ def _memory(node: NodeView, profile: Profile, held: str | None, exclude: frozens
     return None
 
 
+def _replicas(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+    if node.replicas >= MAX_NODE_REPLICAS:
+        return f"replicas: {node.replicas} on the node, the most one node runs"
+    return None
+
+
 def _fabric(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
     if profile.nodes > 1:
         if not node.fabric:
@@ -451,6 +461,8 @@ BUILTIN_FILTERS = (
            builtin=True, rechecked=False),
     Filter("cpu", _cpus, "free cores", builtin=True, rechecked=False),
     Filter("memory", _memory, "free memory", builtin=True, rechecked=False),
+    Filter("replicas", _replicas, f"at most {MAX_NODE_REPLICAS} replicas on one node (its heartbeat reports each)",
+           builtin=True, rechecked=False),
     Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True),
 )
 _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
@@ -459,7 +471,10 @@ _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
 def filter_inputs(node: NodeView) -> tuple:
     """What of a node the built-in filters read, beside its readiness, cordon and holds: a rejection the
     index kept from an earlier plan holds while this stays the same."""
-    return (node.labels, node.fabric, node.free_gpus, node.gpu_topology, node.cpu_cores_free, node.memory_gib_free)
+    return (
+        node.labels, node.fabric, node.free_gpus, node.gpu_topology, node.cpu_cores_free, node.memory_gib_free,
+        node.replicas,
+    )
 
 
 def base_rejection(
