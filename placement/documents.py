@@ -15,6 +15,7 @@ from agents.node.protocol import (
     CPU_CORES_MAX,
     MAX_GPUS,
     NODE_MEMORY_GIB_MAX,
+    command_problem,
     control_character_problem,
     value_shown,
 )
@@ -196,6 +197,10 @@ def parse_model_document(data: Any) -> dict[str, Any]:
             ("profile", "topology"), f"must be one of {', '.join(TOPOLOGY_CHOICES)}, not {value_shown(topology)}"
         )
     values["topology"] = topology
+    problem = command_problem(values["command"])
+    if problem is not None:
+        # Every node's agent would fail the replica at each start: refused here, with the agent's words.
+        raise DocumentError(("profile", "command"), problem)
     return values
 
 

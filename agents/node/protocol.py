@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -52,6 +53,34 @@ _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
 _CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
 _SHOWN = 40  # characters of an offending value a refusal quotes
+
+
+# The fields a replica's command template is filled in with, by name alone.
+COMMAND_FIELDS = ("model", "port", "replica", "gpus")
+
+
+def command_problem(template: str) -> str | None:
+    """Why a replica's command template cannot be filled in, or None when it can.
+
+    Each field is one of COMMAND_FIELDS by name alone: no attribute, index, conversion or format spec
+    (``{model.x}`` and ``{model:>99999999}`` would fail, or fill a node's memory, on every start).
+    """
+    fields = ", ".join("{" + name + "}" for name in COMMAND_FIELDS)
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"{exc} (a brace itself is written {{{{ or }}}})"
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            return f"a positional field {{{name}}} is not allowed; the fields are {fields}"
+        if name not in COMMAND_FIELDS:
+            shown = name if len(name) <= _SHOWN else name[: _SHOWN - 1] + "…"
+            return f"unknown field {{{shown}}}; the fields are {fields}"
+        if spec or conversion:
+            return f"{{{name}}} takes no conversion or format spec; the fields are {fields}"
+    return None
 
 
 def _shown(value: Any) -> str:

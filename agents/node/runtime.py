@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from agents.node.config import RuntimeSettings
+from agents.node.protocol import MAX_MESSAGE_LENGTH, command_problem
 
 logger = logging.getLogger("llmgw.agent.runtime")
 
@@ -370,7 +371,9 @@ class Runtime:
                 "port": r.port,
                 "pid": r.process.pid if r.process is not None else None,
                 "restarts": r.restarts,
-                "message": r.message,
+                # The heartbeat refuses a longer one (and with it the node's every report): a failure's
+                # words quote the command, which may be longer.
+                "message": _cut(r.message),
             }
             for r in sorted(self._replicas.values(), key=lambda r: r.spec.id)
         ]
@@ -423,14 +426,17 @@ class Runtime:
             return
         replica.port = port
         gpus = ",".join(str(g) for g in spec.gpus)
-        try:
-            command = spec.command.format(model=spec.model, port=port, replica=spec.id, gpus=gpus)
-            args = shlex.split(command)
-        except (KeyError, IndexError, ValueError) as exc:
-            # A bad template will not get better by retrying: wait for a new assignment.
-            self._fail(
-                replica, now, f"command template {spec.command!r}: {_template_problem(exc)}", retry=False
-            )
+        # A bad template will not get better by retrying: wait for a new assignment. The control plane
+        # refuses one, but an assignment is checked here too (a server of another version, a row written
+        # before the check): one replica's template fails that replica, never the others on the node.
+        problem = command_problem(spec.command)
+        if problem is None:
+            try:
+                args = shlex.split(spec.command.format(model=spec.model, port=port, replica=spec.id, gpus=gpus))
+            except ValueError as exc:  # an unclosed quote
+                problem = str(exc)
+        if problem is not None:
+            self._fail(replica, now, f"command template {spec.command!r}: {problem}", retry=False)
             return
         if not args:
             self._fail(replica, now, "the command is empty", retry=False)
@@ -576,6 +582,11 @@ class Runtime:
         return None
 
 
+def _cut(message: str) -> str:
+    """A message within what a heartbeat takes."""
+    return message if len(message) <= MAX_MESSAGE_LENGTH else message[: MAX_MESSAGE_LENGTH - 1] + "…"
+
+
 def _throughput_metric(entry: Mapping[str, Any]) -> str:
     """The assignment's `throughput_metric` (its profile's), or the vLLM counter when absent or not a name."""
     metric = entry.get("throughput_metric")
@@ -590,9 +601,3 @@ def _throughput_metric(entry: Mapping[str, Any]) -> str:
     return DEFAULT_THROUGHPUT_METRIC
 
 
-def _template_problem(exc: Exception) -> str:
-    if isinstance(exc, KeyError):
-        return f"unknown field {{{exc.args[0]}}}; the fields are {{model}}, {{port}}, {{replica}}, {{gpus}}"
-    if isinstance(exc, IndexError):
-        return "a positional field {} is not allowed; the fields are {model}, {port}, {replica}, {gpus}"
-    return str(exc)

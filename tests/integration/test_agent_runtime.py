@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.node import protocol
 from agents.node.config import RuntimeSettings
 from agents.node.runtime import Runtime, exit_message
 
@@ -257,6 +258,36 @@ def test_a_bad_template_fails_and_waits_for_a_new_assignment(make_runtime):
     )
     runtime.sync([assignment()])  # the control plane fixed the profile
     poll_until(runtime, lambda s: s[0]["state"] == "ready")
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ("serve {model.x}", "unknown field {model.x}"),
+        ("serve {gpus[x]}", "unknown field {gpus[x]}"),
+        ("serve {model:>99999999999}", "{model} takes no conversion or format spec"),
+        ("serve {model!r}", "{model} takes no conversion or format spec"),
+        ("serve {} --port {port}", "a positional field {} is not allowed"),
+        ("serve 'unclosed {model}", "No closing quotation"),
+    ],
+)
+def test_one_replicas_bad_template_fails_it_and_the_others_on_the_node_go_on(make_runtime, template, problem):
+    """A template the control plane would refuse, in an assignment all the same: that replica fails with
+    the words, the other one on the node starts and is checked for health as ever."""
+    runtime = make_runtime()
+    runtime.sync([assignment(replica_id=1, command=template, gpus=[0]), assignment(replica_id=2, gpus=[1])])
+    states = poll_until(runtime, lambda s: s[1]["state"] == "ready")
+    assert states[0]["state"] == "failed"
+    assert states[0]["message"].startswith(f"command template {template!r}: {problem}")
+
+
+def test_a_failures_words_are_cut_to_what_a_heartbeat_takes(make_runtime):
+    runtime = make_runtime()
+    runtime.sync([assignment(command="vllm serve {modle} " + "x" * 1990)])
+    [state] = runtime.states()
+    assert state["state"] == "failed"
+    assert len(state["message"]) == protocol.MAX_MESSAGE_LENGTH
+    assert state["message"].endswith("…")
 
 
 # -- restart policy, with a fake clock and fake processes ------------------------------------

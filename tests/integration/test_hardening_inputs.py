@@ -51,6 +51,10 @@ BAD_MODELS = [
     (model_doc(health_path="/health\n"), "profile.health_path", "control"),
     (model_doc(command="x" * 2001), "profile.command", "2000"),
     (model_doc(node_selector="a\x00=b"), "profile.node_selector", ""),
+    (model_doc(command="serve {model.x}"), "profile.command", "unknown field {model.x}"),
+    (model_doc(command="serve {model:>99999999999}"), "profile.command", "no conversion or format spec"),
+    (model_doc(command="serve {nope}"), "profile.command", "the fields are {model}, {port}, {replica}, {gpus}"),
+    (model_doc(command="serve {"), "profile.command", "a brace itself is written {{ or }}"),
     (model_doc(name="sec-nl\n"), "name", ""),
     (model_doc(name="m" * 201), "name", "200"),
 ]
