@@ -411,6 +411,16 @@ class Runtime:
     # -- the steps --------------------------------------------------------------------------
 
     def _start(self, replica: _Replica) -> None:
+        try:
+            self._start_once(replica)
+        except Exception as exc:
+            # Whatever goes wrong starting one replica fails that replica (retried with backoff), never
+            # the sync or poll that would start or check the others on the node.
+            logger.exception("replica %s (%s): cannot start", replica.spec.id, replica.spec.model)
+            replica.process = None
+            self._fail(replica, self._clock(), f"cannot start: {type(exc).__name__}: {exc}", retry=True)
+
+    def _start_once(self, replica: _Replica) -> None:
         spec = replica.spec
         now = self._clock()
         replica.process = None

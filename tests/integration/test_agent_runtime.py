@@ -281,6 +281,22 @@ def test_one_replicas_bad_template_fails_it_and_the_others_on_the_node_go_on(mak
     assert states[0]["message"].startswith(f"command template {template!r}: {problem}")
 
 
+def test_a_replica_that_cannot_start_for_any_reason_fails_alone(make_runtime, monkeypatch):
+    runtime = make_runtime()
+    spawn = runtime._spawn
+
+    def spawn_or_break(args, env, workdir, log_path):
+        if env["LLMGW_REPLICA_ID"] == "1":
+            raise RuntimeError("the spawner broke")
+        return spawn(args, env, workdir, log_path)
+
+    monkeypatch.setattr(runtime, "_spawn", spawn_or_break)
+    runtime.sync([assignment(replica_id=1, gpus=[0]), assignment(replica_id=2, gpus=[1])])
+    states = poll_until(runtime, lambda s: s[1]["state"] == "ready")
+    assert states[0]["state"] == "failed"
+    assert states[0]["message"] == "cannot start: RuntimeError: the spawner broke"
+
+
 def test_a_failures_words_are_cut_to_what_a_heartbeat_takes(make_runtime):
     runtime = make_runtime()
     runtime.sync([assignment(command="vllm serve {modle} " + "x" * 1990)])
