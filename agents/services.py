@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
-from agents.node.protocol import MAX_LABELS, is_node_name, node_name_problem
+from agents.node.protocol import MAX_LABELS, control_character_problem, is_node_name, node_name_problem
 from facility.domains import (
     LOCATION_KEYS,
     DomainError,
@@ -263,8 +263,13 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
 
     Uncordoning stops a drain: replicas already moved stay where they are.
     """
+    if not isinstance(reason, str | None):
+        raise InvalidInput("reason: must be text", field="reason")
     if len(reason or "") > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
+    problem = control_character_problem(reason or "")
+    if problem is not None:
+        raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         raise NotFound(f"node {node_name!r} is not known", field="node")

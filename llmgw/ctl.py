@@ -16,6 +16,7 @@ import sys
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
 from llmgw.errors import LlmgwError
+from llmgw.output import printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
 
@@ -130,7 +131,8 @@ def main(argv: list[str], *, own_process: bool = False) -> int:
     if own_process:
         gc.disable()
     try:
-        return run(argv, own_process=own_process)
+        with printable_output():
+            return run(argv, own_process=own_process)
     finally:
         if own_process:
             gc.freeze()

@@ -3,9 +3,46 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TextIO
+
+# What a terminal would act on rather than show (ESC starts a sequence that clears the screen, hides
+# text, or makes a link): every C0 control but tab and newline, DEL, and the C1 controls.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each terminal control character shown as its escape (``\\x1b``), not acted on."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _Printable:
+    """A text stream that writes what it is given through :func:`printable`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def printable_output() -> Iterator[None]:
+    """While it lasts, what is printed to standard output and error shows control characters as escapes:
+    a hold's reason or a node's label, written by someone else, cannot drive the terminal of the
+    operator who lists it. JSON escapes them itself."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def print_json(data: Any, out: TextIO | None = None) -> None:

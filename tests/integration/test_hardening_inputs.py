@@ -231,6 +231,34 @@ def test_a_hold_with_a_trailing_newline_is_refused(api, capsys):
     assert not Hold.objects.exists()
 
 
+ESCAPES = "PDU \x1b[2J\x1b[31mOWNED\x1b[0m swap"
+
+
+def test_reasons_with_terminal_controls_are_refused_naming_the_reason(api, join_node):
+    """Holds', conditions' and cordons' reasons are printed in tables, refusals and terminals: one with an
+    escape sequence would drive the terminal of whoever lists it."""
+    join_node("gpu01", rack="r1-01")
+    hold = {"domain": "rack:r1-01", "reason": ESCAPES}
+    assert "control character" in refused(api.post("/api/v1/facility/holds", hold, format="json"), "reason")
+    condition = {"domain": "rack:r1-01", "condition": "ok", "reason": "\x1b]8;;http://x\x1b\\link"}
+    refused(api.post("/api/v1/facility/conditions", condition, format="json"), "reason")
+    cordon = {"cordoned": True, "reason": ESCAPES}
+    refused(api.post("/api/v1/nodes/gpu01/cordon", cordon, format="json"), "reason")
+    assert not Hold.objects.exists()
+    assert ctl(["facility", "hold", "rack:r1-01", "--reason", ESCAPES]) == 1
+    assert not Hold.objects.exists()
+
+
+def test_ctl_shows_a_stored_control_character_as_its_escape(capsys):
+    """Whatever wrote it (a row from before the check, the admin's database), a listing shows it, never
+    acts on it."""
+    Hold.objects.create(domain="rack:r1-01", reason=ESCAPES)
+    assert ctl(["facility"]) == 0
+    out = capsys.readouterr().out
+    assert "PDU \\x1b[2J\\x1b[31mOWNED\\x1b[0m swap" in out
+    assert "\x1b" not in out
+
+
 def test_a_ctl_label_with_a_newline_key_is_refused(capsys):
     assert ctl(["label", "gpu01", "zz\n=x"]) == 1
     assert "zz" in capsys.readouterr().err
