@@ -334,6 +334,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if s.get("gpus") is not None:
         gpus = []
+        seen = set()
         for i, g in enumerate(_list(s["gpus"], "sensors.gpus", MAX_GPUS)):
             f = f"sensors.gpus[{i}]"
             g = _mapping(g, f)
@@ -341,6 +342,9 @@ def _sensors(raw: Any) -> dict[str, Any]:
             if "index" not in g:
                 raise HeartbeatError(f"{f}.index", "is required")
             gpu: dict[str, Any] = {"index": _integer(g["index"], f"{f}.index", 0, MAX_GPUS - 1)}
+            if gpu["index"] in seen:  # its draw would be counted twice in the node's
+                raise HeartbeatError(f"{f}.index", f"two GPUs with index {gpu['index']}")
+            seen.add(gpu["index"])
             if g.get("uuid") is not None:
                 gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_UUID_LENGTH)
             _temperature(g, "temperature_celsius", f, gpu)

@@ -78,6 +78,8 @@ def test_an_unknown_token_is_refused(anon_api):
          "sensors.cpu_power_watts: must be a number (W), not '220'"),
         (lambda hb: hb["inventory"]["gpus"][1].__setitem__("index", 0),
          "inventory.gpus[1].index: two GPUs with index 0"),
+        (lambda hb: hb["sensors"]["gpus"][1].__setitem__("index", 0),
+         "sensors.gpus[1].index: two GPUs with index 0"),
         (lambda hb: hb["labels"].__setitem__("llmgw.io/rak", "r1"),
          "labels: unknown label key 'llmgw.io/rak': the llmgw.io/ keys are llmgw.io/site, llmgw.io/room, "
          "llmgw.io/row, llmgw.io/rack, llmgw.io/pdu, llmgw.io/leg"),
