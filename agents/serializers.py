@@ -128,7 +128,7 @@ class LabelChangesField(serializers.DictField):
         return super().to_internal_value(data)
 
 
-class LabelsSerializer(serializers.Serializer):
+class LabelsSerializer(StrictSerializer):
     labels = LabelChangesField(
         child=TextField(allow_null=True, allow_blank=False, max_length=MAX_LABEL_VALUE_LENGTH),
         allow_empty=False,

@@ -217,6 +217,12 @@ def test_five_thousand_labels_in_one_request_are_refused_at_once(api):
     assert not StoreLabel.objects.exists()
 
 
+def test_a_label_change_with_an_unknown_field_is_refused_naming_it(api):
+    response = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"foo": "bar"}, "zzz": 1}, format="json")
+    assert "zzz" in refused(response, "zzz")
+    assert not StoreLabel.objects.exists()
+
+
 def test_256_labels_in_one_request_are_taken(api):
     labels = {f"k{i}": "v" for i in range(256)}
     response = api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json")
