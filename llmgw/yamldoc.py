@@ -10,7 +10,9 @@ subtree), and an integer's digits before Python turns it into a number. Every re
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,16 @@ MAX_CHARS = 2_000_000
 # An integer of more digits is no figure a file holds (Python refuses past 4,300 with a ValueError).
 MAX_INT_DIGITS = 30
 _INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# Numbers as YAML 1.2 reads them (its core schema), not as 1.1 (PyYAML's): `1:30` is text, not 90
+# (sexagesimal), `010` is ten, not eight (octal is 0o10), and `1e12` is a number, not text. An
+# underscore between digits is still taken (`10_000`), as people write large counts.
+# (The resolver matches from the start only: each pattern ends at the text's end, \Z.)
+_INT_12 = re.compile(r"(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)\Z")
+_FLOAT_12 = re.compile(
+    r"(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
+)
 
 
 class DuplicateKey(Exception):
@@ -144,6 +156,39 @@ def read_text(path, *, max_chars: int = MAX_CHARS) -> str:
         raise InvalidInput(f"{path}: not UTF-8 text") from None
 
 
+@functools.cache
+def _loader() -> type:
+    """PyYAML's safe loader with YAML 1.2's numbers (_INT_12, _FLOAT_12)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(_INT_TAG, _INT_12, list("-+0123456789"))
+    Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_12, list("-+0123456789."))
+    Loader.add_constructor(_INT_TAG, lambda loader, node: _int_12(loader.construct_scalar(node)))
+    Loader.add_constructor(_FLOAT_TAG, lambda loader, node: _float_12(loader.construct_scalar(node)))
+    return Loader
+
+
+def _int_12(text: str) -> int:
+    digits = text.replace("_", "")
+    if digits.startswith(("0o", "0x")):
+        return int(digits, 8 if digits[1] == "o" else 16)
+    return int(digits, 10)
+
+
+def _float_12(text: str) -> float:
+    lowered = text.replace("_", "").lower()
+    if lowered.endswith((".inf", ".nan")):
+        return float(lowered.replace(".", ""))  # -.inf → -inf, .nan → nan
+    return float(lowered)
+
+
 def load_documents(text: str, filename: str, *, max_chars: int = MAX_CHARS) -> list[Document]:
     """Every document of a YAML stream, or InvalidInput naming the line where it does not parse or what
     bound it passes. Parsed once: each document's tree is walked (bounded) before its data is built."""
@@ -152,7 +197,7 @@ def load_documents(text: str, filename: str, *, max_chars: int = MAX_CHARS) -> l
     if len(text) > max_chars:
         raise InvalidInput(f"{filename}: {len(text):,} characters; a file llmgw reads is at most {max_chars:,}")
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        nodes = list(yaml.compose_all(text, Loader=_loader()))
     except yaml.YAMLError as exc:
         raise _not_yaml(filename, exc) from exc
     except RecursionError:
@@ -173,7 +218,7 @@ def load_documents(text: str, filename: str, *, max_chars: int = MAX_CHARS) -> l
             where = f" line {big.line}" if big.line else ""
             raise InvalidInput(f"{filename}{where}: {big.message}", field=dotted(big.path) or None) from None
         try:
-            data = yaml.SafeLoader("").construct_document(node)
+            data = _loader()("").construct_document(node)
         except yaml.YAMLError as exc:
             raise _not_yaml(filename, exc) from exc
         except (ValueError, OverflowError) as exc:  # a value the constructor cannot make (a date out of range)
