@@ -174,7 +174,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
             values["margin"] = clean_margin(block["margin"], "facility.margin")
         for key in ("gpu_watts", "cpu_core_watts", "node_watts"):
             if key in block:
-                values[key] = _watts(block[key], f"facility.{key}", allow_none=True)
+                values[key] = _setting_watts(block[key], key, f"facility.{key}")
     except InvalidInput as exc:
         raise doc.error(("facility", exc.field.split(".")[-1]), exc.message.split(": ", 1)[1]) from exc
     if "measured_window" in block:
@@ -392,8 +392,20 @@ def settings_check(*, margin: Any, gpu_watts: Any, cpu_core_watts: Any, node_wat
     """Facility settings checked (margin in [0, 1), watts in bounds or None), or InvalidInput naming the field."""
     values: dict[str, Any] = {"margin": clean_margin(margin)}
     for key, value in (("gpu_watts", gpu_watts), ("cpu_core_watts", cpu_core_watts), ("node_watts", node_watts)):
-        values[key] = _watts(value, key, allow_none=True)
+        values[key] = _setting_watts(value, key, key)
     return values
+
+
+def _setting_watts(value: Any, key: str, field: str) -> float | None:
+    """A settings figure in watts (None: not known), or InvalidInput naming ``field``."""
+    watts = _watts(value, field, allow_none=True)
+    if key == "gpu_watts" and watts == 0:
+        # Counted for every card that reports no power limit: 0 W would take those out of every cap.
+        raise InvalidInput(
+            f"{field}: a card draws power: give what one that reports no limit draws (above 0 W), or leave it out",
+            field=field,
+        )
+    return watts
 
 
 @transaction.atomic

@@ -356,7 +356,7 @@ def budget_change(*, domain: Any, cap_watts: Any, other_watts: Any = None, sourc
     feeds = feed_cap_warning(budget)
     if feeds:
         warnings.append(f"{feeds}; the feed's cap holds")
-    over = None if typo else _over_limit_warning(budget.domain)
+    over = _over_limit_warning(budget.domain)  # its other equipment alone may pass it
     if over:
         warnings.append(over)
     return Changed(budget, warnings)

@@ -68,6 +68,13 @@ def test_a_budget_on_a_mistyped_rack_is_warned_and_its_removal_says_no_limit_is_
     assert TYPO in [str(m) for m in page.context["messages"]]
     answer = api.post("/api/v1/facility/budgets", {"domain": "rack:r1-10", "cap_watts": 9000}, format="json").json()
     assert answer["warning"] == TYPO
+    # Its other equipment alone past its limit: said as well, no node in it or not.
+    body = {"domain": "rack:r1-10", "cap_watts": 1000, "other_watts": 5000}
+    answer = api.post("/api/v1/facility/budgets", body, format="json").json()
+    assert answer["warning"] == (
+        f"{TYPO}; rack r1-10 uses 5.0 kW now, above its 0.9 kW limit: nothing new is placed there until its use is below"
+    )
+    budget_change(domain="rack:r1-10", cap_watts=9000, other_watts=0)
 
     budget_change(domain="rack:r1-01", cap_watts=100_000)
     answer = api.delete("/api/v1/facility/budgets/rack:r1-01")

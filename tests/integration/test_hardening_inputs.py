@@ -160,6 +160,7 @@ def test_many_replicas_answer_with_a_batch_placed_and_the_rest_pending(api, join
 BAD_FACILITY = [
     ("facility:\n  node_watts: 1.0e+308\n", "facility.node_watts"),
     (f"facility:\n  gpu_watts: {10**400}\n", "facility.gpu_watts"),
+    ("facility:\n  gpu_watts: 0\n", "facility.gpu_watts"),  # every card reporting no limit out of every cap
     (f"facility:\n  margin: {10**400}\n", "facility.margin"),
     (f"facility:\n  budgets:\n    - domain: rack:r1\n      cap_watts: {10**400}\n", "facility.budgets[0].cap_watts"),
     ("facility:\n  budgets:\n    - domain: rack:r1\n      cap_watts: 100\n      other_watts: 1.0e+300\n",
@@ -176,6 +177,13 @@ def test_a_bad_server_yaml_is_refused_naming_the_field_and_nothing_applied(text,
     assert caught.value.field == field
     assert not Budget.objects.exists()
     assert FacilitySettings.load().node_watts != 1e308
+
+
+def test_a_card_counted_at_no_watts_is_refused_by_the_api_too(api):
+    before = FacilitySettings.load().gpu_watts
+    answer = api.post("/api/v1/facility/apply", {"text": "facility:\n  gpu_watts: 0\n"}, format="json")
+    assert "above 0 W" in refused(answer, "facility.gpu_watts")
+    assert FacilitySettings.load().gpu_watts == before
 
 
 # -- store labels and holds ------------------------------------------------------------------------------
