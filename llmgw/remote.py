@@ -111,10 +111,20 @@ def remote_from(server: str | None) -> Remote | None:
     url = server or os.environ.get("LLMGW_URL")
     if not url:
         return None
-    if not url.startswith(("http://", "https://")):
-        where = "--server" if server else "LLMGW_URL"
+    where = "--server" if server else "LLMGW_URL"
+    scheme, found, rest = url.partition("://")
+    if not found:
         raise InvalidInput(f"{where}: {url!r} has no scheme; write http://{url} (or https://)", field="server")
-    return Remote(url, token_load())
+    if scheme.lower() not in ("http", "https"):
+        raise InvalidInput(
+            f"{where}: {url!r}: the API is served over http:// or https://, not {scheme}://", field="server"
+        )
+    # The server's address, as people copy it from a browser: the scheme in any case, the API's own path
+    # (/api/v1) or none after it.
+    base = f"{scheme.lower()}://{rest}".rstrip("/")
+    if base.endswith("/api/v1"):
+        base = base[: -len("/api/v1")]
+    return Remote(base, token_load())
 
 
 def read(args, path: str, local: Callable[[], Any], **params: Any) -> Any:
