@@ -15,7 +15,7 @@ from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
 from agents.filtersets import MAX_TERMS, STATES, NodeFilterSet, filter_pattern
 from agents.models import Node
-from agents.node.protocol import HeartbeatError, validate_heartbeat
+from agents.node.protocol import HeartbeatError, validate_heartbeat, value_shown
 from agents.serializers import (
     CordonResultSerializer,
     CordonSerializer,
@@ -108,7 +108,7 @@ class NodeDetailView(ApiView):
     def get(self, request, name: str):
         node = Node.objects.filter(name=name).first()
         if node is None:
-            raise NotFound(f"node {name!r} is not known", field="name")
+            raise NotFound(f"node {value_shown(name)} is not known", field="name")
         return Response(node_detail(node))
 
 

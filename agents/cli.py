@@ -6,6 +6,7 @@ import argparse
 import io
 from urllib.parse import quote
 
+from agents.node.protocol import value_shown
 from facility.domains import DomainError, parse_domain, parse_label_args
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
@@ -138,7 +139,7 @@ def node_show(args) -> int:
 
         node = Node.objects.filter(name=args.node).first()
         if node is None:
-            raise NotFound(f"node {args.node!r} is not known", field="name")
+            raise NotFound(f"node {value_shown(args.node)} is not known", field="name")
         return node_detail(node)
 
     detail = read(args, f"nodes/{quote(args.node, safe='')}", local)

@@ -13,7 +13,13 @@ from django.utils import timezone
 
 from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
-from agents.node.protocol import MAX_LABELS, control_character_problem, is_node_name, node_name_problem
+from agents.node.protocol import (
+    MAX_LABELS,
+    control_character_problem,
+    is_node_name,
+    node_name_problem,
+    value_shown,
+)
 from facility.domains import (
     LOCATION_KEYS,
     DomainError,
@@ -272,7 +278,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
         raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
-        raise NotFound(f"node {node_name!r} is not known", field="node")
+        raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     node.cordoned = cordoned
     node.cordon_reason = reason if cordoned else ""
     node.draining = cordoned and (drain or node.draining)

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from agents import bookings
 from agents.models import Node
+from agents.node.protocol import value_shown
 from facility import feeds as pure
 from facility import power
 from facility.domains import LABEL_PREFIX, LEG_KEY, PDU_KEY, Domain, parse_domain
@@ -145,7 +146,7 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
     carries it. A failed feed is lost already: its violations are the present (``failed``: true)."""
     feeds = stored_feeds()
     if feed is not None and feed not in {f.name for f in feeds}:
-        raise NotFound(f"feed {feed!r} is not known", field="feed")
+        raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
     loads = node_loads()
     pdu_caps: dict[str, float] = {}
     pdu_other: dict[str, float] = {}

@@ -13,6 +13,7 @@ from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from agents.node.protocol import value_shown
 from llmgw.errors import NotFound
 from placement import index, snapshot
 from placement.drain import moving_reasons
@@ -24,10 +25,11 @@ HEADROOM_LIMIT = 1000
 PLACED_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED)
 
 
-def _model(name: str) -> Model:
+def _model(name: str, *, field: str = "name") -> Model:
+    """The named model, or NotFound naming ``field`` (the request's word for it)."""
     model = Model.objects.filter(name=name).first()
     if model is None:
-        raise NotFound(f"model {name!r} is not known", field="name")
+        raise NotFound(f"model {value_shown(name)} is not known", field=field)
     return model
 
 
@@ -141,7 +143,7 @@ def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
     """Every replica (of one model when named), by model and ordinal, with its shards."""
     replicas = Replica.objects.select_related("model").order_by("model__name", "ordinal")
     if model is not None:
-        replicas = replicas.filter(model=_model(model))
+        replicas = replicas.filter(model=_model(model, field="model"))
     replicas = list(replicas)
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])

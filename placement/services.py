@@ -19,6 +19,7 @@ from typing import Any
 from django.db import OperationalError, connection, transaction
 
 from agents.models import Node
+from agents.node.protocol import value_shown
 from llmgw.errors import NotFound, is_write_conflict
 from llmgw.sqlin import any_of, sql_in
 from llmgw.yamldoc import read_text
@@ -85,7 +86,7 @@ def model_delete(*, name: str) -> int:
     """
     model = Model.objects.select_for_update().filter(name=name).first()
     if model is None:
-        raise NotFound(f"model {name!r} is not known", field="name")
+        raise NotFound(f"model {value_shown(name)} is not known", field="name")
     freed = replicas_free(replica_ids=Replica.objects.filter(model=model).values_list("pk", flat=True))
     model.delete()
     _request_reconcile()
@@ -398,7 +399,7 @@ def cordon_change(*, node_name: Any, cordoned: bool, reason: Any = "", drain: bo
     node_name = agents_services.clean_node_name(node_name)
     was = Node.objects.filter(name=node_name).values_list("cordoned", "draining").first()
     if was is None:
-        raise NotFound(f"node {node_name!r} is not known", field="node")
+        raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     starts_drain = cordoned and drain and not was[1]
     warnings = cordon_preview(node_name=node_name, drain=True) if starts_drain else []
     node = agents_services.node_cordon(node_name=node_name, cordoned=cordoned, reason=reason or "", drain=drain)

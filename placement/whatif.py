@@ -15,6 +15,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from agents.node.protocol import value_shown
 from facility import feeds as pure_feeds
 from facility.domains import parse_domain
 from facility.feed_selectors import feed_loss_report, node_loads
@@ -145,14 +146,14 @@ def what_if(
         out["scenario"] = f"hold {domain}{' --drain' if drain else ''}"
     elif node is not None:
         if node not in {v.name for v in views}:
-            raise NotFound(f"node {node!r} is not known", field="node")
+            raise NotFound(f"node {value_shown(node)} is not known", field="node")
         leaving_nodes = {node}
         out["scenario"] = f"cordon {node}{' --drain' if drain else ''}"
     else:
         feeds = stored_feeds()
         lost = next((f for f in feeds if f.name == feed), None)
         if lost is None:
-            raise NotFound(f"feed {feed!r} is not known", field="feed")
+            raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
         dark = pure_feeds.feed_loss(lost, feeds, node_loads(now))
         leaving_nodes = {n for v in dark for n in v.dark_nodes}
         drain = True  # a node without power runs nothing: its replicas must go

@@ -231,6 +231,14 @@ def test_a_label_change_with_an_unknown_field_is_refused_naming_it(api):
     assert not StoreLabel.objects.exists()
 
 
+def test_an_unknown_name_is_refused_naming_the_parameter_and_quoted_short(api):
+    answer = api.get("/api/v1/replicas", {"model": "m" * 5000})
+    assert answer.status_code == 404
+    body = answer.json()
+    assert body["field"] == "model"
+    assert len(body["detail"]) < 100 and body["detail"].endswith("mm… is not known")
+
+
 def test_256_labels_in_one_request_are_taken(api):
     labels = {f"k{i}": "v" for i in range(256)}
     response = api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json")
