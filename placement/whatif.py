@@ -141,7 +141,8 @@ def what_if(
     out: dict[str, Any] = {}
     if hold is not None:
         domain = parse_domain(clean_domain(hold))
-        facility = dataclasses.replace(facility, holds={**facility.holds, domain: reason.strip() or "held"})
+        # No reason given: the refusals say "rack r1-01 is held", as a hold's would (not "is held: held").
+        facility = dataclasses.replace(facility, holds={**facility.holds, domain: reason.strip()})
         leaving_nodes = {v.name for v in views if domain in v.domains}
         out["scenario"] = f"hold {domain}{' --drain' if drain else ''}"
     elif node is not None:

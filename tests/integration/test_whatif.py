@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agents.models import NodeDomain
 from facility.models import Budget, Hold
 from facility.services import hold_create
 from llmgw.ctl import main as ctl
@@ -128,3 +129,13 @@ def test_console_preview_and_feeds_listing(admin_client):
     # The reason is asked for before the preview, as the hold asks for it.
     refused = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
     assert refused.status_code == 422 and "reason: say why the domain is held" in refused.content.decode()
+
+
+def test_a_dry_hold_with_no_reason_words_its_refusals_as_a_hold_without_one():
+    load_demo()
+    reconcile_all()
+    site = NodeDomain.objects.filter(level="site").values_list("domain", flat=True).first()
+    preview = what_if(hold=site, drain=True)
+    reasons = " ".join(str(b) for b in preview["blocked"])
+    assert f"{site.replace(':', ' ')} is held" in reasons
+    assert "held: held" not in reasons
