@@ -94,6 +94,9 @@ class HeartbeatFastLane:
         node_name = cached_node_for(_header(scope, b"authorization"))
         if node_name is None:
             return None
+        # A body not sent as JSON: Django's parsers refuse it (415), whatever it holds.
+        if _header(scope, b"content-type").partition(";")[0].strip().lower() != "application/json":
+            return None
         # Too deep, not JSON, or refused: Django answers, and says why. The depth is checked first,
         # without recursion, so the parser never recurses past MAX_JSON_DEPTH.
         if json_depth_exceeds(body, MAX_JSON_DEPTH):

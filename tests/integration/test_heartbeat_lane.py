@@ -17,13 +17,13 @@ from tests.conftest import node_spec
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def post(body: dict, token: str) -> tuple[int, dict]:
+def post(body: dict, token: str, content_type: bytes = b"application/json") -> tuple[int, dict]:
     from llmgw.asgi import application
 
     raw = json.dumps(body).encode()
     communicator = HttpCommunicator(
         application, "POST", "/api/v1/agents/heartbeat", body=raw,
-        headers=[(b"authorization", f"Token {token}".encode()), (b"content-type", b"application/json"),
+        headers=[(b"authorization", f"Token {token}".encode()), (b"content-type", content_type),
                  (b"content-length", str(len(raw)).encode()), (b"host", b"127.0.0.1")],
     )
     response = async_to_sync(communicator.get_response)(timeout=10)
@@ -76,6 +76,16 @@ def test_a_bad_heartbeat_is_refused_by_django_with_the_field_even_for_a_known_no
     status, body = post(bad, token)
     assert status == 400
     assert body["detail"] == "sensors.cpu_power_watts: must be between 0 and 20000 W, got -1"
+
+
+def test_a_heartbeat_not_sent_as_json_is_refused_as_django_refuses_it(monkeypatch):
+    answered_here = spy_on_lane(monkeypatch)
+    token = node_token_create(node_name="gpu01")
+    node = SimNode(node_spec("gpu01", rack="r1"))
+    assert post(node.heartbeat(1.0), token)[0] == 200
+    assert post(node.heartbeat(2.0), token, content_type=b"text/plain")[0] == 415
+    assert post(node.heartbeat(3.0), token, content_type=b"Application/JSON; charset=utf-8")[0] == 200
+    assert answered_here == [False, False, True]
 
 
 def test_another_nodes_name_with_a_known_token_is_refused():
