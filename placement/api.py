@@ -50,6 +50,7 @@ class ModelListView(ApiView):
         code = status.HTTP_201_CREATED if applied.action == "created" else status.HTTP_200_OK
         body = selectors.model_detail(applied.name)
         body["action"] = applied.action
+        body["warning"] = applied.warning
         return Response(body, status=code)
 
 
@@ -64,7 +65,9 @@ class ModelsApplyView(ApiView):
         data = ModelsApplySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         applied = services.models_apply(**data.validated_data)
-        return Response({"models": [{**selectors.model_detail(a.name), "action": a.action} for a in applied]})
+        return Response(
+            {"models": [{**selectors.model_detail(a.name), "action": a.action, "warning": a.warning} for a in applied]}
+        )
 
 
 class ModelDetailView(ApiView):

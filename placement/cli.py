@@ -91,12 +91,16 @@ def apply(args) -> int:
 
     def local() -> dict:
         applied = services.models_apply(text=text, filename=filename)
-        return {"models": [{"name": a.name, "action": a.action, "replica_list": selectors.replica_rows(model=a.name)}
-                           for a in applied]}
+        return {"models": [
+            {"name": a.name, "action": a.action, "warning": a.warning, "replica_list": selectors.replica_rows(model=a.name)}
+            for a in applied
+        ]}
 
     data = write(args, "POST", "apply", {"text": text, "filename": filename}, local)
     for m in data["models"]:
         print(f"model {m['name']} {m['action']}: {_state_counts(m['replica_list'])}")
+        if m.get("warning"):
+            print(f"warning: {m['name']}: {m['warning']}")
     return 0
 
 

@@ -151,6 +151,9 @@ class ModelDetailSerializer(ModelRowSerializer):
 
 class ModelAppliedSerializer(ModelDetailSerializer):
     action = serializers.ChoiceField(choices=["created", "updated", "unchanged"])
+    warning = serializers.CharField(
+        allow_null=True, help_text="a profile change its placed replicas do not take (they keep what they were placed with)"
+    )
 
 
 class RejectionSerializer(serializers.Serializer):

@@ -30,10 +30,18 @@ from placement.signals import placement_changed_on_commit, reconcile_request
 
 @dataclass
 class Applied:
-    """What applying one model document did: ``created``, ``updated`` or ``unchanged``."""
+    """What applying one model document did: ``created``, ``updated`` or ``unchanged``; ``warning``: what
+    the change leaves as it was (placed replicas keep the profile they were placed with)."""
 
     name: str
     action: str
+    warning: str | None = None
+
+
+# What a placed replica was placed and booked with, or is run with: changed, it keeps the old until it
+# is placed anew. (A keep_within set since moves a replica that spans its domains: placement.drain.)
+PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topology", "node_selector", "command",
+               "health_path")
 
 
 def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
@@ -51,9 +59,24 @@ def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
             for key in changed:
                 setattr(model, key, fields[key])
             model.save(update_fields=[*changed, "updated_at"])
-        results.append(Applied(name, "updated" if changed else "unchanged"))
+        results.append(Applied(name, "updated" if changed else "unchanged", _kept_warning(model, changed)))
     _request_reconcile()
     return results
+
+
+def _kept_warning(model: Model, changed: list[str]) -> str | None:
+    """``profile.power_watts changed: its 3 placed replicas keep …`` when placed replicas keep the old profile."""
+    kept = [f"profile.{key}" for key in PLACED_WITH if key in changed]
+    if not kept:
+        return None
+    placed = Replica.objects.filter(model=model, shards__isnull=False).distinct().count()
+    if not placed:
+        return None
+    return (
+        f"{', '.join(kept)} changed: its {placed} placed "
+        f"{'replicas keep what they were' if placed != 1 else 'replica keeps what it was'} placed with (GPUs, cores, memory, booked power, command); "
+        "replicas placed from now on take the new profile"
+    )
 
 
 @transaction.atomic

@@ -150,6 +150,29 @@ def test_one_bad_document_refuses_the_whole_file(capsys, tmp_path):
     assert err == f"error: {path} line 20: name: 'embed' is already in document 2 of this file\n"
 
 
+def test_a_profile_change_says_the_placed_replicas_keep_the_old_one(capsys, tmp_path, join_node, api):
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r2")
+    assert run(capsys, "apply", "-f", str(write(tmp_path, MODELS)))[0] == 0
+    changed = MODELS.replace("cpu_cores: 16\n", "cpu_cores: 5000\n", 1).replace("gpus: 8", "gpus: 4", 1)
+    code, out, _ = run(capsys, "apply", "-f", str(write(tmp_path, changed)))
+    kept = (
+        "profile.gpus, profile.cpu_cores changed: its 2 placed replicas keep what they were placed with "
+        "(GPUs, cores, memory, booked power, command); replicas placed from now on take the new profile"
+    )
+    assert code == 0
+    assert out.splitlines() == [
+        "model llama-70b updated: 2 placed", f"warning: llama-70b: {kept}", "model embed unchanged: 1 placed",
+    ]
+    doc = {"kind": "Model", "name": "embed", "replicas": 1, "profile": {"gpus": 0, "cpu_cores": 8, "power_watts": 400}}
+    answer = api.post("/api/v1/models", doc, format="json").json()
+    assert answer["warning"] == (
+        "profile.memory_gib, profile.power_watts changed: its 1 placed replica keeps what it was placed with "
+        "(GPUs, cores, memory, booked power, command); replicas placed from now on take the new profile"
+    )
+    assert api.post("/api/v1/models", doc, format="json").json()["warning"] is None  # nothing changed
+
+
 def test_scale_down_removes_the_newest_and_frees_its_gpus(capsys, tmp_path, join_node):
     for name in ("gpu01", "gpu02", "gpu03"):
         join_node(name, rack=f"r-{name}")
