@@ -250,6 +250,12 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
                 StoreLabel.objects.update_or_create(
                     node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
                 )
+        held = StoreLabel.objects.filter(node_name=node_name).count()
+        if held > MAX_LABELS:  # as many as its heartbeat may carry; each is a row, and in every view of it
+            raise InvalidInput(
+                f"labels: {node_name} would have {held:,} store labels; at most {MAX_LABELS} (remove some: key-)",
+                field="labels",
+            )
         # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
         # placement's commit (which locks the node) sees the new location.
         return Node.objects.select_for_update().filter(name=node_name).first(), True

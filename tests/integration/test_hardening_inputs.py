@@ -239,6 +239,15 @@ def test_an_unknown_name_is_refused_naming_the_parameter_and_quoted_short(api):
     assert len(body["detail"]) < 100 and body["detail"].endswith("mm… is not known")
 
 
+def test_a_node_holds_at_most_256_store_labels_whatever_the_requests(api):
+    for start in (0, 200):
+        labels = {f"k{i}": "v" for i in range(start, start + 56 if start else 200)}
+        assert api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json").status_code == 200
+    response = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"one-more": "v"}}, format="json")
+    assert "gpu01 would have 257 store labels; at most 256" in refused(response, "labels")
+    assert StoreLabel.objects.filter(node_name="gpu01").count() == 256
+
+
 def test_256_labels_in_one_request_are_taken(api):
     labels = {f"k{i}": "v" for i in range(256)}
     response = api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json")
