@@ -22,4 +22,14 @@ class BoundedJSONParser(JSONParser):
             text = raw.decode(encoding)
             return json.loads(text, parse_constant=json.strict_constant if self.strict else None)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise ParseError(f"JSON parse error - {exc}") from exc
+            raise ParseError(f"JSON parse error - {_words(exc)}") from exc
+
+
+def _words(exc: Exception) -> str:
+    """The parser's complaint in a sender's words (Python's about its own limits and terms are not)."""
+    text = str(exc)
+    if "integer string conversion" in text:
+        return "a number of more than 4,300 digits"
+    if "not JSON compliant" in text:
+        return "NaN and Infinity are not JSON numbers"
+    return text

@@ -248,6 +248,21 @@ def test_a_node_holds_at_most_256_store_labels_whatever_the_requests(api):
     assert StoreLabel.objects.filter(node_name="gpu01").count() == 256
 
 
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b'{"labels": {"a": "b"}, "n": ' + b"9" * 5000 + b"}", "a number of more than 4,300 digits"),
+        (b'{"labels": {"a": "b"}, "n": NaN}', "NaN and Infinity are not JSON numbers"),
+        (b'{"labels": {"a": "b"}, "n": -Infinity}', "NaN and Infinity are not JSON numbers"),
+    ],
+)
+def test_a_body_json_cannot_hold_is_refused_in_the_senders_words(api, raw, words):
+    response = api.post("/api/v1/nodes/gpu01/labels", raw, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["detail"] == f"JSON parse error - {words}"
+    assert not StoreLabel.objects.exists()
+
+
 def test_256_labels_in_one_request_are_taken(api):
     labels = {f"k{i}": "v" for i in range(256)}
     response = api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json")
