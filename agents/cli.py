@@ -12,6 +12,9 @@ from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
 from llmgw.remote import lazy, listing, read, write
 
+# A node's states, as the API's filter takes them (agents.filtersets.STATES: not imported by ctl's parser).
+NODE_STATES = ("ready", "not-ready", "cordoned", "held")
+
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 services = lazy("agents.services")
 facility_nodes = lazy("facility.nodes")
@@ -27,6 +30,7 @@ def register(commands) -> None:
         description="List nodes with STATE (ready, not-ready, cordoned, held), GPUS (free/total) and LOCATION.",
     )
     p.add_argument("--domain", help="only nodes in this domain, e.g. rack:r12-07 or pdu:r12-07-a")
+    p.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
     output_option(p)
     p.set_defaults(handler=nodes)
 
@@ -81,7 +85,12 @@ def nodes(args) -> int:
             domain = str(parse_domain(args.domain))
         except DomainError as exc:
             raise InvalidInput(f"--domain: {exc}", field="domain") from exc
-    rows = read(args, "nodes", lambda: [r.as_dict() for r in facility_nodes.node_rows(domain=domain)], domain=domain)
+    rows = read(
+        args, "nodes", lambda: [r.as_dict() for r in facility_nodes.node_rows(domain=domain)],
+        domain=domain, state=args.state,
+    )
+    if args.state:  # the API's answer is filtered already; the rows read here are not
+        rows = [r for r in rows if r["state"] == args.state]
     if args.output == "json":
         print_json(rows)
         return 0

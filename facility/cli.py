@@ -10,7 +10,7 @@ import argparse
 import sys
 from urllib.parse import quote
 
-from llmgw.errors import Conflict
+from llmgw.errors import Conflict, InvalidInput
 from llmgw.output import kw, print_json, print_table
 from llmgw.remote import lazy, listing, read, write
 
@@ -101,6 +101,7 @@ def register(commands) -> None:
 
     e = sub.add_parser("events", help="the timeline of condition changes, newest first (kept 30 days)")
     e.add_argument("--domain", default=None, help="only this domain (rack:r12-07)")
+    e.add_argument("--limit", type=int, default=200, help="at most this many, the newest (default 200)")
     output_option(e)
     e.set_defaults(handler=events)
 
@@ -197,7 +198,6 @@ def condition_set(args) -> int:
     from datetime import datetime
 
     from facility.sources import parse_duration  # pure: no Django
-    from llmgw.errors import InvalidInput
 
     seconds = None
     if args.duration is not None:
@@ -235,12 +235,17 @@ def condition_clear(args) -> int:
 
 @listing
 def events(args) -> int:
+    if args.limit < 1:
+        raise InvalidInput("--limit: a whole number from 1 up", field="limit")
+
     def local() -> list[dict]:
-        from facility.selectors import condition_events
+        from facility.selectors import MAX_EVENTS, condition_events
 
-        return condition_events(domain=services.clean_domain(args.domain) if args.domain else None)
+        if args.limit > MAX_EVENTS:  # the API's bound, which says so in remote mode
+            raise InvalidInput(f"--limit: a whole number from 1 to {MAX_EVENTS}", field="limit")
+        return condition_events(domain=services.clean_domain(args.domain) if args.domain else None, limit=args.limit)
 
-    rows = read(args, "facility/events", local, domain=args.domain or None)
+    rows = read(args, "facility/events", local, domain=args.domain or None, limit=args.limit)
     if args.output == "json":
         print_json(rows)
         return 0
@@ -341,7 +346,6 @@ def named_files(*, text: str, filename: str) -> dict[str, str]:
     the database is: the simulated source's scenario, relative to the server.yaml's folder."""
     from pathlib import Path
 
-    from llmgw.errors import InvalidInput
     from llmgw.yamldoc import load_documents, read_text
 
     docs = load_documents(text, filename)
@@ -582,7 +586,6 @@ def what_if_lines(data: dict) -> list[str]:
 
 
 def import_netbox(args) -> int:
-    from llmgw.errors import InvalidInput
 
     if args.csv:
         if args.role or args.site:
@@ -653,7 +656,6 @@ NETBOX_IMPORT_TIMEOUT_SECONDS = 600
 def _read_utf8(path: str, field: str) -> str:
     from pathlib import Path
 
-    from llmgw.errors import InvalidInput
 
     try:
         return Path(path).read_text(encoding="utf-8")

@@ -117,6 +117,22 @@ def django_setup(*, read_only: bool) -> None:
     django.setup()
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, but an option the command does not take is refused by the command's own
+    parser, with its usage (`llmgw ctl nodes: error: unrecognized arguments: --bogus`), not the top's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser
+        for word in argv:
+            below = next(
+                (a.choices.get(word) for a in command._actions if isinstance(a, argparse._SubParsersAction)), None
+            )
+            if below is not None:
+                command = below
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str], *, own_process: bool = False) -> int:
     """Run one ctl command. `own_process`: it is all this process does, and it exits after (`llmgw ctl`).
 
@@ -140,7 +156,7 @@ def main(argv: list[str], *, own_process: bool = False) -> int:
 
 def run(argv: list[str], *, own_process: bool) -> int:
     parser = build_parser()
-    args = parser.parse_args(server_first(list(argv)))
+    args = parse(parser, server_first(list(argv)))
     try:
         args.remote = remote_mode.remote_from(args.server)
         if args.remote is None:

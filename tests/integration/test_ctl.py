@@ -32,6 +32,25 @@ def test_nodes_table_and_json(capsys, join_node):
     assert [n["name"] for n in json.loads(out)] == ["gpu01"]
 
 
+def test_nodes_by_state(capsys, join_node):
+    join_node("gpu01", rack="r1")
+    join_node("gpu02", rack="r1")
+    assert run(capsys, "cordon", "gpu02")[0] == 0
+    code, out, _ = run(capsys, "nodes", "--state", "cordoned", "-o", "json")
+    assert (code, [n["name"] for n in json.loads(out)]) == (0, ["gpu02"])
+
+
+def test_an_option_a_command_does_not_take_is_refused_by_that_command(capsys):
+    with pytest.raises(SystemExit) as code:
+        ctl(["facility", "events", "--since", "5"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2
+    assert err.splitlines()[0].startswith("usage: llmgw ctl facility events ")
+    assert err.splitlines()[-1] == "llmgw ctl facility events: error: unrecognized arguments: --since 5"
+    assert run(capsys, "facility", "events", "--limit", "0")[2] == "error: --limit: a whole number from 1 up\n"
+    assert run(capsys, "facility", "events", "--limit", "1", "-o", "json")[0] == 0
+
+
 def test_label_then_remove_back_to_the_agents_value(capsys, join_node):
     join_node("gpu01", rack="r1")
     code, out, _ = run(capsys, "label", "gpu01", "llmgw.io/rack=r12-07", "llmgw.io/pdu=r12-07-a,r12-07-b")
@@ -132,3 +151,10 @@ def test_node_token_and_cordon(capsys, join_node):
     assert out.splitlines()[1].split()[1] == "cordoned"
     code, _, err = run(capsys, "cordon", "gpu99")
     assert (code, err) == (1, "error: node 'gpu99' is not known\n")
+
+
+def test_the_states_ctl_offers_are_the_apis():
+    from agents.cli import NODE_STATES
+    from agents.filtersets import STATES
+
+    assert NODE_STATES == STATES
