@@ -8,7 +8,7 @@ from rest_framework import serializers
 from agents.filtersets import STATES
 from agents.node.protocol import MAX_LABEL_VALUE_LENGTH, MAX_LABELS
 from facility.serializers import StrictBooleanField, StrictSerializer
-from llmgw.api import TextField
+from llmgw.api import TextField, WordsField
 
 
 class HoldRefSerializer(serializers.Serializer):
@@ -148,7 +148,7 @@ class LabelsResultSerializer(serializers.Serializer):
 class CordonSerializer(StrictSerializer):
     cordoned = StrictBooleanField(help_text="true: nothing new is placed on the node; false: place on it again")
     drain = StrictBooleanField(default=False, help_text="also move its replicas out, the replacement up first")
-    reason = TextField(default="", allow_blank=True, max_length=500, help_text="why, shown with the node")
+    reason = WordsField(default="", allow_blank=True, max_length=500, help_text="why, shown with the node")
 
 
 class CordonResultSerializer(serializers.Serializer):

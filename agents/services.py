@@ -15,10 +15,10 @@ from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
 from agents.node.protocol import (
     MAX_LABELS,
-    control_character_problem,
     is_node_name,
     node_name_problem,
     value_shown,
+    words_problem,
 )
 from facility.domains import (
     LOCATION_KEYS,
@@ -279,7 +279,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
         raise InvalidInput("reason: must be text", field="reason")
     if len(reason or "") > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = control_character_problem(reason or "")
+    problem = words_problem(reason or "")
     if problem is not None:
         raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()

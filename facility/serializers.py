@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from facility.domains import LEVELS, MAX_VALUE_LENGTH
 from facility.services import WATTS_MAX
-from llmgw.api import TextField
+from llmgw.api import TextField, WordsField
 
 
 class StrictSerializer(serializers.Serializer):
@@ -149,7 +149,7 @@ ConditionEventSerializer = type(
 class ConditionOverrideSerializer(StrictSerializer):
     domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
     condition = serializers.ChoiceField(choices=CONDITIONS)
-    reason = TextField(max_length=500)
+    reason = WordsField(max_length=500)
     for_seconds = serializers.FloatField(
         required=False, allow_null=True, default=None, min_value=1, max_value=366 * 86_400,
         help_text="how long (seconds); not given: until cleared",
@@ -203,7 +203,7 @@ class FacilitySerializer(serializers.Serializer):
 
 class HoldSerializer(StrictSerializer):
     domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
-    reason = TextField(max_length=500)
+    reason = WordsField(max_length=500)
     drain = StrictBooleanField(required=False, allow_null=True, default=None,
                                      help_text="not given: as it was (false for a new hold)")
 
@@ -246,8 +246,17 @@ class BudgetBodySerializer(serializers.Serializer):
     )
 
 
+class GivenFloatField(serializers.FloatField):
+    """A float query parameter: given empty (`?hours=`), it is refused as no number, not taken as absent."""
+
+    def get_value(self, dictionary):
+        if self.field_name in dictionary and dictionary.get(self.field_name) == "":
+            return ""
+        return super().get_value(dictionary)
+
+
 class HistoryQuerySerializer(StrictSerializer):
-    hours = serializers.FloatField(
+    hours = GivenFloatField(
         required=False, default=48, min_value=0.1, max_value=720,
         help_text="how far back: up to 48 h in 1-minute points, up to 720 h (30 days) in 15-minute points",
     )

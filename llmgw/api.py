@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -46,6 +46,16 @@ class TextField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+# Words people read in tables, refusals and terminals (a hold's reason): no control character (C0, DEL,
+# C1: an escape sequence would drive the terminal of whoever lists them); a lone surrogate is refused too.
+WORDS_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+@extend_schema_field({"type": "string", "pattern": WORDS_PATTERN})
+class WordsField(TextField):
+    """Text people read: the schema states that it holds no control character; the service refuses one."""
 
 
 ERROR_TEXT = {

@@ -16,7 +16,7 @@ import sys
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
 from llmgw.errors import LlmgwError
-from llmgw.output import printable_output
+from llmgw.output import printable, printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
 
@@ -147,8 +147,7 @@ def main(argv: list[str], *, own_process: bool = False) -> int:
     if own_process:
         gc.disable()
     try:
-        with printable_output():
-            return run(argv, own_process=own_process)
+        return run(argv, own_process=own_process)
     finally:
         if own_process:
             gc.freeze()
@@ -166,12 +165,14 @@ def run(argv: list[str], *, own_process: bool) -> int:
         if own_process:
             gc.freeze()
             gc.enable()
-        return args.handler(args) or 0
+        # Inside the command only: what started before (Django's logging) keeps the streams as they are.
+        with printable_output():
+            return args.handler(args) or 0
     except whereabouts.ServerNotFound as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         return 2
     except LlmgwError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(printable(f"error: {exc.message}"), file=sys.stderr)
         return 1
     except BrokenPipeError:  # `llmgw ctl nodes | head`: the reader has what it wanted
         sys.stderr.close()

@@ -28,6 +28,10 @@ class _Printable:
     def write(self, text: str) -> int:
         return self._stream.write(printable(text))
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 

@@ -107,6 +107,19 @@ def control_character_problem(value: str) -> str | None:
     what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
     return f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
 
+_CONTROL_C1_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def words_problem(value: str) -> str | None:
+    """control_character_problem for words people read in tables and terminals (a hold's reason): the C1
+    controls too (U+009B starts an escape sequence as ESC [ does)."""
+    bad = _CONTROL_C1_OR_SURROGATE.search(value)
+    if bad is None:
+        return None
+    what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+    return f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
+
+
 # A node's name, wherever one is given: agent.yaml, the heartbeat, `ctl node token`, the cluster file.
 # A DNS-like name: it starts and ends with a letter or digit, so `gpu01-` is refused everywhere.
 NODE_NAME_MAX_LENGTH = 253

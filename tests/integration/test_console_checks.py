@@ -105,6 +105,8 @@ def test_history_recorded_rolled_up_pruned_and_served(racks, api):
     assert body["points"][0]["use_watts"] == pytest.approx(350)
     assert api.get("/api/v1/facility/domains/rack:r1-01/history?hours=100").json()["resolution_minutes"] == 15
     assert api.get("/api/v1/facility/domains/rack:r1-01/history?hours=nan").status_code == 400
+    empty = api.get("/api/v1/facility/domains/rack:r1-01/history?hours=")  # given, and no number
+    assert (empty.status_code, empty.json()["field"]) == (400, "hours")
     assert api.get("/api/v1/facility/domains/nope/history").status_code == 400
     # Two days later the minute points are gone, the quarter stays; 31 days later it is gone too.
     history_record(now=start + timedelta(hours=49))

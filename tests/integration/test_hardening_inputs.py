@@ -290,6 +290,8 @@ def test_reasons_with_terminal_controls_are_refused_naming_the_reason(api, join_
     refused(api.post("/api/v1/facility/conditions", condition, format="json"), "reason")
     cordon = {"cordoned": True, "reason": ESCAPES}
     refused(api.post("/api/v1/nodes/gpu01/cordon", cordon, format="json"), "reason")
+    c1 = {"domain": "rack:r1-01", "reason": "swap \x9b2J"}  # CSI in one character
+    refused(api.post("/api/v1/facility/holds", c1, format="json"), "reason")
     assert not Hold.objects.exists()
     assert ctl(["facility", "hold", "rack:r1-01", "--reason", ESCAPES]) == 1
     assert not Hold.objects.exists()
