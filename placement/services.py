@@ -38,10 +38,10 @@ class Applied:
     warning: str | None = None
 
 
-# What a placed replica was placed and booked with, or is run with: changed, it keeps the old until it
-# is placed anew. (A keep_within set since moves a replica that spans its domains: placement.drain.)
-PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topology", "node_selector", "command",
-               "health_path")
+# What a placed replica was placed and booked with: changed, it keeps the old until it is placed anew. (A
+# keep_within set since moves a replica that spans its domains: placement.drain.) Its command is not kept:
+# the agents run what the model says now, so a new one restarts every placed replica.
+PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topology", "node_selector")
 
 
 def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
@@ -65,18 +65,27 @@ def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
 
 
 def _kept_warning(model: Model, changed: list[str]) -> str | None:
-    """``profile.power_watts changed: its 3 placed replicas keep …`` when placed replicas keep the old profile."""
+    """What a change does not do, or does at once, to the model's placed replicas: ``profile.power_watts
+    changed: its 3 placed replicas keep …``; ``profile.command changed: its 3 placed replicas restart …``."""
     kept = [f"profile.{key}" for key in PLACED_WITH if key in changed]
-    if not kept:
+    if not kept and "command" not in changed:
         return None
     placed = Replica.objects.filter(model=model, shards__isnull=False).distinct().count()
     if not placed:
         return None
-    return (
-        f"{', '.join(kept)} changed: its {placed} placed "
-        f"{'replicas keep what they were' if placed != 1 else 'replica keeps what it was'} placed with (GPUs, cores, memory, booked power, command); "
-        "replicas placed from now on take the new profile"
-    )
+    them = f"its {placed} placed replica{'s' if placed != 1 else ''}"
+    warnings = []
+    if kept:
+        warnings.append(
+            f"{', '.join(kept)} changed: {them} {'keep what they were' if placed != 1 else 'keeps what it was'} "
+            "placed with (GPUs, cores, memory, booked power); replicas placed from now on take the new profile"
+        )
+    if "command" in changed:
+        warnings.append(
+            f"profile.command changed: {them} {'restart' if placed != 1 else 'restarts'} with it at "
+            f"{'their nodes' if placed != 1 else 'its node'}' next heartbeat, all at once"
+        )
+    return "; ".join(warnings)
 
 
 @transaction.atomic

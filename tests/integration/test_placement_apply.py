@@ -154,11 +154,14 @@ def test_a_profile_change_says_the_placed_replicas_keep_the_old_one(capsys, tmp_
     join_node("gpu01", rack="r1")
     join_node("gpu02", rack="r2")
     assert run(capsys, "apply", "-f", str(write(tmp_path, MODELS)))[0] == 0
-    changed = MODELS.replace("cpu_cores: 16\n", "cpu_cores: 5000\n", 1).replace("gpus: 8", "gpus: 4", 1)
+    changed = MODELS.replace("cpu_cores: 16\n", "cpu_cores: 5000\n", 1).replace("gpus: 8", "gpus: 4", 1).replace(
+        "vllm serve {model}", "vllm serve {model} --quantization fp8", 1
+    )
     code, out, _ = run(capsys, "apply", "-f", str(write(tmp_path, changed)))
     kept = (
         "profile.gpus, profile.cpu_cores changed: its 2 placed replicas keep what they were placed with "
-        "(GPUs, cores, memory, booked power, command); replicas placed from now on take the new profile"
+        "(GPUs, cores, memory, booked power); replicas placed from now on take the new profile; "
+        "profile.command changed: its 2 placed replicas restart with it at their nodes' next heartbeat, all at once"
     )
     assert code == 0
     assert out.splitlines() == [
@@ -168,7 +171,7 @@ def test_a_profile_change_says_the_placed_replicas_keep_the_old_one(capsys, tmp_
     answer = api.post("/api/v1/models", doc, format="json").json()
     assert answer["warning"] == (
         "profile.memory_gib, profile.power_watts changed: its 1 placed replica keeps what it was placed with "
-        "(GPUs, cores, memory, booked power, command); replicas placed from now on take the new profile"
+        "(GPUs, cores, memory, booked power); replicas placed from now on take the new profile"
     )
     assert api.post("/api/v1/models", doc, format="json").json()["warning"] is None  # nothing changed
 
