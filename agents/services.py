@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents import signals
@@ -105,9 +105,10 @@ def node_refresh_labels(
 def _domains_joining(
     name: str, *, agent: Mapping[str, str] | None = None, store: Mapping[str, str] | None = None,
     trusted: Collection[str] | None = None, changes: Mapping[str, str | None] | None = None,
-) -> set[str]:
+) -> set[str] | None:
     """Before a node's row is locked to write its labels: the domains its labels would put it in that it
-    is not in yet (read without locks) go to the facility, which locks their budgets first; returned.
+    is not in yet (read without locks) go to the facility, which locks their budgets first; returned
+    (None: no relabel seen, a node not known yet or an agent's labels as the row has them).
 
     A placement's commit locks budgets, then nodes; a relabel holding the node while it waited for a
     budget would wait on a commit that waits on it. What changes between this read and the node's lock
@@ -120,7 +121,7 @@ def _domains_joining(
     another's."""
     row = Node.objects.filter(name=name).values_list("pk", "agent_labels").first()
     if row is None or (agent is not None and agent == (row[1] or {})):
-        return set()
+        return None
     if store is None:
         store = dict(StoreLabel.objects.filter(node_name=name).values_list("key", "value"))
     if changes:
@@ -141,43 +142,52 @@ def _joining(node_id: int, labels: Mapping[str, str]) -> set[str]:
     )
 
 
-# Savepoints rolled back before a relabel goes on with the labels its locked row gives (labels changing
+# A relabel's tries in a savepoint; the last goes on with the labels its locked row gives (labels changing
 # under it that often are an agent at odds with the store: the domains' trigger locks what is left).
 _JOIN_TRIES = 3
 
 
+class _JoinsMore(Exception):
+    """The locked row's labels join domains whose budgets were not locked before it (_node_locked)."""
+
+    def __init__(self, domains: set[str]):
+        super().__init__(sorted(domains))
+        self.domains = domains
+
+
 def _node_locked(
-    step: Callable[[], tuple[Node | None, bool]], locked: set[str], *, agent: Mapping[str, str] | None = None
+    step: Callable[[], tuple[Node | None, bool]], locked: set[str] | None, *,
+    agent: Mapping[str, str] | None = None,
 ) -> Node | None:
-    """The node's row, locked by ``step`` in a savepoint, once the budgets of every domain its labels join
-    are locked before it.
+    """The node's row, locked by ``step``, once the budgets of every domain its labels join are locked
+    before it.
 
     ``step`` writes what the node's labels come from (the store's) and locks the row; it returns the node
     (None: not known) and whether its labels may change (a node just made is in no domain: nothing waits
     on its row). ``agent``: the agent's labels about to be written (the row's when None). ``locked``: the
-    domains whose budgets _domains_joining locked, from a read before the row's lock. Labels changed in
-    between (a heartbeat's under a store change, or the other way round) may join a domain more: the
-    savepoint is rolled back, which lets go of the row, those budgets are locked, and ``step`` runs again.
+    domains whose budgets _domains_joining locked, from a read before the row's lock (None: that read saw
+    no relabel, and ``step`` runs once). Labels changed in between (a heartbeat's under a store change, or
+    the other way round) may join a domain more: ``step``'s savepoint is rolled back, which lets go of the
+    row, those budgets are locked, and ``step`` runs again. Only PostgreSQL has the row locks to order.
     """
-    for attempt in range(_JOIN_TRIES):
-        last = attempt == _JOIN_TRIES - 1
-        saved = None if last else transaction.savepoint()
-        node, may_change = step()
-        joining: set[str] = set()
-        if node is not None and may_change and not last:
-            store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
-            labels = effective_labels(
-                node.agent_labels or {} if agent is None else agent, store, trusted_location_keys()
-            )
-            joining = _joining(node.pk, labels) - locked
-        if saved is None:
-            return node
-        if not joining:
-            transaction.savepoint_commit(saved)
-            return node
-        transaction.savepoint_rollback(saved)
-        signals.domains_joining.send(sender=Node, domains=sorted(joining))
-        locked |= joining
+    if locked is not None and connection.vendor == "postgresql":
+        for _ in range(_JOIN_TRIES - 1):
+            try:
+                with transaction.atomic():
+                    node, may_change = step()
+                    if node is not None and may_change:
+                        store = dict(StoreLabel.objects.filter(node_name=node.name).values_list("key", "value"))
+                        labels = effective_labels(
+                            node.agent_labels or {} if agent is None else agent, store, trusted_location_keys()
+                        )
+                        joining = _joining(node.pk, labels) - locked
+                        if joining:
+                            raise _JoinsMore(joining)
+                    return node
+            except _JoinsMore as more:
+                signals.domains_joining.send(sender=Node, domains=sorted(more.domains))
+                locked = locked | more.domains
+    node, _ = step()
     return node
 
 
@@ -250,15 +260,17 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
                 StoreLabel.objects.update_or_create(
                     node_name=node_name, key=key, defaults={"value": value, "set_by": set_by}
                 )
+        # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
+        # placement's commit (which locks the node) sees the new location.
+        node = Node.objects.select_for_update().filter(name=node_name).first()
+        # Counted once the row is locked: another change of the node's labels has committed by then.
         held = StoreLabel.objects.filter(node_name=node_name).count()
         if held > MAX_LABELS:  # as many as its heartbeat may carry; each is a row, and in every view of it
             raise InvalidInput(
                 f"labels: {node_name} would have {held:,} store labels; at most {MAX_LABELS} (remove some: key-)",
                 field="labels",
             )
-        # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
-        # placement's commit (which locks the node) sees the new location.
-        return Node.objects.select_for_update().filter(name=node_name).first(), True
+        return node, True
 
     node = _node_locked(write, joining)
     if node is None:

@@ -121,6 +121,8 @@ def remote_from(server: str | None) -> Remote | None:
         )
     # The server's address, as people copy it from a browser: the scheme in any case, the API's own path
     # (/api/v1) or none after it.
+    if not rest.split("/", 1)[0]:
+        raise InvalidInput(f"{where}: {url!r} names no host; write {scheme.lower()}://HOST:PORT", field="server")
     base = f"{scheme.lower()}://{rest}".rstrip("/")
     if base.endswith("/api/v1"):
         base = base[: -len("/api/v1")]

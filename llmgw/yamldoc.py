@@ -38,7 +38,7 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 # (sexagesimal), `010` is ten, not eight (octal is 0o10), and `1e12` is a number, not text. An
 # underscore between digits is still taken (`10_000`), as people write large counts.
 # (The resolver matches from the start only: each pattern ends at the text's end, \Z.)
-_INT_12 = re.compile(r"(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)\Z")
+_INT_12 = re.compile(r"(?:[-+]?[0-9][0-9_]*|0o[0-7][0-7_]*|0x[0-9a-fA-F][0-9a-fA-F_]*)\Z")
 _FLOAT_12 = re.compile(
     r"(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
@@ -70,7 +70,8 @@ def _walk(node: yaml.Node, path: Path, lines: dict[Path, int], count: list[int])
         raise TooLarge(f"nested deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.ScalarNode):
-        if node.tag == _INT_TAG and sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
+        # Its digits in any base (0x and FFF… are no decimal digits, and as large).
+        if node.tag == _INT_TAG and sum(c.isalnum() for c in node.value) > MAX_INT_DIGITS:
             raise TooLarge(
                 f"{dotted(path) or 'value'}: an integer of more than {MAX_INT_DIGITS} digits", node.start_mark.line + 1,
                 path,

@@ -27,3 +27,5 @@ def test_a_server_address_that_is_no_http_url_says_what_is_wrong():
         remote.remote_from("ftp://x")
     with pytest.raises(InvalidInput, match=r"has no scheme; write http://cp:8000 \(or https://\)"):
         remote.remote_from("cp:8000")
+    with pytest.raises(InvalidInput, match=r"names no host; write http://HOST:PORT"):
+        remote.remote_from("http://")

@@ -29,6 +29,8 @@ def value(text: str):
         ("-3", -3),
         (".5", 0.5),
         ("0b101", "0b101"),  # 1.1: 5
+        ("0o", "0o"),
+        ("0x_", "0x_"),
         ("'010'", "010"),
         ("yes", True),  # booleans stay as people write them in config files
     ],
@@ -47,3 +49,8 @@ def test_a_time_like_replicas_count_is_refused_not_read_as_ninety():
     with pytest.raises(InvalidInput, match="replicas") as refused:
         models_parse(text="kind: Model\nname: m\nreplicas: 1:30\nprofile: {gpus: 1}\n")
     assert "1:30" in str(refused.value)
+
+
+def test_a_hex_integer_is_bounded_as_a_decimal_one():
+    with pytest.raises(InvalidInput, match="an integer of more than 30 digits"):
+        value("0x" + "F" * 5000)
