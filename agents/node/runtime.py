@@ -268,6 +268,7 @@ class _Replica:
     replacement: ReplicaSpec | None = None  # stopping because its spec changed: start this next
     # Throughput: the counter to read, its last value and when it was read, the rate between two reads.
     throughput_metric: str = DEFAULT_THROUGHPUT_METRIC
+    health_path: str | None = None  # the profile's; None: the agent's runtime.health_path
     counter: tuple[float, float] | None = None  # (monotonic time, value)
     next_count_at: float = 0.0
     tokens_per_second: float | None = None
@@ -300,6 +301,7 @@ class Runtime:
         """Run exactly the assigned replicas: start new ones, stop the others; same spec: nothing."""
         wanted: dict[int, ReplicaSpec] = {}
         metrics: dict[int, str] = {}
+        health: dict[int, str | None] = {}
         for entry in assigned:
             try:
                 spec = ReplicaSpec.from_assignment(entry)
@@ -309,6 +311,7 @@ class Runtime:
                 continue
             wanted[spec.id] = spec
             metrics[spec.id] = _throughput_metric(entry)
+            health[spec.id] = _health_path(entry)
 
         for replica_id, replica in list(self._replicas.items()):
             if replica_id not in wanted:
@@ -321,11 +324,13 @@ class Runtime:
 
         for replica_id, spec in wanted.items():
             replica = self._replicas.get(replica_id)
+            if replica is not None:
+                replica.health_path = health[replica_id]  # read at the next check: not a restart
             if replica is not None and replica.throughput_metric != metrics[replica_id]:
                 # Another counter: not a restart, but the rate starts over.
                 replica.throughput_metric, replica.counter, replica.tokens_per_second = metrics[replica_id], None, None
             if replica is None:
-                replica = _Replica(spec=spec, throughput_metric=metrics[replica_id])
+                replica = _Replica(spec=spec, throughput_metric=metrics[replica_id], health_path=health[replica_id])
                 self._replicas[replica_id] = replica
                 self._start(replica)
                 continue
@@ -489,7 +494,7 @@ class Runtime:
             self._fail(replica, now, exit_message(code), retry=True)
             return
         if replica.state == "starting" and replica.port is not None:
-            if self._health_check(replica.port, self.settings.health_path):
+            if self._health_check(replica.port, replica.health_path or self.settings.health_path):
                 replica.state = "ready"
                 replica.message = ""
                 logger.info(
@@ -595,6 +600,18 @@ class Runtime:
 def _cut(message: str) -> str:
     """A message within what a heartbeat takes."""
     return message if len(message) <= MAX_MESSAGE_LENGTH else message[: MAX_MESSAGE_LENGTH - 1] + "…"
+
+
+def _health_path(entry: Mapping[str, Any]) -> str | None:
+    """The assignment's `health_path` (its profile's), or None (the agent's own) when absent or no path."""
+    path = entry.get("health_path")
+    if path is None:
+        return None
+    if isinstance(path, str) and path.startswith("/") and len(path) <= 200 and path.isprintable() and " " not in path:
+        return path
+    logger.error("heartbeat answer: replica %s: health_path %r is not a URL path; checking the agent's own",
+                 entry.get("id"), path)
+    return None
 
 
 def _throughput_metric(entry: Mapping[str, Any]) -> str:

@@ -297,6 +297,20 @@ def test_a_replica_that_cannot_start_for_any_reason_fails_alone(make_runtime, mo
     assert states[0]["message"] == "cannot start: RuntimeError: the spawner broke"
 
 
+def test_a_replica_is_ready_when_its_profiles_health_path_answers(make_runtime):
+    """The profile's health_path, not the agent's own (/health): the fake server answers 404 on /nope."""
+    runtime = make_runtime()
+    runtime.sync([{**assignment(replica_id=1, gpus=[0]), "health_path": "/nope"},
+                  {**assignment(replica_id=2, gpus=[1]), "health_path": "/env"}])
+    states = poll_until(runtime, lambda s: s[1]["state"] == "ready")
+    time.sleep(0.3)
+    runtime.poll()
+    assert runtime.states()[0]["state"] == "starting"
+    runtime.sync([{**assignment(replica_id=1, gpus=[0]), "health_path": "/health"}, assignment(replica_id=2, gpus=[1])])
+    poll_until(runtime, lambda s: s[0]["state"] == "ready")
+    assert states[1]["pid"] == runtime.states()[1]["pid"]  # a changed health path restarts nothing
+
+
 def test_a_failures_words_are_cut_to_what_a_heartbeat_takes(make_runtime):
     runtime = make_runtime()
     runtime.sync([assignment(command="vllm serve {modle} " + "x" * 1990)])
