@@ -241,9 +241,18 @@ def labels_check(*, changes: Mapping[str, str | None]) -> None:
             raise InvalidInput(f"labels: {exc}", field=f"labels.{key}") from exc
 
 
+# Names with store labels that no node has joined under yet (labels may be set before a node joins).
+MAX_NODES_WAITING = 10_000
+
+
 @transaction.atomic
-def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str = "") -> dict[str, str]:
+def labels_set(
+    *, node_name: str, changes: Mapping[str, str | None], set_by: str = "", waiting_bound: bool = True
+) -> dict[str, str]:
     """Set (value) or remove (None) store labels of a node, known yet or not. All or nothing.
+
+    ``waiting_bound``: refuse labels for one more name no node has joined under past MAX_NODES_WAITING
+    (a NetBox import names its site's devices before they join: NetBox's own size bounds it).
 
     Returns the node's effective labels after the change (the store's alone when the node has not joined).
     """
@@ -251,6 +260,7 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
     labels_check(changes=changes)
     # The budgets of the domains it joins first, before any row of the node's (a commit's order).
     joining = _domains_joining(node_name, changes=changes)
+    named = waiting_bound and StoreLabel.objects.filter(node_name=node_name).exists()  # in the store already
 
     def write() -> tuple[Node | None, bool]:
         for key, value in changes.items():
@@ -273,6 +283,16 @@ def labels_set(*, node_name: str, changes: Mapping[str, str | None], set_by: str
         return node, True
 
     node = _node_locked(write, joining)
+    if node is None and waiting_bound and not named and any(value is not None for value in changes.values()):
+        waiting = (
+            StoreLabel.objects.exclude(node_name__in=Node.objects.values("name")).values("node_name").distinct().count()
+        )
+        if waiting > MAX_NODES_WAITING:  # rows no node reads yet, nor any listing of nodes shows
+            raise InvalidInput(
+                f"labels: {waiting:,} names no node has joined under hold store labels; at most "
+                f"{MAX_NODES_WAITING:,} (remove some with KEY-, or let those nodes join first)",
+                field="node",
+            )
     if node is None:
         return dict(StoreLabel.objects.filter(node_name=node_name).values_list("key", "value"))
     node_refresh_labels(node)

@@ -267,7 +267,8 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
         # The budgets first, then the nodes the labels lock: the guarded commit's lock order.
         feed_services.budgets_locked()
         for node, changes in diff["labels"].items():
-            labels_set(node_name=node, changes=changes, set_by=SET_BY)
+            # Devices named before they join are NetBox's own, as many as its site has.
+            labels_set(node_name=node, changes=changes, set_by=SET_BY, waiting_bound=False)
         feed_services.feeds_replace(feeds=plan.feeds, source=Source.NETBOX)
         feed_services.feed_caps_refresh()
         facility_changed.send(sender=Feed)

@@ -263,6 +263,21 @@ def test_a_body_json_cannot_hold_is_refused_in_the_senders_words(api, raw, words
     assert not StoreLabel.objects.exists()
 
 
+def test_labels_for_nodes_not_joined_yet_are_bounded_in_names(api, monkeypatch):
+    from agents import services
+
+    monkeypatch.setattr(services, "MAX_NODES_WAITING", 3)
+    for i in range(3):
+        assert api.post(f"/api/v1/nodes/later{i}/labels", {"labels": {"a": "b"}}, format="json").status_code == 200
+    response = api.post("/api/v1/nodes/later3/labels", {"labels": {"a": "b"}}, format="json")
+    assert "4 names no node has joined under hold store labels; at most 3" in refused(response, "node")
+    assert not StoreLabel.objects.filter(node_name="later3").exists()
+    # A name in the store already takes more labels; removing one's labels makes room again.
+    assert api.post("/api/v1/nodes/later1/labels", {"labels": {"c": "d"}}, format="json").status_code == 200
+    assert api.post("/api/v1/nodes/later0/labels", {"labels": {"a": None}}, format="json").status_code == 200
+    assert api.post("/api/v1/nodes/later3/labels", {"labels": {"a": "b"}}, format="json").status_code == 200
+
+
 def test_256_labels_in_one_request_are_taken(api):
     labels = {f"k{i}": "v" for i in range(256)}
     response = api.post("/api/v1/nodes/gpu01/labels", {"labels": labels}, format="json")
