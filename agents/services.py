@@ -15,10 +15,10 @@ from agents import signals
 from agents.models import GPU, Node, NodeDomain, NodeToken, StoreLabel, measured_peak_of
 from agents.node.protocol import (
     MAX_LABELS,
+    control_character_problem,
     is_node_name,
     node_name_problem,
     value_shown,
-    words_problem,
 )
 from facility.domains import (
     LOCATION_KEYS,
@@ -112,8 +112,9 @@ def _domains_joining(
 
     A placement's commit locks budgets, then nodes; a relabel holding the node while it waited for a
     budget would wait on a commit that waits on it. What changes between this read and the node's lock
-    (an agent's or the store's labels meanwhile) is found once the row is locked (_node_locked). ``agent`` (the agent's labels: none read when they are the node's already),
-    ``store`` and ``trusted`` are read when not given; ``changes``, the store's changes about to be
+    (an agent's or the store's labels meanwhile) is found once the row is locked (_node_locked).
+    ``agent`` (the agent's labels: none read when they are the node's already), ``store`` and
+    ``trusted`` are read when not given; ``changes``, the store's changes about to be
     written (sent before they are: a relabel holding a store label's row while it waited for a budget
     would wait on a change that holds the budget and waits for that row). A node not known yet is in no
     domain (and nothing waits on its row). Several nodes relabelled in one transaction: the caller locks
@@ -311,7 +312,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
         raise InvalidInput("reason: must be text", field="reason")
     if len(reason or "") > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = words_problem(reason or "")
+    problem = control_character_problem(reason or "", words=True)
     if problem is not None:
         raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()

@@ -586,7 +586,6 @@ def what_if_lines(data: dict) -> list[str]:
 
 
 def import_netbox(args) -> int:
-
     if args.csv:
         if args.role or args.site:
             raise InvalidInput("--role, --site: only with --url (a CSV export of feeds names no device)", field="role")
@@ -655,7 +654,6 @@ NETBOX_IMPORT_TIMEOUT_SECONDS = 600
 
 def _read_utf8(path: str, field: str) -> str:
     from pathlib import Path
-
 
     try:
         return Path(path).read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agents.node.protocol import value_shown, words_problem
+from agents.node.protocol import control_character_problem, value_shown
 from facility import feed_services, power
 from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
 from facility.domains import (
@@ -434,7 +434,7 @@ def hold_check(*, domain: Any, reason: Any) -> dict[str, str]:
         raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
     if len(reason) > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = words_problem(reason)
+    problem = control_character_problem(reason, words=True)
     if problem is not None:  # it is printed in every refusal, table and terminal that shows the hold
         raise InvalidInput(f"reason: {problem}", field="reason")
     return {"domain": domain, "reason": reason}

@@ -14,6 +14,7 @@ from typing import Any
 from agents.node.protocol import (
     CPU_CORES_MAX,
     MAX_GPUS,
+    MAX_HEALTH_PATH_LENGTH,
     NODE_MEMORY_GIB_MAX,
     command_problem,
     control_character_problem,
@@ -60,7 +61,6 @@ MAX_MEMORY_GIB = NODE_MEMORY_GIB_MAX  # 1,048,576 GiB
 MAX_POWER_WATTS = 1_000_000  # a replica's declared draw: a megawatt is a unit error, not a model
 MAX_MIN_READY_SECONDS = 86_400
 MAX_COMMAND_LENGTH = 2000
-MAX_HEALTH_PATH_LENGTH = 200
 MAX_SELECTOR_LENGTH = 2000
 
 

@@ -391,7 +391,7 @@ class _Shape:
         "changes", "models",
     )
 
-    def __init__(self, profile: Profile, models: frozenset[str] = frozenset()) -> None:
+    def __init__(self, profile: Profile, models: frozenset[str]) -> None:
         self.profile = profile
         self.models = models
         self.gpus = profile.gpus

@@ -37,6 +37,7 @@ MAX_GPU_NAME_LENGTH = 200  # the GPU's model name
 MAX_LABEL_KEY_LENGTH = 253
 MAX_LABEL_VALUE_LENGTH = MAX_VALUE_LENGTH  # 253
 MAX_MESSAGE_LENGTH = 1000  # a replica's message
+MAX_HEALTH_PATH_LENGTH = 200  # a profile's health_path, as its model document and the agent take it
 # Numbers (inclusive ranges)
 GPU_WATTS_MAX = 5000  # no card draws 5 kW; a larger figure is a unit error (mW sent as W)
 CPU_WATTS_MAX = 20_000
@@ -50,6 +51,7 @@ RESTARTS_MAX = 2**31 - 1
 PID_MAX = 2**31 - 1
 
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_CONTROL_C1_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
 _CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
 _SHOWN = 40  # characters of an offending value a refusal quotes
@@ -76,17 +78,20 @@ def command_problem(template: str) -> str | None:
         if name == "" or name.isdigit():
             return f"a positional field {{{name}}} is not allowed; the fields are {fields}"
         if name not in COMMAND_FIELDS:
-            shown = name if len(name) <= _SHOWN else name[: _SHOWN - 1] + "…"
-            return f"unknown field {{{shown}}}; the fields are {fields}"
+            return f"unknown field {{{cut_short(name, _SHOWN)}}}; the fields are {fields}"
         if spec or conversion:
             return f"{{{name}}} takes no conversion or format spec; the fields are {fields}"
     return None
 
 
+def cut_short(text: str, longest: int) -> str:
+    """``text`` within ``longest`` characters, an ellipsis where it was cut."""
+    return text if len(text) <= longest else text[: longest - 1] + "…"
+
+
 def _shown(value: Any) -> str:
     """A value as a refusal quotes it: its repr, cut short (a refusal must not echo 256 KiB back)."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+    return cut_short(repr(value), _SHOWN)
 
 
 def value_shown(value: Any) -> str:
@@ -99,21 +104,12 @@ def value_shown(value: Any) -> str:
     return _shown(value)
 
 
-def control_character_problem(value: str) -> str | None:
-    """What a text holds that no name, path or command may: a control character or a lone surrogate."""
-    bad = _CONTROL_OR_SURROGATE.search(value)
-    if bad is None:
-        return None
-    what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
-    return f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
+def control_character_problem(value: str, *, words: bool = False) -> str | None:
+    """What a text holds that no name, path or command may: a control character or a lone surrogate.
 
-_CONTROL_C1_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def words_problem(value: str) -> str | None:
-    """control_character_problem for words people read in tables and terminals (a hold's reason): the C1
-    controls too (U+009B starts an escape sequence as ESC [ does)."""
-    bad = _CONTROL_C1_OR_SURROGATE.search(value)
+    ``words``: text people read in tables and terminals (a hold's reason), where the C1 controls are
+    refused too (U+009B starts an escape sequence as ESC [ does)."""
+    bad = (_CONTROL_C1_OR_SURROGATE if words else _CONTROL_OR_SURROGATE).search(value)
     if bad is None:
         return None
     what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from agents.node.config import RuntimeSettings
-from agents.node.protocol import MAX_MESSAGE_LENGTH, command_problem
+from agents.node.protocol import MAX_HEALTH_PATH_LENGTH, MAX_MESSAGE_LENGTH, command_problem, cut_short
 
 logger = logging.getLogger("llmgw.agent.runtime")
 
@@ -378,7 +378,7 @@ class Runtime:
                 "restarts": r.restarts,
                 # The heartbeat refuses a longer one (and with it the node's every report): a failure's
                 # words quote the command, which may be longer.
-                "message": _cut(r.message),
+                "message": cut_short(r.message, MAX_MESSAGE_LENGTH),
             }
             for r in sorted(self._replicas.values(), key=lambda r: r.spec.id)
         ]
@@ -597,17 +597,12 @@ class Runtime:
         return None
 
 
-def _cut(message: str) -> str:
-    """A message within what a heartbeat takes."""
-    return message if len(message) <= MAX_MESSAGE_LENGTH else message[: MAX_MESSAGE_LENGTH - 1] + "…"
-
-
 def _health_path(entry: Mapping[str, Any]) -> str | None:
     """The assignment's `health_path` (its profile's), or None (the agent's own) when absent or no path."""
     path = entry.get("health_path")
     if path is None:
         return None
-    if isinstance(path, str) and path.startswith("/") and len(path) <= 200 and path.isprintable() and " " not in path:
+    if isinstance(path, str) and path.startswith("/") and len(path) <= MAX_HEALTH_PATH_LENGTH and path.isprintable() and " " not in path:
         return path
     logger.error("heartbeat answer: replica %s: health_path %r is not a URL path; checking the agent's own",
                  entry.get("id"), path)
