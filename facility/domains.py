@@ -6,6 +6,7 @@ from a node's effective labels, never declared. Names are taken as given.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ def parse_domain(text: str) -> Domain:
         raise DomainError(f"{text!r}: unknown level {level!r}; levels are {', '.join(LEVELS)}")
     if not _NAME_RE.fullmatch(name) or len(name) > MAX_VALUE_LENGTH:
         raise DomainError(f"{text!r}: a domain name takes letters, digits, '.', '_' and '-' only")
-    return Domain(level, name)
+    return _domain(level, name)
 
 
 def clean_domain(text: object, *, field: str = "domain") -> str:
@@ -127,8 +128,18 @@ def domains_of(labels: Mapping[str, str]) -> tuple[Domain, ...]:
             continue
         names = value.split(",") if key in MULTI_KEYS else [value]
         for name in sorted({n.strip() for n in names if n.strip()}):
-            found.append(Domain(level, name))
+            found.append(_domain(level, name))
     return tuple(found)
+
+
+# Far more places than a site has (10,000 nodes are in about 1,500), and a bound on what names read from
+# requests can hold.
+@functools.lru_cache(maxsize=16384)
+def _domain(level: str, name: str) -> Domain:
+    """The one Domain of a place, shared by every node there and every budget of it: the maps keyed by
+    domains (spread counts, budgets, the index's groups) find it by identity, not by comparing it field by
+    field in Python."""
+    return Domain(level, name)
 
 
 def effective_labels(
