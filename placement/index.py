@@ -441,12 +441,13 @@ def _shape_of(profile: Profile) -> tuple:
 class _Ranking:
     """One model and profile's view of its shape's slates, kept between its plans.
 
-    ``heap`` holds ``(bound, sid, version)`` of every slate with candidates but those the kept walk went
-    through; ``bounds`` and ``versions`` are each slate's (entries of an older version are left behind
-    and skipped), ``middles`` what the model puts between a slate's step and bin packing (its efficiency
-    on the slate's GPU model, and whether the slate holds its weights). ``existing`` and ``counts`` are
-    the model's replicas as last asked and their spread counts, ``spread`` each group's; ``improved`` is
-    how far into the shape's log this ranking caught up, ``epoch`` the index's epoch it was made in.
+    ``heap`` holds ``(*bound, sid, version)`` of every slate with candidates but those the kept walk went
+    through (one flat tuple: a comparison in the heap walks one tuple, not a tuple in a tuple); ``bounds``
+    and ``versions`` are each slate's (entries of an older version are left behind and skipped),
+    ``middles`` what the model puts between a slate's step and bin packing (its efficiency on the slate's
+    GPU model, and whether the slate holds its weights). ``existing`` and ``counts`` are the model's
+    replicas as last asked and their spread counts, ``spread`` each group's; ``improved`` is how far into
+    the shape's log this ranking caught up, ``epoch`` the index's epoch it was made in.
     """
 
     __slots__ = (
@@ -912,7 +913,7 @@ class PlacementIndex:
             if slate.order:
                 # Its entries' keys as kept are never later than at the use of now: a lower bound.
                 bound = bounds[slate.sid] = ranking.key_at(slate, 0)
-                heap.append((bound, slate.sid, 0))
+                heap.append((*bound, slate.sid, 0))
         heapify(heap)
         return ranking
 
@@ -960,7 +961,7 @@ class PlacementIndex:
         sid = slate.sid
         version = ranking.versions[sid] = ranking.versions[sid] + 1
         ranking.bounds[sid] = key
-        heappush(ranking.heap, (key, sid, version))
+        heappush(ranking.heap, (*key, sid, version))
         walk = ranking.walk
         if walk is not None and key < walk.end:
             walk.improved = True  # a candidate may have come in ahead of a place in the trail
@@ -974,7 +975,7 @@ class PlacementIndex:
         heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
         for slate in walk.last:
             sid = slate.sid
-            heappush(heap, (bounds[sid], sid, versions[sid]))
+            heappush(heap, (*bounds[sid], sid, versions[sid]))
 
     def _take_up(self, ranking: _Ranking, exclude: frozenset[str]) -> tuple | None:
         """The kept walk as the next plan starts from it (see _Walk): (rejections, reasons, trail, last, cells
@@ -1022,7 +1023,7 @@ class PlacementIndex:
         heap, bounds, versions = ranking.heap, ranking.bounds, ranking.versions
         for slate in moved:  # walked again from the heap, where it was (or at its earlier key)
             sid = slate.sid
-            heappush(heap, (bounds[sid], sid, versions[sid]))
+            heappush(heap, (*bounds[sid], sid, versions[sid]))
         gone = list(map(moved.__contains__, map(itemgetter(0), trail)))
         if True in gone:
             kept = list(map(not_, gone))
@@ -1070,7 +1071,8 @@ class PlacementIndex:
         shape = ranking.shape
         by_id = shape.by_id
         while heap:
-            key, sid, version = heap[0]
+            top = heap[0]
+            sid, version = top[7], top[8]
             if version != versions[sid]:
                 heappop(heap)
                 continue
@@ -1088,17 +1090,17 @@ class PlacementIndex:
             step, pack, name = order[0][0]
             efficiency, weights = middles[sid]
             first = (spread[group], group.rank, step, efficiency, weights, pack, name)
-            if first != key:  # a later key: the rack's use, the spread or the slate moved
+            if first != top[:7]:  # a later key: the rack's use, the spread or the slate moved
                 version = versions[sid] = version + 1
                 bounds[sid] = first
-                top = (first, sid, version)
+                top = (*first, sid, version)
                 size = len(heap)
                 if (size < 2 or top < heap[1]) and (size < 3 or top < heap[2]):
                     heap[0] = top  # still before both children: no need to sift it down
                     return top
                 heapreplace(heap, top)
                 continue
-            return heap[0]
+            return top
         return None
 
     # --- planning -------------------------------------------------------------------------------
@@ -1141,15 +1143,15 @@ class PlacementIndex:
             if played < replay.size:
                 # The replay's places before the other sources' first key are passed over again, as kept.
                 bound = frontier[0][0] if frontier else None
-                if top is not None and (bound is None or top[0] < bound):
-                    bound = top[0]
+                if top is not None and (bound is None or top[:7] < bound):
+                    bound = top[:7]
                 played = replay.pass_over(played, bound, rejections, trail, last)
                 if played == replay.size and top is None and not frontier:
                     break
-            if frontier and (top is None or frontier[0][0] < top[0]):
+            if frontier and (top is None or frontier[0][0] < top[:7]):
                 _, sid, at = heappop(frontier)
             elif top is not None:
-                _, sid, _ = heappop(heap)
+                sid = heappop(heap)[7]
                 at = 0
             else:
                 break
@@ -1158,8 +1160,8 @@ class PlacementIndex:
             # The first key of the other slates: this one's entries go first until one passes it (all of
             # them, when it is of a later spread or rank). Stale heap entries only stop the run early.
             limit = frontier[0][0] if frontier else None
-            if heap and (limit is None or heap[0][0] < limit):
-                limit = heap[0][0]
+            if heap and (limit is None or heap[0][:7] < limit):
+                limit = heap[0][:7]
             if played < replay.size:
                 following = replay.key(played)
                 if limit is None or following < limit:
@@ -1218,7 +1220,7 @@ class PlacementIndex:
         self._put_back(ranking, waiting, last)
         bounds, versions = ranking.bounds, ranking.versions
         for slate in last:
-            heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
+            heappush(heap, (*bounds[slate.sid], slate.sid, versions[slate.sid]))
         return self._nofit(request, exclude)
 
     @staticmethod
@@ -1228,7 +1230,7 @@ class PlacementIndex:
         for slate in waiting:
             if slate not in last:
                 sid = slate.sid
-                heappush(heap, (bounds[sid], sid, versions[sid]))
+                heappush(heap, (*bounds[sid], sid, versions[sid]))
 
     def _chosen(
         self, ranking: _Ranking, slate: _Slate, at: int, node: NodeView, draw: float | None, step: int,
@@ -1240,7 +1242,7 @@ class PlacementIndex:
         when nothing of it was passed over, goes back."""
         bounds, versions, heap = ranking.bounds, ranking.versions, ranking.heap
         if slate not in last:
-            heappush(heap, (bounds[slate.sid], slate.sid, versions[slate.sid]))
+            heappush(heap, (*bounds[slate.sid], slate.sid, versions[slate.sid]))
         if trail:
             if frontier is None:
                 # The replay was cut short by the choice: the refusals it carried over that were not passed
@@ -1253,7 +1255,7 @@ class PlacementIndex:
                 reads, exclude, end,
             )
         if len(heap) > 4 * len(versions) + 64:
-            heap[:] = [e for e in heap if e[2] == versions[e[1]]]
+            heap[:] = [e for e in heap if e[8] == versions[e[7]]]
             heapify(heap)
         group = slate.group
         return Plan(
