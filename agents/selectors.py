@@ -34,20 +34,22 @@ def node_label_sources(
     return out
 
 
-def replica_tokens_per_second(*, node_names: list[str] | None = None) -> dict[int, float]:
-    """Each replica's generated tokens per second as its agent last reported it (`sensors.replicas`).
+def replica_tokens_per_second(*, node_names: list[str] | None = None) -> dict[int, dict[int, float]]:
+    """Each replica's generated tokens per second as agents last reported it (`sensors.replicas`), by the
+    reporting node's id: ``{replica id: {node id: figure}}``.
 
-    A replica with no figure is absent, never 0. A replica spread over nodes is served (and counted) by
-    one of them: the largest figure any of its nodes reports is its own.
+    A replica with no figure is absent, never 0. A node may name any replica id in its heartbeat: which
+    nodes a replica runs on is placement's to say, and its figure is read from those nodes alone
+    (placement.throughput).
     """
     nodes = Node.objects.exclude(sensors__isnull=True)
     if node_names is not None:
         nodes = nodes.filter(name__in=node_names)
-    figures: dict[int, float] = {}
+    figures: dict[int, dict[int, float]] = {}
     # Only `sensors.replicas`, picked out by the database: the whole documents (their GPUs' readings,
     # ~3 KB a node) would each be read and decoded after every conditions round.
-    for items in nodes.values_list("sensors__replicas", flat=True):
+    for node_id, items in nodes.values_list("id", "sensors__replicas"):
         for item in items if isinstance(items, list) else ():
             if isinstance(item, dict) and item.get("tokens_per_second") is not None:
-                figures[item["id"]] = max(figures.get(item["id"], 0.0), float(item["tokens_per_second"]))
+                figures.setdefault(item["id"], {})[node_id] = float(item["tokens_per_second"])
     return figures

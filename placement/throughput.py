@@ -25,13 +25,20 @@ from placement.snapshot import gpu_figures, gpu_figures_sql, gpu_model_of
 
 def measured_efficiency() -> dict[tuple[int, str], dict[str, float]]:
     """(model id, GPU model) → {replicas, tokens_per_second, watts, tokens_per_joule}, from the last reports."""
-    figures = replica_tokens_per_second()
-    if not figures:
+    reported = replica_tokens_per_second()
+    if not reported:
         return {}
     ready = dict(
-        Replica.objects.filter(pk__in=any_of(figures), state=ReplicaState.READY).values_list("id", "model_id")
+        Replica.objects.filter(pk__in=any_of(reported), state=ReplicaState.READY).values_list("id", "model_id")
     )
     shards = list(Shard.objects.filter(replica_id__in=any_of(ready)).values_list("replica_id", "node_id", "gpu_indices"))
+    # A replica's figure is what the nodes it runs on report (the largest: a replica spread over nodes is
+    # served, and counted, by one of them); a node naming another node's replica is not heard.
+    figures: dict[int, float] = {}
+    for replica_id, node_id, _ in shards:
+        figure = reported[replica_id].get(node_id)
+        if figure is not None:
+            figures[replica_id] = max(figures.get(replica_id, 0.0), figure)
     node_ids = {node_id for _, node_id, _ in shards}
     power: dict[tuple[int, int], float] = {}
     # Each card's power only, picked out by the database (not the ~3 KB sensors documents, each round).
@@ -52,7 +59,7 @@ def measured_efficiency() -> dict[tuple[int, str], dict[str, float]]:
             entry[0] += watts
             entry[1] = entry[1] or gpu_model_of(products.get((node_id, index)) or "")
     for replica_id, (watts, gpu_model, complete) in per_replica.items():
-        if not complete or not gpu_model or watts <= 0:
+        if replica_id not in figures or not complete or not gpu_model or watts <= 0:
             continue
         total = sums[(ready[replica_id], gpu_model)]
         total[0] += 1

@@ -53,6 +53,36 @@ def test_reported_tokens_and_power_become_tokens_per_joule_per_gpu_model(join_no
     assert "H200 3.00 tok/J 6,000 tok/s · H100 2.00 tok/J 4,800 tok/s" in capsys.readouterr().out
 
 
+def test_a_node_naming_another_nodes_replica_in_its_heartbeat_moves_no_figure(join_node):
+    # A node's token writes only its node: what it says of a replica running elsewhere is not heard.
+    two_kinds(join_node)
+    models_apply(text="kind: Model\nname: m\nreplicas: 2\nprofile: {gpus: 8}\n")
+    from placement.reconcile import reconcile_all
+
+    reconcile_all()
+    replicas = {r.shards.get().node.name: r for r in Replica.objects.all()}
+    Replica.objects.update(state="ready", ready_since=timezone.now())
+    reports = {
+        "a-h100": [{"id": replicas["a-h100"].pk, "tokens_per_second": 4800.0},
+                   {"id": replicas["b-h200"].pk, "tokens_per_second": 1e8}],
+        "b-h200": [{"id": replicas["b-h200"].pk, "tokens_per_second": 6000.0}],
+    }
+    for name, watts in (("a-h100", 300.0), ("b-h200", 250.0)):
+        node = Node.objects.get(name=name)
+        node.sensors = {"gpus": [{"index": i, "power_watts": watts} for i in range(8)], "replicas": reports[name]}
+        node.save(update_fields=["sensors"])
+    assert efficiency_record() == 2
+    rows = {e.gpu_model: (e.tokens_per_second, e.tokens_per_joule) for e in ModelEfficiency.objects.all()}
+    assert rows == {"H100": (4800.0, 2.0), "H200": (6000.0, 3.0)}
+    # Only its own node's word: the replica on b-h200 has no figure once b-h200 reports none.
+    node = Node.objects.get(name="b-h200")
+    node.sensors = {**node.sensors, "replicas": []}
+    node.save(update_fields=["sensors"])
+    ModelEfficiency.objects.all().delete()
+    assert efficiency_record() == 1
+    assert list(ModelEfficiency.objects.values_list("gpu_model", flat=True)) == ["H100"]
+
+
 def test_the_gpu_model_with_more_tokens_per_joule_goes_first_in_planner_and_index_alike(join_node):
     two_kinds(join_node)
     model = Model.objects.get()
