@@ -17,8 +17,9 @@ from datetime import datetime
 
 import django_filters
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
@@ -128,8 +129,12 @@ def name_domains(name: str) -> list[str]:
 
 
 def label_value(queryset: QuerySet[Node], key: str) -> QuerySet[Node]:
-    """The queryset with the text of label ``key`` as ``label_value`` (None where the node has none)."""
-    return queryset.annotate(label_value=KeyTextTransform(key, "labels"))
+    """The queryset with the text of label ``key`` as ``label_value`` (None where the node has none).
+
+    Cast to text: compared as a JSON key's value, SQLite reads each value given as a JSON document
+    (``r1-01`` is malformed JSON there, ``"r1-01"`` would match), where PostgreSQL compares the text.
+    """
+    return queryset.annotate(label_value=Cast(KeyTextTransform(key, "labels"), output_field=TextField()))
 
 
 class DomainFilter(django_filters.CharFilter):

@@ -83,6 +83,11 @@ def test_demo_serves_the_console_with_live_simulated_nodes(tmp_path):
                 time.sleep(1)
             assert nodes.count('badge state-ready"') == 32, nodes
             assert "gpu32" in nodes and "r4-02" in nodes
+            # A label term in the filter compares text on SQLite as on PostgreSQL.
+            rack = client.get("/nodes/", params={"domain": "llmgw.io/rack=r1-01"})
+            assert rack.status_code == 200 and rack.text.count('badge state-ready"') == 4, rack.text[-2000:]
+            quoted = client.get("/nodes/", params={"domain": 'llmgw.io/rack="r1-01"'})
+            assert quoted.status_code == 200 and quoted.text.count('badge state-ready"') == 0
             assert client.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
