@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -186,8 +187,10 @@ class ApiView(APIView):
         return response
 
 
+@csrf_exempt  # a POST to no endpoint is answered the same 404 (the API takes tokens, not a session's form)
 def api_not_found(request, *args, **kwargs):
-    """Any path under /api/v1/ that names no endpoint: a JSON 404 like the others, not an HTML page."""
+    """Any path under /api/v1/ that names no endpoint, whatever the method: a JSON 404 like the others, not
+    an HTML page."""
     from django.http import JsonResponse
 
     return JsonResponse({"detail": f"{request.path} is not an API endpoint", "field": None}, status=404)

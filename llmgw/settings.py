@@ -165,6 +165,8 @@ CTL_READ_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # A NUL in a console path or query: a 4xx before any view hands it to the database.
+    "llmgw.textguard.StorableTextMiddleware",
     # Async-capable (WhiteNoise is sync only): with every middleware async-capable, a request under ASGI
     # crosses into a thread once, for the view, instead of three times.
     "servestatic.middleware.ServeStaticMiddleware",

@@ -194,3 +194,14 @@ def test_the_nodes_list_filters_through_the_consoles_filterset(api, join_node):
     assert [n["name"] for n in api.get("/api/v1/nodes?state=ready").json()] == ["gpu01", "gpu02"]
     bad = api.get("/api/v1/nodes?state=gone")
     assert bad.status_code == 400 and bad.json()["field"] == "state"
+
+
+@pytest.mark.parametrize("method", ["get", "post", "put", "patch", "delete"])
+def test_a_path_naming_no_endpoint_is_a_json_404_whatever_the_method(make_user, method):
+    from django.test import Client
+
+    _, key = make_user("operator1", "operator")
+    client = Client(enforce_csrf_checks=True)  # as a token client meets it: no session, no CSRF cookie
+    answer = getattr(client, method)("/api/v1/nonexistent", HTTP_AUTHORIZATION=f"Token {key}")
+    assert answer.status_code == 404
+    assert answer.json() == {"detail": "/api/v1/nonexistent is not an API endpoint", "field": None}

@@ -490,3 +490,22 @@ def test_models_page_shows_replicas_where_and_why_and_the_pending_reason(login):
     headroom = client.get("/models/llama-70b/headroom").content.decode()
     assert "<strong>0</strong> more replicas fit" in headroom
     assert client.get("/models/nope/headroom").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/nodes/gpu01%00/", "/nodes/gpu01%00/history", "/models/%00/", "/models/a%00/headroom",
+     "/facility/domains/rack:r1%00/history"],
+)
+def test_a_nul_in_a_console_path_is_a_404_not_a_500(login, join_node, path):
+    join_node("gpu01", rack="r1")
+    answer = login("viewer").get(path)
+    assert answer.status_code == 404 and b"No such page" in answer.content
+
+
+@pytest.mark.parametrize(("query", "named"), [("q=%00", "q"), ("model=a%00b", "model"), ("%00=1", "query")])
+def test_a_nul_in_a_console_query_is_a_400_naming_the_parameter(login, join_node, query, named):
+    join_node("gpu01", rack="r1")
+    answer = login("viewer").get(f"/models/?{query}")
+    assert answer.status_code == 400
+    assert f"<h1>{named}: must not contain NUL characters</h1>".encode() in answer.content

@@ -296,6 +296,19 @@ def test_a_node_socket_for_a_name_no_node_can_have_is_refused(make_user, name):
     assert async_to_sync(run)() == (False, 4404)
 
 
+@pytest.mark.parametrize("path", ["/ws/zzz", "/ws/nodes", "/ws/nodes/a/b/", "/"])
+def test_a_socket_path_the_console_has_no_socket_for_is_refused(make_user, path):
+    user, _ = make_user("viewer1", "viewer")
+
+    async def run():
+        communicator = socket_to(path, user)
+        connected, code = await communicator.connect()
+        await communicator.disconnect()
+        return connected, code
+
+    assert async_to_sync(run)() == (False, 4404)
+
+
 def test_a_node_socket_for_a_long_node_name_gets_its_panels(make_user):
     from agents.events import node_changed
     from agents.simulator.cluster import heartbeat_for
