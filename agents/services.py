@@ -312,7 +312,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
         raise InvalidInput("reason: must be text", field="reason")
     if len(reason or "") > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = control_character_problem(reason or "", words=True)
+    problem = control_character_problem(reason or "")
     if problem is not None:
         raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()

@@ -32,7 +32,7 @@ _FREE_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9._/-]{0,252}")
 MAX_VALUE_LENGTH = 253
 # A free label's value is any text but control characters and lone surrogates (a NUL cannot be stored,
 # a newline breaks every table that shows it).
-_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # C0, DEL, C1
 
 
 class DomainError(ValueError):

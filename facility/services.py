@@ -434,7 +434,7 @@ def hold_check(*, domain: Any, reason: Any) -> dict[str, str]:
         raise InvalidInput("reason: say why the domain is held (it is shown with every refusal)", field="reason")
     if len(reason) > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = control_character_problem(reason, words=True)
+    problem = control_character_problem(reason)
     if problem is not None:  # it is printed in every refusal, table and terminal that shows the hold
         raise InvalidInput(f"reason: {problem}", field="reason")
     return {"domain": domain, "reason": reason}

@@ -50,9 +50,9 @@ REPLICA_ID_MAX = 2**63 - 1
 RESTARTS_MAX = 2**31 - 1
 PID_MAX = 2**31 - 1
 
-_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
-_CONTROL_C1_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+# The C0 controls, DEL and the C1 controls (U+009B starts a terminal's escape sequence as ESC [ does).
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 _CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
 _SHOWN = 40  # characters of an offending value a refusal quotes
 
@@ -89,6 +89,14 @@ def cut_short(text: str, longest: int) -> str:
     return text if len(text) <= longest else text[: longest - 1] + "…"
 
 
+def message_text(text: str) -> str:
+    """A replica's message as a heartbeat may carry it: within MAX_MESSAGE_LENGTH, and each character a
+    message may not hold (a control character but tab and newline, a lone surrogate: an exception's text
+    may quote anything) written as its escape, so the node's heartbeats are never refused for it."""
+    escaped = _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE.sub(lambda bad: repr(bad.group())[1:-1], text)
+    return cut_short(escaped, MAX_MESSAGE_LENGTH)
+
+
 def _shown(value: Any) -> str:
     """A value as a refusal quotes it: its repr, cut short (a refusal must not echo 256 KiB back)."""
     return cut_short(repr(value), _SHOWN)
@@ -104,12 +112,10 @@ def value_shown(value: Any) -> str:
     return _shown(value)
 
 
-def control_character_problem(value: str, *, words: bool = False) -> str | None:
-    """What a text holds that no name, path or command may: a control character or a lone surrogate.
-
-    ``words``: text people read in tables and terminals (a hold's reason), where the C1 controls are
-    refused too (U+009B starts an escape sequence as ESC [ does)."""
-    bad = (_CONTROL_C1_OR_SURROGATE if words else _CONTROL_OR_SURROGATE).search(value)
+def control_character_problem(value: str) -> str | None:
+    """What a text holds that no name, path, command or reason may: a control character (C0, DEL, C1) or
+    a lone surrogate."""
+    bad = _CONTROL_OR_SURROGATE.search(value)
     if bad is None:
         return None
     what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"

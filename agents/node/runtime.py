@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from agents.node.config import RuntimeSettings
-from agents.node.protocol import MAX_HEALTH_PATH_LENGTH, MAX_MESSAGE_LENGTH, command_problem, cut_short
+from agents.node.protocol import MAX_HEALTH_PATH_LENGTH, command_problem, message_text
 
 logger = logging.getLogger("llmgw.agent.runtime")
 
@@ -378,7 +378,7 @@ class Runtime:
                 "restarts": r.restarts,
                 # The heartbeat refuses a longer one (and with it the node's every report): a failure's
                 # words quote the command, which may be longer.
-                "message": cut_short(r.message, MAX_MESSAGE_LENGTH),
+                "message": message_text(r.message),
             }
             for r in sorted(self._replicas.values(), key=lambda r: r.spec.id)
         ]
