@@ -12,10 +12,11 @@ import gc
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
-from llmgw.errors import LlmgwError
+from llmgw.errors import InvalidInput, LlmgwError
 from llmgw.output import printable, printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
@@ -72,8 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
 def login_command(args) -> int:
     if args.remote is None:
         raise LlmgwError("login: give --server URL (or LLMGW_URL)")
-    text = sys.stdin.read() if args.token_file == "-" else open(args.token_file).read()
-    args.remote.token = text.strip()
+    source = "standard input" if args.token_file == "-" else args.token_file
+    try:
+        text = sys.stdin.read() if args.token_file == "-" else Path(args.token_file).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}", field="token_file") from None
+    if not text.strip():
+        raise InvalidInput(f"{source}: holds no token", field="token_file")
+    args.remote.token, args.remote.token_from = text.strip(), source
     args.remote.call("GET", "facility/events", params={"limit": 1})  # any authenticated read: is the token good?
     print(f"token kept in {remote_mode.token_save(args.remote.token)}; use --server {args.remote.url} or LLMGW_URL")
     return 0

@@ -55,9 +55,11 @@ def token_load() -> str | None:
 class Remote:
     """The control plane's API at `url` (…/api/v1/ is added), with an API token."""
 
-    def __init__(self, url: str, token: str | None):
+    def __init__(self, url: str, token: str | None, token_from: str | None = None):
         self.url = url.rstrip("/")
         self.token = token
+        # Where the token was read (a refusal says where to look): LLMGW_TOKEN, a file; None: the saved one.
+        self.token_from = token_from
 
     def call(
         self, method: str, path: str, *, params: dict | None = None, body: Any = None, timeout: float = TIMEOUT_SECONDS
@@ -97,9 +99,11 @@ class Remote:
         except (ValueError, KeyError, TypeError):
             detail, field = f"the server answered {code}", None
         if code == 401:
-            where = "LLMGW_TOKEN" if os.environ.get("LLMGW_TOKEN") else str(token_path())
-            return LlmgwError(f"{self.url} refused the token ({code}: {detail}); check {where} "
-                              "(llmgw ctl token create USER --role operator, then llmgw ctl login)")
+            how = "llmgw ctl token create USER --role operator, then llmgw ctl login"
+            if not self.token:
+                return LlmgwError(f"{self.url} asks for a token and none is set: log in ({how}) or set LLMGW_TOKEN")
+            where = self.token_from or ("LLMGW_TOKEN" if os.environ.get("LLMGW_TOKEN") else str(token_path()))
+            return LlmgwError(f"{self.url} refused the token ({code}: {detail}); check {where} ({how})")
         if code == 403:  # the token is good, its user's role is not enough (viewer, not operator)
             return LlmgwError(f"{self.url} refused: {detail}")
         kind = {404: NotFound, 409: Conflict}.get(code, InvalidInput if code == 400 else LlmgwError)

@@ -123,6 +123,22 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     assert got.returncode == 1
     assert got.stderr.startswith(f"error: {live_server.url} refused the token (401"), got.stderr
 
+    # No token at all: said so, with how to get one.
+    got = remote(live_server.url, "", "nodes", home=tmp_path, token_env=False)
+    assert got.returncode == 1 and got.stderr.startswith(
+        f"error: {live_server.url} asks for a token and none is set: log in ("), got.stderr
+    # A token file that is not there, empty, or refused: named, never a traceback.
+    login = ("login", "--server", live_server.url, "--token-file")
+    got = remote("", "", *login, str(tmp_path / "nothere.token"), home=tmp_path, token_env=False)
+    assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'nothere.token'}: cannot read: No such file or directory\n")
+    (tmp_path / "empty.token").write_text("\n")
+    got = remote("", "", *login, str(tmp_path / "empty.token"), home=tmp_path, token_env=False)
+    assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'empty.token'}: holds no token\n")
+    (tmp_path / "bad.token").write_text("not-a-token\n")
+    got = remote("", "", *login, str(tmp_path / "bad.token"), home=tmp_path, token_env=False)
+    assert got.returncode == 1 and f"; check {tmp_path / 'bad.token'} (" in got.stderr, got.stderr
+    assert not (tmp_path / "llmgw" / "token").exists()
+
     _, key = make_user("viewer1", role="viewer")
     token_file = tmp_path / "given.token"
     token_file.write_text(key + "\n")
