@@ -589,6 +589,11 @@ def import_netbox(args) -> int:
     if args.csv:
         if args.role or args.site:
             raise InvalidInput("--role, --site: only with --url (a CSV export of feeds names no device)", field="role")
+        from facility.netbox import utilization_problem
+
+        problem = utilization_problem(args.default_utilization)  # before the file is read, as the server would
+        if problem:
+            raise InvalidInput(f"--default-utilization: {problem}", field="default_utilization")
         text = _read_utf8(args.csv, "csv")
         body = {"csv": text, "dry_run": args.dry_run, "default_utilization": args.default_utilization}
     else:

@@ -190,6 +190,15 @@ def test_an_operators_label_wins_and_is_listed(tmp_path, capsys, joined):
     assert Node.objects.get(name="gpu01").labels["llmgw.io/rack"] == "R-X01"
 
 
+def plan_from_csv_refusal(text: str, percent: float) -> str:
+    from facility.netbox import plan_from_csv
+    from llmgw.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as refused:
+        plan_from_csv(text, default_utilization=percent)
+    return refused.value.message
+
+
 def test_the_current_view_csv_needs_max_utilization_said_out_loud(tmp_path, capsys, joined):
     path = tmp_path / "feeds.csv"
     path.write_text((CSV_DIR / "power-feeds.current-view.csv").read_text())
@@ -199,6 +208,15 @@ def test_the_current_view_csv_needs_max_utilization_said_out_loud(tmp_path, caps
         "export All data, or give --default-utilization PERCENT"
     )
     assert not Feed.objects.exists()
+    # A fraction where a percent belongs (server.yaml writes max_utilization: 0.8) would cap every rack
+    # to almost nothing: refused, saying what to write; so is a percent past 100.
+    for given, said in (("0.8", "not 0.8: write 80 for 80 %"), ("180", "not 180")):
+        assert ctl(["facility", "import", "netbox", "--csv", str(path), "--default-utilization", given, "--dry-run"]) == 1
+        assert capsys.readouterr().err == (
+            f"error: --default-utilization: a percent, 1 to 100 (NetBox's max utilization), {said}\n"
+        )
+    answer = plan_from_csv_refusal(path.read_text(), 0.8)
+    assert answer == "default_utilization: a percent, 1 to 100 (NetBox's max utilization), not 0.8: write 80 for 80 %"
     assert ctl(["facility", "import", "netbox", "--csv", str(path), "--default-utilization", "80"]) == 0
     capsys.readouterr()
     assert rack_caps()["rack:R-B02"] == 5888.0  # B4 is 90 % in NetBox: the export could not say so
