@@ -50,6 +50,8 @@ class FacilityView(ApiView):
 class FacilityApplyView(ApiView):
     """POST a server.yaml whole (and the files it names): applied all or nothing, as on the database."""
 
+    text_field = "text"
+
     @documented(
         summary="Apply a server.yaml's facility: block, all or nothing (llmgw ctl facility apply -f)",
         request=FacilityApplySerializer, ok={200: FacilityAppliedSerializer}, errors=(403, 409),

@@ -90,7 +90,12 @@ def documented(
 def exception_handler(exc, context):
     """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape."""
     if isinstance(exc, LlmgwError):
-        return Response({"field": None, **exc.as_dict()}, status=exc.status)
+        body = {"field": None, **exc.as_dict()}
+        if body["field"] is None and isinstance(exc, InvalidInput):
+            # A file's refusal that names a line, not a key (YAML that does not parse): the body field
+            # that held the file.
+            body["field"] = getattr(context.get("view"), "text_field", None)
+        return Response(body, status=exc.status)
     if isinstance(exc, DatabaseError) and is_write_conflict(exc):
         # Every writer locks nodes in one order, so this is rare; the client may simply try again.
         return Response({"detail": WRITE_CONFLICT_TEXT, "field": None}, status=status.HTTP_409_CONFLICT)
@@ -166,6 +171,8 @@ class ApiView(APIView):
     cannot store before any view code runs; the refusal names the parameter."""
 
     parser_classes = [BoundedJSONParser]
+    # The body field holding a whole file (models.yaml, server.yaml), where a refusal names no key of it.
+    text_field: str | None = None
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)

@@ -57,6 +57,8 @@ class ModelListView(ApiView):
 class ModelsApplyView(ApiView):
     """POST a models.yaml whole: every model of it in one transaction, or none with the reason."""
 
+    text_field = "text"
+
     @documented(
         summary="Apply a models.yaml (kind: Model documents), all or nothing (llmgw ctl apply -f)",
         request=ModelsApplySerializer, ok={200: ModelsAppliedSerializer}, errors=(409,),

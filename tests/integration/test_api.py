@@ -205,3 +205,16 @@ def test_a_path_naming_no_endpoint_is_a_json_404_whatever_the_method(make_user, 
     answer = getattr(client, method)("/api/v1/nonexistent", HTTP_AUTHORIZATION=f"Token {key}")
     assert answer.status_code == 404
     assert answer.json() == {"detail": "/api/v1/nonexistent is not an API endpoint", "field": None}
+
+
+@pytest.mark.parametrize(
+    ("url", "text", "detail"),
+    [
+        ("/api/v1/apply", "kind: Model\nname: [\n", "models.yaml line 3: not valid YAML: "),
+        ("/api/v1/facility/apply", "facility: [\n", "server.yaml line 2: not valid YAML: "),
+    ],
+)
+def test_a_file_that_is_not_yaml_is_refused_naming_the_body_field_that_held_it(admin_client, url, text, detail):
+    answer = admin_client.post(url, {"text": text}, content_type="application/json")
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "text" and answer.json()["detail"].startswith(detail)
