@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from facility.domains import LEVELS, MAX_VALUE_LENGTH
 from facility.services import WATTS_MAX
-from llmgw.api import TextField, WordsField
+from llmgw.api import NumberField, TextField, WordsField
 
 
 class StrictSerializer(serializers.Serializer):
@@ -57,13 +57,8 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-class WattsField(serializers.FloatField):
+class WattsField(NumberField):
     """Watts in [0, WATTS_MAX]: the schema states the bounds, the service checks them (one set of words)."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        return super().to_internal_value(data)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -150,7 +145,7 @@ class ConditionOverrideSerializer(StrictSerializer):
     domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
     condition = serializers.ChoiceField(choices=CONDITIONS)
     reason = WordsField(max_length=500)
-    for_seconds = serializers.FloatField(
+    for_seconds = NumberField(
         required=False, allow_null=True, default=None, min_value=1, max_value=366 * 86_400,
         help_text="how long (seconds); not given: until cleared",
     )
@@ -486,7 +481,7 @@ class NetboxImportSerializer(StrictSerializer):
         choices=["location", "group", "none"], required=False, default="location",
         help_text="a rack's row: its nested location, its rack group, or none",
     )
-    default_utilization = serializers.FloatField(
+    default_utilization = NumberField(
         required=False, allow_null=True, default=None, min_value=1, max_value=100,
         help_text="with csv: the max utilization (%) of feeds whose export has no such column",
     )

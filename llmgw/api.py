@@ -59,6 +59,16 @@ class WordsField(TextField):
     """Text people read: the schema states that it holds no control character; the service refuses one."""
 
 
+class NumberField(serializers.FloatField):
+    """A JSON number in a body: ``true`` is no number of seconds or percent (DRF's FloatField takes it as
+    1.0), nor is the text ``"60"``."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 ERROR_TEXT = {
     400: "Bad input: nothing of it was applied; `field` names what is wrong.",
     401: "No credentials, or a token that is not known.",

@@ -225,6 +225,9 @@ def test_the_api_shows_conditions_and_events_and_sets_overrides(api, viewer_api,
         refused = api.get("/api/v1/facility/events", {"limit": digits})
         assert (refused.status_code, refused.json()["field"]) == (400, "limit")
     body = {"domain": "rack:r1-01", "condition": "ok", "reason": "probe fault", "for_seconds": 7200}
+    for no_number in (True, "7200"):  # not one second, nor a text the client meant as a number
+        refused = api.post("/api/v1/facility/conditions", {**body, "for_seconds": no_number}, format="json")
+        assert (refused.status_code, refused.json()["field"]) == (400, "for_seconds")
     assert viewer_api.post("/api/v1/facility/conditions", body, format="json").status_code == 403
     response = api.post("/api/v1/facility/conditions", body, format="json")
     assert response.status_code == 201, response.content
