@@ -18,6 +18,7 @@ from agents.node.protocol import (
     NODE_MEMORY_GIB_MAX,
     command_problem,
     control_character_problem,
+    health_path_problem,
     value_shown,
 )
 from facility.domains import KEEP_WITHIN_LEVELS
@@ -116,6 +117,16 @@ def _text(value: Any, path: tuple[str, ...], *, max_length: int) -> str:
     return value
 
 
+def _health_path(value: Any) -> str:
+    """The profile's health_path (``/health`` when not given), a URL path as the agent asks it."""
+    path = ("profile", "health_path")
+    text = _text(value, path, max_length=MAX_HEALTH_PATH_LENGTH) or "/health"
+    problem = health_path_problem(text)
+    if problem:
+        raise DocumentError(path, problem)
+    return text
+
+
 def parse_model_document(data: Any) -> dict[str, Any]:
     """Check one ``kind: Model`` document whole; the values to store, or DocumentError naming the field."""
     if not isinstance(data, Mapping):
@@ -169,10 +180,7 @@ def parse_model_document(data: Any) -> dict[str, Any]:
             profile.get("power_watts"), ("profile", "power_watts"), "W", maximum=MAX_POWER_WATTS, allow_none=True
         ),
         "command": _text(profile.get("command"), ("profile", "command"), max_length=MAX_COMMAND_LENGTH),
-        "health_path": _text(
-            profile.get("health_path", "/health"), ("profile", "health_path"), max_length=MAX_HEALTH_PATH_LENGTH
-        )
-        or "/health",
+        "health_path": _health_path(profile.get("health_path")),
         "min_ready_seconds": _count(
             profile.get("min_ready_seconds", 10), ("profile", "min_ready_seconds"), maximum=MAX_MIN_READY_SECONDS
         ),

@@ -61,6 +61,18 @@ _SHOWN = 40  # characters of an offending value a refusal quotes
 COMMAND_FIELDS = ("model", "port", "replica", "gpus")
 
 
+def health_path_problem(path: str) -> str | None:
+    """Why a profile's ``health_path`` is no URL path the agent can ask its replica's port for; None when
+    it is one (``/health``, ``/v1/models?ready=1``)."""
+    if not path.startswith("/"):
+        return f"must be a URL path starting with '/' (got {cut_short(repr(path), 60)})"
+    if len(path) > MAX_HEALTH_PATH_LENGTH:
+        return f"at most {MAX_HEALTH_PATH_LENGTH} characters (got {len(path):,})"
+    if not path.isprintable() or " " in path:
+        return "must hold no spaces or control characters (a URL path; write a space as %20)"
+    return None
+
+
 def command_problem(template: str) -> str | None:
     """Why a replica's command template cannot be filled in, or None when it can.
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from agents.node.config import RuntimeSettings
-from agents.node.protocol import MAX_HEALTH_PATH_LENGTH, command_problem, message_text
+from agents.node.protocol import command_problem, health_path_problem, message_text
 
 logger = logging.getLogger("llmgw.agent.runtime")
 
@@ -602,7 +602,7 @@ def _health_path(entry: Mapping[str, Any]) -> str | None:
     path = entry.get("health_path")
     if path is None:
         return None
-    if isinstance(path, str) and path.startswith("/") and len(path) <= MAX_HEALTH_PATH_LENGTH and path.isprintable() and " " not in path:
+    if isinstance(path, str) and health_path_problem(path) is None:
         return path
     logger.error("heartbeat answer: replica %s: health_path %r is not a URL path; checking the agent's own",
                  entry.get("id"), path)
