@@ -284,7 +284,12 @@ def _inventory(raw: Any) -> dict[str, Any]:
         if inv.get(key) is not None:
             out[key] = _text(inv[key], f"inventory.{key}", MAX_NAME_LENGTH)
     if inv.get("gpu_topology") is not None:
-        out["gpu_topology"] = _gpu_topology(inv["gpu_topology"])
+        out["gpu_topology"] = topology = _gpu_topology(inv["gpu_topology"])
+        wired, listed = len(topology["links"]), len(out.get("gpus", ()))
+        if "gpus" in out and wired != listed:  # row i is the GPU of index i: the two lists are of one set
+            raise HeartbeatError(
+                "inventory.gpu_topology.links", f"wires {wired} GPUs where inventory.gpus lists {listed}"
+            )
     return out
 
 

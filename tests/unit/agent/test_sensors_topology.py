@@ -179,3 +179,14 @@ def test_a_bad_topology_is_refused_naming_its_field(topology, field, words):
 def test_null_links_and_nodes_pass_as_unknown():
     topology = {"links": [["X", None], [None, "X"]], "numa": [None, 0]}
     assert validate_heartbeat(heartbeat_with(topology))["inventory"]["gpu_topology"] == topology
+
+
+def test_a_topology_wiring_other_gpus_than_the_inventory_lists_is_refused():
+    gpus = [{"index": i} for i in range(8)]
+    body = {"node": "gpu01", "inventory": {"gpus": gpus, "gpu_topology": {"links": [["X", "NV4"], ["NV4", "X"]],
+                                                                          "numa": [0, 0]}}}
+    with pytest.raises(HeartbeatError) as refused:
+        validate_heartbeat(body)
+    assert (refused.value.field, refused.value.message) == (
+        "inventory.gpu_topology.links", "inventory.gpu_topology.links: wires 2 GPUs where inventory.gpus lists 8"
+    )
