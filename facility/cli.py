@@ -30,7 +30,8 @@ def register(commands) -> None:
         description=(
             "Without a subcommand: every domain with its nodes, use, limit, reserved and measured draw, and its hold.\n"
             "A domain's use is its other_watts plus, node by node, node_watts and the larger of what is placed\n"
-            "there and what its sensors read in the last two minutes; its limit is cap × (1 − margin)."
+            "there and the highest its sensors read in the measured window (15 minutes unless\n"
+            "settings.measured_window_seconds says otherwise); its limit is cap × (1 − margin)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -48,3 +48,18 @@ def test_ctl_finds_the_demo_from_anywhere_or_says_what_to_do(tmp_path):
     assert (result.returncode, result.stdout) == (0, "replaying crac-failure at ×10 from now (5.0 min); conditions "
                                                      "follow at each evaluation (llmgw ctl facility events)\n")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_sim_sends_to_where_the_demo_whose_data_it_found_serves(tmp_path, monkeypatch):
+    from llmgw.management.commands.sim import DEFAULT_SERVER, default_server
+    from llmgw.whereabouts import demo_record_write
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    demo_record_write(data_dir=tmp_path / "demo", url="http://127.0.0.1:8731")
+    monkeypatch.setenv("LLMGW_DATA_DIR", str(tmp_path / "demo"))
+    assert default_server() == "http://127.0.0.1:8731"
+    monkeypatch.setenv("LLMGW_DATA_DIR", str(tmp_path / "other"))  # another server's data: not the demo's address
+    assert default_server() == DEFAULT_SERVER
+    demo_record_write(data_dir=tmp_path / "demo", url=None)  # llmgw demo --no-serve
+    monkeypatch.setenv("LLMGW_DATA_DIR", str(tmp_path / "demo"))
+    assert default_server() == DEFAULT_SERVER

@@ -38,6 +38,23 @@ def sim_tokens(specs: list[Mapping[str, Any]], tokens_file: str | None = None) -
     return {s["name"]: node_token_create(node_name=s["name"]) for s in specs}
 
 
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def default_server() -> str:
+    """Where the demo serves when the data found is the last demo's (llmgw demo ADDR records it), else
+    DEFAULT_SERVER."""
+    import os
+
+    from llmgw.whereabouts import demo_record_read
+
+    record = demo_record_read()
+    data_dir = os.environ.get("LLMGW_DATA_DIR")
+    if record and isinstance(record.get("url"), str) and data_dir and Path(record["data_dir"]) == Path(data_dir).resolve():
+        return record["url"]
+    return DEFAULT_SERVER
+
+
 def sim_nodes(
     specs: list[Mapping[str, Any]], *, interval: int, ready_delay: float, seed: int = 0,
     capping_permitted: bool = True,
@@ -62,7 +79,10 @@ class Command(LlmgwCommand):
         parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …) or the scenario")
         parser.add_argument("--speed", type=float, default=1.0, help="facility: replay this many times faster (readings and hold times alike)")
         parser.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
-        parser.add_argument("--server", default="http://127.0.0.1:8000", help="default http://127.0.0.1:8000")
+        parser.add_argument(
+            "--server", help="the control plane's address (default: where the demo whose data this is serves, else "
+            f"{DEFAULT_SERVER})",
+        )
         parser.add_argument(
             "--interval", type=int, default=DEFAULT_INTERVAL_SECONDS, help="seconds between heartbeats, 1–10"
         )
@@ -80,7 +100,7 @@ class Command(LlmgwCommand):
             help="simulate agents without root: GPUs keep their defaults and report capping: not permitted",
         )
 
-    def handle(self, *args, file: str, once: bool, server: str, interval: int, ready_delay: float,
+    def handle(self, *args, file: str, once: bool, server: str | None, interval: int, ready_delay: float,
                tokens: str | None, seed: int, action: str = "up", speed: float = 1.0,
                no_capping_permission: bool = False, **options):
         if action == "facility":
@@ -95,6 +115,7 @@ class Command(LlmgwCommand):
             node_tokens = sim_tokens(specs, tokens)
         except InvalidInput as exc:
             raise CommandError(exc.message) from exc
+        server = server or default_server()
         nodes = sim_nodes(
             specs, interval=interval, ready_delay=ready_delay, seed=seed, capping_permitted=not no_capping_permission
         )
