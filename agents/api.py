@@ -68,7 +68,7 @@ class NodeListView(ApiView):
 def node_detail(node: Node) -> dict:
     row = facility_nodes.node_rows(selectors.node_queryset().filter(pk=node.pk))[0]
     body = row.as_dict()
-    replicas = placement_selectors.gpu_replica_ids(node_id=node.pk)
+    replicas = placement_selectors.gpu_replicas(node_id=node.pk)
     body.update(
         {
             "labels": selectors.node_label_sources(node.name, node.agent_labels or {}, node.labels),
@@ -84,7 +84,8 @@ def node_detail(node: Node) -> dict:
                     "memory_gib": g.memory_gib,
                     "power_limit_watts": g.power_limit_watts,
                     "present": g.present,
-                    "replica": replicas.get(g.index),
+                    "replica": replicas[g.index][0] if g.index in replicas else None,
+                    "replica_name": replicas[g.index][1] if g.index in replicas else None,
                 }
                 for g in node.gpus.all()
             ],

@@ -199,7 +199,7 @@ def node_lines(detail: dict) -> list[str]:
             ["GPU", "MODEL", "MEMORY", "REPLICA"],
             [
                 [g["index"], g.get("model") or "-", f"{g['memory_gib']:g} GiB" if g.get("memory_gib") else "-",
-                 g.get("replica") or ("gone" if not g.get("present", True) else "free")]
+                 g.get("replica_name") or g.get("replica") or ("gone" if not g.get("present", True) else "free")]
                 for g in gpu_list
             ],
             out=buffer,

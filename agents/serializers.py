@@ -59,6 +59,7 @@ class GpuSerializer(serializers.Serializer):
     power_limit_watts = serializers.FloatField(allow_null=True)
     present = serializers.BooleanField()
     replica = serializers.IntegerField(allow_null=True, help_text="the replica using it, if any")
+    replica_name = serializers.CharField(allow_null=True, help_text="that replica as ctl replicas names it: model#ordinal")
 
 
 class GpuTopologySerializer(serializers.Serializer):

@@ -393,15 +393,15 @@ def placed_watts(node_ids: Iterable[int] | None = None) -> dict[int, float]:
 
 def gpu_bookers(*, node_id: int) -> dict[int, str]:
     """A node's booked GPU indices → the replica that has each (``model#ordinal``)."""
+    return {index: name for index, (_, name) in gpu_replicas(node_id=node_id).items()}
+
+
+def gpu_replicas(*, node_id: int) -> dict[int, tuple[int, str]]:
+    """A node's booked GPU indices → the replica that has each: its id and ``model#ordinal``."""
     rows = GpuBooking.objects.filter(node_id=node_id).values_list(
-        "index", "shard__replica__model__name", "shard__replica__ordinal"
+        "index", "shard__replica_id", "shard__replica__model__name", "shard__replica__ordinal"
     )
-    return {index: f"{model}#{ordinal}" for index, model, ordinal in rows}
-
-
-def gpu_replica_ids(*, node_id: int) -> dict[int, int]:
-    """A node's booked GPU indices → the id of the replica that has each."""
-    return dict(GpuBooking.objects.filter(node_id=node_id).values_list("index", "shard__replica_id"))
+    return {index: (replica_id, f"{model}#{ordinal}") for index, replica_id, model, ordinal in rows}
 
 
 def all_assignments(nodes: Iterable[str] | None = None) -> dict[str, list[dict]]:
