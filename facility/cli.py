@@ -590,7 +590,7 @@ def import_netbox(args) -> int:
     if args.csv:
         if args.role or args.site:
             raise InvalidInput("--role, --site: only with --url (a CSV export of feeds names no device)", field="role")
-        from facility.netbox import utilization_problem
+        from facility.feeds import utilization_problem  # pure: a remote ctl loads no Django
 
         problem = utilization_problem(args.default_utilization)  # before the file is read, as the server would
         if problem:

@@ -394,3 +394,12 @@ def leg_imbalance(loads: Iterable[float]) -> float | None:
     if mean <= EPSILON_WATTS:
         return None
     return max(abs(x - mean) for x in loads) / mean
+
+
+def utilization_problem(percent: float | None) -> str | None:
+    """Why a default max utilization (NetBox's, a percent) cannot be taken — a fraction where the percent
+    belongs would cap every rack to almost nothing; None when it can."""
+    if percent is None or 1 <= percent <= 100:
+        return None
+    hint = f": write {percent * 100:g} for {percent * 100:g} %" if 0 < percent < 1 else ""
+    return f"a percent, 1 to 100 (NetBox's max utilization), not {percent:g}{hint}"

@@ -301,15 +301,6 @@ def plan_from_objects(
 # -- NetBox's CSV export of power feeds ---------------------------------------------------------------------
 
 
-def utilization_problem(percent: float | None) -> str | None:
-    """Why a default max utilization cannot be taken (a fraction where NetBox's percent belongs would cap
-    every rack to almost nothing); None when it can."""
-    if percent is None or 1 <= percent <= 100:
-        return None
-    hint = f": write {percent * 100:g} for {percent * 100:g} %" if 0 < percent < 1 else ""
-    return f"a percent, 1 to 100 (NetBox's max utilization), not {percent:g}{hint}"
-
-
 def plan_from_csv(text: str, *, default_utilization: float | None = None) -> NetboxPlan:
     """NetBox's CSV export of power feeds ("All data", or the current view with the needed columns).
 
@@ -317,7 +308,7 @@ def plan_from_csv(text: str, *, default_utilization: float | None = None) -> Net
     export without a max utilization column is refused, unless ``default_utilization`` (%) is given:
     NetBox's current-view export leaves that column out, and guessing 80 % would hide a 90 % feed.
     """
-    problem = utilization_problem(default_utilization)
+    problem = pure.utilization_problem(default_utilization)
     if problem:
         raise InvalidInput(f"default_utilization: {problem}", field="default_utilization")
     reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))

@@ -319,7 +319,7 @@ def facility_apply(
     result = {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
     if feeds_result is not None:
         result["feeds"] = feeds_result
-    result["warnings"] = feed_services.feed_cap_warnings()
+    result["warnings"] = budget_warnings(names) + feed_services.feed_cap_warnings()
     if isinstance(doc.data, dict) and "placement" in doc.data:
         # Code is loaded from the server's own file, never from a body sent to the API.
         result["warnings"].append(
@@ -498,18 +498,40 @@ def domain_warning(*, domain: str) -> str | None:
 
     Holding ahead of time is allowed (nodes labelled in later are held too); this only says so.
     """
-    import difflib
-
     from agents.models import NodeDomain
 
     domain = clean_domain(domain)
     if NodeDomain.objects.filter(domain=domain).exists():
         return None
+    level = domain.partition(":")[0]
+    known = NodeDomain.objects.filter(level=level).values_list("domain", flat=True).distinct()
+    return _nearest_text(domain, sorted(d.split(":", 1)[1] for d in known))
+
+
+def budget_warnings(domains: Iterable[str]) -> list[str]:
+    """``budget DOMAIN: no node is in …`` for each budget of a file whose domain no node is in while nodes
+    are in others of its level (a typo: ``rack:r1-1`` for ``rack:r1-01``); a level no node is in yet (a
+    site applied before its nodes join) is no typo, and says nothing. One read of every node's domains."""
+    from agents.models import NodeDomain
+
+    by_level: dict[str, set[str]] = {}
+    for text in NodeDomain.objects.values_list("domain", flat=True).distinct():
+        level, _, name = text.partition(":")
+        by_level.setdefault(level, set()).add(name)
+    warnings = []
+    for domain in sorted(set(domains)):
+        level, _, name = domain.partition(":")
+        known = by_level.get(level)
+        if known and name not in known:
+            warnings.append(f"budget {domain}: {_nearest_text(domain, sorted(known))}")
+    return warnings
+
+
+def _nearest_text(domain: str, known: list[str]) -> str:
+    """``no node is in rack r1-10 yet`` and the known names of its level nearest it (``known``: sorted)."""
+    import difflib
+
     level, _, name = domain.partition(":")
-    known = sorted(
-        d.split(":", 1)[1]
-        for d in NodeDomain.objects.filter(level=level).values_list("domain", flat=True).distinct()
-    )
     # Closest first; a swap of two characters (r1-10 for r1-01) counts as closest of all, ties by name.
     scored = [(difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known]
     scored = [(sorted(k) == sorted(name), ratio, k) for ratio, k in scored if ratio >= 0.5]

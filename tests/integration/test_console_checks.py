@@ -148,3 +148,18 @@ def test_temperature_colour_follows_the_shown_value():
     assert temperature_class(74.6) == temperature_class(75.4) == "warm"
     assert temperature_class(74.4) == ""
     assert temperature_class(84.5) == "hot"
+
+
+def test_facility_apply_warns_of_a_budget_no_node_is_in_where_nodes_are_in_others(racks, capsys, tmp_path):
+    server = tmp_path / "server.yaml"
+    server.write_text(
+        "facility:\n  budgets:\n"
+        "    - {domain: rack:r1-01, cap_watts: 16000}\n"
+        "    - {domain: rack:r1-1, cap_watts: 16000}\n"   # a typo of r1-01
+        "    - {domain: row:7, cap_watts: 90000}\n"       # no node is in any row yet: a site ahead of its nodes
+    )
+    assert ctl(["facility", "apply", "-f", str(server)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{server}: applied (3 budgets created, 0 updated, 0 removed)",
+        "warning: budget rack:r1-1: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02",
+    ]
