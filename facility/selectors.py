@@ -32,7 +32,9 @@ def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
 
 
 def facility_overview() -> dict[str, Any]:
-    """Every domain that has nodes, a budget or a hold: nodes, use, limit, reserved and measured draw, hold.
+    """Every domain that has nodes, a budget, a hold or a condition known (a fresh reading, an override):
+    nodes, use, limit, reserved and measured draw, condition, hold. A domain its last node left, whose
+    readings went stale (unknown), is no longer listed.
 
     A hold's drain progress is placement's: :func:`placement.selectors.facility_overview` adds it.
     """
@@ -57,7 +59,8 @@ def facility_overview() -> dict[str, Any]:
         if node_id in figures:
             members[domain].append(node_id)
     conditions = effective_conditions(now=now)
-    all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds) | set(conditions)
+    known = {text for text, state in conditions.items() if state["condition"] != "unknown" or state["overridden"]}
+    all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds) | known
     order = {level: i for i, level in enumerate(LEVELS)}
     rows = []
     for text in sorted(all_domains, key=lambda t: (order.get(t.split(":")[0], 99), t)):

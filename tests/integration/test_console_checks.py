@@ -163,3 +163,14 @@ def test_facility_apply_warns_of_a_budget_no_node_is_in_where_nodes_are_in_other
         f"{server}: applied (3 budgets created, 0 updated, 0 removed)",
         "warning: budget rack:r1-1: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02",
     ]
+
+
+def test_a_domain_with_only_a_stale_condition_left_is_no_longer_listed(racks):
+    # A label typo reverted leaves the typo's rack a condition row, unknown once its readings are stale.
+    from facility.models import DomainCondition
+    from facility.selectors import facility_overview
+
+    DomainCondition.objects.create(domain="rack:r1-1", condition="unknown")
+    DomainCondition.objects.create(domain="rack:r9-09", condition="warm")  # a source reads it: still shown
+    listed = {row["domain"] for row in facility_overview()["domains"]}
+    assert "rack:r1-1" not in listed and {"rack:r9-09", "rack:r1-01"} <= listed
