@@ -19,6 +19,7 @@ NODE_STATES = ("ready", "not-ready", "cordoned", "held")
 services = lazy("agents.services")
 facility_nodes = lazy("facility.nodes")
 placement_services = lazy("placement.services")
+facility_services = lazy("facility.services")
 
 
 def register(commands) -> None:
@@ -102,6 +103,11 @@ def nodes(args) -> int:
     for r in rows:
         for warning in r.get("warnings") or ():  # an older server's rows have none
             print(f"warning: {r['name']}: {warning}")
+    if domain and not rows and args.state is None and getattr(args, "remote", None) is None:
+        # No node there at all: a typo, likely; the console's filter says the same.
+        typo = facility_services.domain_warning(domain=domain)
+        if typo:
+            print(f"warning: {typo}")
     return 0
 
 

@@ -30,6 +30,12 @@ def test_nodes_table_and_json(capsys, join_node):
     ]
     code, out, _ = run(capsys, "nodes", "--domain", "pdu:r12-07-b", "-o", "json")
     assert [n["name"] for n in json.loads(out)] == ["gpu01"]
+    # A domain no node is in: the empty table says so, and which names are near (a typo, likely).
+    code, out, _ = run(capsys, "nodes", "--domain", "rack:r12-7")
+    assert (code, out.splitlines()) == (0, [
+        "NAME  STATE  GPUS  CONDITION  LOCATION",
+        "warning: no node is in rack r12-7 yet; known racks nearest that name: r12-07",
+    ])
 
 
 def test_nodes_by_state(capsys, join_node):
