@@ -169,6 +169,7 @@ def run(argv: list[str], *, own_process: bool) -> int:
             if not django_started():
                 whereabouts.local_data_find()
             django_setup(read_only=getattr(args.handler, "read_only", False))
+            sqlite_file_check()
         if own_process:
             gc.freeze()
             gc.enable()
@@ -191,6 +192,19 @@ def run(argv: list[str], *, own_process: bool) -> int:
             raise
         print(f"error: {trouble}", file=sys.stderr)
         return 1
+
+
+def sqlite_file_check() -> None:
+    """A SQLite database named (DATABASE_URL) that is not there: refused before anything opens it, as
+    SQLite would make an empty file there (ctl never creates a database)."""
+    from django.db import connection
+
+    name = str(connection.settings_dict.get("NAME") or "")
+    if connection.vendor != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return
+    if not os.path.exists(name):
+        named = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "LLMGW_DATA_DIR"
+        raise LlmgwError(f"no database at {name} ({named}): start a server on it first (llmgw migrate), or point ctl elsewhere")
 
 
 def database_trouble(exc: BaseException) -> str | None:

@@ -44,14 +44,16 @@ def test_a_database_without_tables_asks_for_migrate(tmp_path):
     )
 
 
-def test_a_data_directory_that_cannot_be_made_is_named(tmp_path):
-    blocked = tmp_path / "a-file"
-    blocked.write_text("not a directory")
-    result = ctl("models", database_url=f"sqlite:///{blocked}/llmgw.sqlite3")
-    assert result.returncode == 1
-    assert result.stderr == (
-        f"error: cannot open the database {blocked}/llmgw.sqlite3 (DATABASE_URL): unable to open database file\n"
-    )
+def test_a_sqlite_database_that_is_not_there_is_named_and_not_made(tmp_path):
+    for path in (tmp_path / "x.db", tmp_path / "a-file" / "llmgw.sqlite3"):
+        (tmp_path / "a-file").write_text("not a directory")
+        result = ctl("models", database_url=f"sqlite:///{path}")
+        assert (result.returncode, result.stdout) == (1, "")
+        assert result.stderr == (
+            f"error: no database at {path} (DATABASE_URL): start a server on it first (llmgw migrate), or point "
+            "ctl elsewhere\n"
+        )
+        assert not path.exists()  # SQLite would have made an empty file there
 
 
 @pytest.mark.postgres
