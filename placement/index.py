@@ -999,15 +999,15 @@ class PlacementIndex:
         else:
             walked = last.keys()
             moved.update(walked & changed)
-            in_rack = shape.in_rack
-            for cell in set(uses):
-                if cell in cells and cell.version != cells[cell]:
+            # A walked slate whose rack's use moved and left its range; a cell read whose use moved (each
+            # change of a use moves its version and is logged: the walk's record of it tells).
+            racks = set(uses)
+            for slate in walked:
+                if slate.group.step_cell in racks and not slate.is_current():
+                    moved.add(slate)
+            for cell, version in cells.items():
+                if cell.version != version:
                     shifted.add(cell)
-                racked = in_rack.get(cell)
-                if racked:
-                    for slate in walked & racked:
-                        if not slate.is_current():
-                            moved.add(slate)
         # The last plan's rejections and reasons stay as it gave them (copied before a change); the rest of
         # the walk is this plan's.
         rejections, reasons, trail = walk.rejections, walk.reasons, walk.trail
