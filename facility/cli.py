@@ -332,7 +332,7 @@ def apply(args) -> int:
         print(f"error: {exc.message}\nnothing was applied: give --yes to apply it and remove them", file=sys.stderr)
         return 1
     print(
-        f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated, "
+        f"{args.file}: applied ({result['created']} budgets created, {result['updated']} updated{_unchanged(result)}, "
         f"{result['removed']} removed{': ' + ', '.join(result['removed_domains']) if result['removed_domains'] else ''}"
         + _feeds_applied(result.get("feeds"))
         + ")"
@@ -369,7 +369,15 @@ def _feeds_applied(feeds: dict | None) -> str:
     if feeds is None:
         return ""
     removed = f": {', '.join(feeds['removed'])}" if feeds["removed"] else ""
-    return f"; {feeds['created']} feeds created, {feeds['updated']} updated, {len(feeds['removed'])} removed{removed}"
+    return (
+        f"; {feeds['created']} feeds created, {feeds['updated']} updated{_unchanged(feeds)}, "
+        f"{len(feeds['removed'])} removed{removed}"
+    )
+
+
+def _unchanged(counts: dict) -> str:
+    """``, 8 unchanged`` where an apply named things as they were (an older server says nothing of it)."""
+    return f", {counts['unchanged']} unchanged" if counts.get("unchanged") else ""
 
 
 def hold(args) -> int:

@@ -139,28 +139,24 @@ def feeds_replace(*, feeds: Iterable[pure.Feed], source: str) -> dict[str, Any]:
     if taken:
         name, other = sorted(taken.items())[0]
         raise InvalidInput(f"feeds: feed {name} was set by {Source(other).label}; remove it there first", field="feeds")
-    created = updated = 0
+    created = updated = unchanged = 0
+    fields = ("voltage", "amperage", "phase", "max_utilization", "pdus", "racks", "status", "supply", "source")
+    stored = {row[0]: row[1:] for row in Feed.objects.filter(name__in=names).values_list("name", *fields)}
     for feed in feeds:
-        _, was_created = Feed.objects.update_or_create(
-            name=feed.name,
-            defaults={
-                "voltage": feed.voltage,
-                "amperage": feed.amperage,
-                "phase": feed.phase,
-                "max_utilization": feed.max_utilization,
-                "pdus": list(feed.pdus),
-                "racks": list(feed.racks),
-                "status": feed.status,
-                "supply": feed.supply,
-                "source": source,
-            },
+        values = (
+            feed.voltage, feed.amperage, feed.phase, feed.max_utilization, list(feed.pdus), list(feed.racks),
+            feed.status, feed.supply, source,
         )
+        if stored.get(feed.name) == values:
+            unchanged += 1  # as an earlier apply left it: nothing written
+            continue
+        _, was_created = Feed.objects.update_or_create(name=feed.name, defaults=dict(zip(fields, values, strict=True)))
         created += was_created
         updated += not was_created
     gone = Feed.objects.filter(source=source).exclude(name__in=names)
     removed = sorted(gone.values_list("name", flat=True))
     gone.delete()
-    return {"created": created, "updated": updated, "removed": removed}
+    return {"created": created, "updated": updated, "unchanged": unchanged, "removed": removed}
 
 
 def stored_feeds() -> list[pure.Feed]:

@@ -444,12 +444,14 @@ class FacilityApplySerializer(StrictSerializer):
 class FeedsAppliedSerializer(serializers.Serializer):
     created = serializers.IntegerField()
     updated = serializers.IntegerField()
+    unchanged = serializers.IntegerField(help_text="named as they were: nothing written")
     removed = serializers.ListField(child=serializers.CharField(), help_text="the feeds removed, by name")
 
 
 class FacilityAppliedSerializer(serializers.Serializer):
     created = serializers.IntegerField(help_text="budgets created")
     updated = serializers.IntegerField(help_text="budgets updated")
+    unchanged = serializers.IntegerField(help_text="budgets named as they were: nothing written")
     removed = serializers.IntegerField(help_text="budgets removed (an earlier file's, no longer named)")
     removed_domains = serializers.ListField(child=serializers.CharField())
     feeds = FeedsAppliedSerializer(required=False, help_text="only when the file has feeds:")

@@ -295,14 +295,19 @@ def facility_apply(
         nodes_refresh_labels()
     if scenario is not None:
         scenario_start(data=scenario, speed=parse_sources_config(values["sources"]).simulated_speed, keep=True)
-    created = updated = 0
+    created = updated = unchanged = 0
+    stored = {
+        b.domain: (b.cap_watts, b.other_watts, b.source, b.derived_from)
+        for b in Budget.objects.filter(domain__in=names)
+    }
     for item in budgets:
+        values = (item["cap_watts"], item["other_watts"], Source.FILE, "")
+        if stored.get(item["domain"]) == values:
+            unchanged += 1  # the file as it was applied before: nothing written
+            continue
         _, was_created = Budget.objects.update_or_create(
             domain=item["domain"],
-            defaults={
-                "cap_watts": item["cap_watts"], "other_watts": item["other_watts"], "source": Source.FILE,
-                "derived_from": "",
-            },
+            defaults=dict(zip(("cap_watts", "other_watts", "source", "derived_from"), values, strict=True)),
         )
         created += was_created
         updated += not was_created
@@ -316,7 +321,10 @@ def facility_apply(
         feeds_result = feed_services.feeds_replace(feeds=feeds, source=Source.FILE)
     feed_services.feed_caps_refresh()
     facility_changed_send()
-    result = {"created": created, "updated": updated, "removed": len(removed), "removed_domains": removed}
+    result = {
+        "created": created, "updated": updated, "unchanged": unchanged, "removed": len(removed),
+        "removed_domains": removed,
+    }
     if feeds_result is not None:
         result["feeds"] = feeds_result
     result["warnings"] = budget_warnings(names) + feed_services.feed_cap_warnings()

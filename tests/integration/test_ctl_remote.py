@@ -253,7 +253,7 @@ def test_facility_apply_remote_applies_the_file_as_here(live_server, make_user, 
     assert (code, first) == (0, f"{server}: applied (1 budgets created, 0 updated, 0 removed)\n"), err
     # The scenario the file names, relative to it, is read by ctl and sent: the server reads no file of its own.
     out = same(capsys, live_server.url, key, tmp_path, "facility", "apply", "-f", str(server))
-    assert out == f"{server}: applied (0 budgets created, 1 updated, 0 removed)\n"
+    assert out == f"{server}: applied (0 budgets created, 0 updated, 1 unchanged, 0 removed)\n"
     assert ScenarioRun.objects.get().name == "crac-failure"
 
     # A refusal names the file's line; nothing of the file is applied, here or there.
