@@ -217,7 +217,7 @@ def refusal(bad: DocumentError, doc: Document | None) -> InvalidInput:
     field_name = dotted(bad.path)
     if doc is None:
         text = bad.whole or (f"{field_name}: {bad.message}" if field_name else bad.message)
-        return InvalidInput(text, field=field_name or None)
+        return InvalidInput(text, field=field_name or "body")  # the body as a whole (null, a list)
     if bad.whole:
         line = doc.line(bad.path)
         where = f"{doc.filename} line {line}: " if line else f"{doc.filename}: "

@@ -70,6 +70,13 @@ def test_a_bad_model_document_is_refused_naming_the_field_and_the_bound(api, doc
     assert not Model.objects.exists()
 
 
+@pytest.mark.parametrize("body", ["null", "[]", '"kind: Model"'])
+def test_a_model_body_that_is_no_document_is_refused_naming_the_body(api, body):
+    detail = refused(api.post("/api/v1/models", body, content_type="application/json"), "body")
+    assert detail == "a model document is a mapping with kind: Model, name, replicas and profile"
+    assert not Model.objects.exists()
+
+
 def test_a_bad_document_in_a_file_applies_none_of_the_file(api):
     good = "kind: Model\nname: good\nreplicas: 1\nprofile: {gpus: 0, cpu_cores: 1}\n"
     bad = "kind: Model\nname: bad\nreplicas: 1\nprofile: {gpus: 0, power_watts: 1.0e+308}\n"
