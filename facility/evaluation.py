@@ -336,13 +336,15 @@ def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, 
             "age_seconds": max(0.0, max(ages)) if ages else None,
             "since": row.since,
             "inlet": _inlet_of(row, state, rule.thresholds),
+            # Who read it (agents, prometheus, static, simulated), stale readings included.
+            "sources": sorted({str(r.get("source") or "") for r in (row.readings or {}).values()}),
         }
     for override in ConditionOverride.objects.all():
         if override.until is not None and override.until <= now:
             continue
         entry = found.setdefault(
             override.domain,
-            {"readings": {}, "age_seconds": None, "since": None, "inlet": None,
+            {"readings": {}, "age_seconds": None, "since": None, "inlet": None, "sources": [],
              "enforce": config.rule(override.domain).enforce},
         )
         entry.update(condition=override.condition, detail=f"set by hand: {override.reason}", overridden=True)

@@ -32,9 +32,11 @@ def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
 
 
 def facility_overview() -> dict[str, Any]:
-    """Every domain that has nodes, a budget, a hold or a condition known (a fresh reading, an override):
-    nodes, use, limit, reserved and measured draw, condition, hold. A domain its last node left, whose
-    readings went stale (unknown), is no longer listed.
+    """Every domain that has nodes, a budget, a hold or a condition: nodes, use, limit, reserved and
+    measured draw, condition, hold. A condition only the agents' readings made — of a domain its last node
+    left (a label typo reverted) — lists it while it is known; once it goes unknown, no longer. A domain a
+    source of the site reads (Prometheus, static, simulated) stays listed, unknown included: that is its
+    alarm.
 
     A hold's drain progress is placement's: :func:`placement.selectors.facility_overview` adds it.
     """
@@ -59,7 +61,10 @@ def facility_overview() -> dict[str, Any]:
         if node_id in figures:
             members[domain].append(node_id)
     conditions = effective_conditions(now=now)
-    known = {text for text, state in conditions.items() if state["condition"] != "unknown" or state["overridden"]}
+    known = {
+        text for text, state in conditions.items()
+        if state["condition"] != "unknown" or state["overridden"] or set(state.get("sources", ())) - {"agents"}
+    }
     all_domains = set(members) | {str(d) for d in budget_by_domain} | set(holds) | known
     order = {level: i for i, level in enumerate(LEVELS)}
     rows = []

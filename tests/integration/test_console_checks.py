@@ -166,11 +166,19 @@ def test_facility_apply_warns_of_a_budget_no_node_is_in_where_nodes_are_in_other
 
 
 def test_a_domain_with_only_a_stale_condition_left_is_no_longer_listed(racks):
-    # A label typo reverted leaves the typo's rack a condition row, unknown once its readings are stale.
-    from facility.models import DomainCondition
+    # A label typo reverted leaves the typo's rack a condition row, unknown once the agents' readings
+    # are stale; a rack the site's own sources read stays listed, unknown or not: there it is the alarm.
+    from facility.models import ConditionOverride, DomainCondition
     from facility.selectors import facility_overview
 
-    DomainCondition.objects.create(domain="rack:r1-1", condition="unknown")
-    DomainCondition.objects.create(domain="rack:r9-09", condition="warm")  # a source reads it: still shown
+    def read_by(source: str) -> dict:
+        return {"inlet_temp_c": {"value": 24.0, "at": 0.0, "source": source}}
+
+    DomainCondition.objects.create(domain="rack:r1-1", condition="unknown", readings=read_by("agents"))
+    DomainCondition.objects.create(domain="rack:r1-3", condition="ok", readings=read_by("agents"))  # still fresh
+    DomainCondition.objects.create(domain="rack:r9-09", condition="unknown", readings=read_by("prometheus"))
+    DomainCondition.objects.create(domain="rack:r9-10", condition="unknown", readings=read_by("agents"))
+    ConditionOverride.objects.create(domain="rack:r9-10", condition="ok", reason="probe fault")
     listed = {row["domain"] for row in facility_overview()["domains"]}
-    assert "rack:r1-1" not in listed and {"rack:r9-09", "rack:r1-01"} <= listed
+    assert "rack:r1-1" not in listed
+    assert {"rack:r1-3", "rack:r9-09", "rack:r9-10", "rack:r1-01"} <= listed

@@ -34,8 +34,13 @@ def budgets() -> dict[str, tuple[float, float]]:
 
 
 def test_apply_sets_settings_and_budgets_and_is_idempotent():
-    assert facility_apply(text=GOOD) == {"created": 2, "updated": 0, "removed": 0, "removed_domains": [], "warnings": []}
-    assert facility_apply(text=GOOD) == {"created": 0, "updated": 2, "removed": 0, "removed_domains": [], "warnings": []}
+    assert facility_apply(text=GOOD) == {
+        "created": 2, "updated": 0, "unchanged": 0, "removed": 0, "removed_domains": [], "warnings": []
+    }
+    # Applied again as it is: nothing written, and said so.
+    assert facility_apply(text=GOOD) == {
+        "created": 0, "updated": 0, "unchanged": 2, "removed": 0, "removed_domains": [], "warnings": []
+    }
     assert budgets() == {"rack:r12-07": (16000, 800), "pdu:r12-07-a": (7400, 0)}
     settings = FacilitySettings.load()
     assert (settings.margin, settings.gpu_watts, settings.cpu_core_watts, settings.node_watts) == (0.1, 700, 10, 350)
