@@ -285,11 +285,15 @@ def _inventory(raw: Any) -> dict[str, Any]:
             out[key] = _text(inv[key], f"inventory.{key}", MAX_NAME_LENGTH)
     if inv.get("gpu_topology") is not None:
         out["gpu_topology"] = topology = _gpu_topology(inv["gpu_topology"])
-        wired, listed = len(topology["links"]), len(out.get("gpus", ()))
-        if "gpus" in out and wired != listed:  # row i is the GPU of index i: the two lists are of one set
-            raise HeartbeatError(
-                "inventory.gpu_topology.links", f"wires {wired} GPUs where inventory.gpus lists {listed}"
-            )
+        # Row i is the GPU of index i: every GPU listed has its row. The matrix may have more (a card the
+        # agent could not read stays in it as a row of nulls, and leaves the list).
+        wired = len(topology["links"])
+        for i, gpu in enumerate(out.get("gpus", ())):
+            if gpu["index"] >= wired:
+                raise HeartbeatError(
+                    f"inventory.gpus[{i}].index",
+                    f"GPU {gpu['index']} is not in inventory.gpu_topology, which wires GPUs 0 to {wired - 1}",
+                )
     return out
 
 

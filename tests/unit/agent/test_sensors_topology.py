@@ -181,12 +181,22 @@ def test_null_links_and_nodes_pass_as_unknown():
     assert validate_heartbeat(heartbeat_with(topology))["inventory"]["gpu_topology"] == topology
 
 
-def test_a_topology_wiring_other_gpus_than_the_inventory_lists_is_refused():
+def test_a_topology_wiring_fewer_gpus_than_the_inventory_lists_is_refused():
     gpus = [{"index": i} for i in range(8)]
     body = {"node": "gpu01", "inventory": {"gpus": gpus, "gpu_topology": {"links": [["X", "NV4"], ["NV4", "X"]],
                                                                           "numa": [0, 0]}}}
     with pytest.raises(HeartbeatError) as refused:
         validate_heartbeat(body)
     assert (refused.value.field, refused.value.message) == (
-        "inventory.gpu_topology.links", "inventory.gpu_topology.links: wires 2 GPUs where inventory.gpus lists 8"
+        "inventory.gpus[2].index",
+        "inventory.gpus[2].index: GPU 2 is not in inventory.gpu_topology, which wires GPUs 0 to 1",
     )
+
+
+def test_a_gpu_the_agent_cannot_read_leaves_the_list_and_the_heartbeat_still_passes():
+    # Its row stays in the matrix (nulls): the node keeps reporting while a card fails.
+    nvml = pcie_4gpu()
+    nvml.gpus[2].errors["nvmlDeviceGetUUID"] = pynvml.NVML_ERROR_UNKNOWN
+    found = inventory(nvml, "pcie-4gpu")
+    assert [g["index"] for g in found["gpus"]] == [0, 1, 3] and len(found["gpu_topology"]["links"]) == 4
+    assert validate_heartbeat({"node": "gpu01", "inventory": found})["inventory"]["gpu_topology"] == found["gpu_topology"]
