@@ -996,6 +996,8 @@ class PlacementIndex:
         shifted = set()
         if changed is None or uses is None:
             moved.update(last)  # too long ago to tell: every walked slate is walked again
+            for cell in cells:  # and so read again: the record starts from the use of now
+                cells[cell] = cell.version
         else:
             walked = last.keys()
             moved.update(walked & changed)
