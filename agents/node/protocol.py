@@ -101,12 +101,18 @@ def cut_short(text: str, longest: int) -> str:
     return text if len(text) <= longest else text[: longest - 1] + "…"
 
 
+def carried_text(text: str, longest: int, *, multiline: bool = False) -> str:
+    """Text the agent words itself from what it met (an exception's text, a BMC's answer: they may quote
+    anything) as a heartbeat may carry it: within ``longest``, each character a heartbeat's text may not
+    hold (a control character — but tab and newline where ``multiline`` — or a lone surrogate) written as
+    its escape, so the node's heartbeats are never refused for it."""
+    bad = _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE if multiline else _CONTROL_OR_SURROGATE
+    return cut_short(bad.sub(lambda found: repr(found.group())[1:-1], text), longest)
+
+
 def message_text(text: str) -> str:
-    """A replica's message as a heartbeat may carry it: within MAX_MESSAGE_LENGTH, and each character a
-    message may not hold (a control character but tab and newline, a lone surrogate: an exception's text
-    may quote anything) written as its escape, so the node's heartbeats are never refused for it."""
-    escaped = _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE.sub(lambda bad: repr(bad.group())[1:-1], text)
-    return cut_short(escaped, MAX_MESSAGE_LENGTH)
+    """A replica's message as a heartbeat carries it (:func:`carried_text`, tabs and newlines kept)."""
+    return carried_text(text, MAX_MESSAGE_LENGTH, multiline=True)
 
 
 def _shown(value: Any) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agents.node.config import BmcSettings
-from agents.node.protocol import MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX
+from agents.node.protocol import MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX, carried_text
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,5 @@ class BmcPower:
 
 
 def _down(reason: str) -> dict[str, Any]:
-    reason = " ".join(reason.split())  # one line: the protocol refuses control characters
-    if len(reason) > MAX_BMC_REASON_LENGTH:
-        reason = reason[: MAX_BMC_REASON_LENGTH - 1] + "…"
-    return {"bmc": {"state": "down", "reason": reason}}
+    # One line, and any other control character written as its escape: the protocol refuses them.
+    return {"bmc": {"state": "down", "reason": carried_text(" ".join(reason.split()), MAX_BMC_REASON_LENGTH)}}

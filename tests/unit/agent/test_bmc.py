@@ -241,3 +241,16 @@ def test_a_long_reason_is_one_bounded_line():
     assert reason.startswith("line one line two x")
     assert len(reason) == 300
     validate_heartbeat({"node": "gpu01", "sensors": {"bmc": {"state": "down", "reason": reason}}})
+
+
+def test_a_reason_quoting_terminal_controls_is_carried_as_their_escapes():
+    def quoting():
+        raise BmcDown("answered \x1b[2J\x9b31m<html>")
+
+    bmc = BmcPower(settings("http://127.0.0.1:1"), source=quoting)
+    bmc.sensors()
+    bmc.wait()
+    reason = bmc.sensors()["bmc"]["reason"]
+    release_bmc_workers()
+    assert reason == "answered \\x1b[2J\\x9b31m<html>"
+    validate_heartbeat({"node": "gpu01", "sensors": {"bmc": {"state": "down", "reason": reason}}})
