@@ -67,6 +67,16 @@ class WattsField(NumberField):
         self.max_value = WATTS_MAX
 
 
+class UtilizationField(NumberField):
+    """NetBox's max utilization, a percent in [1, 100]: the schema states the bounds, the import checks
+    them (facility.feeds.utilization_problem: the words ctl gives, with what to write for a fraction)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.min_value = 1
+        self.max_value = 100
+
+
 class DrainProgressSerializer(serializers.Serializer):
     left = serializers.IntegerField()
     moving = serializers.IntegerField()
@@ -483,8 +493,8 @@ class NetboxImportSerializer(StrictSerializer):
         choices=["location", "group", "none"], required=False, default="location",
         help_text="a rack's row: its nested location, its rack group, or none",
     )
-    default_utilization = NumberField(
-        required=False, allow_null=True, default=None, min_value=1, max_value=100,
+    default_utilization = UtilizationField(
+        required=False, allow_null=True, default=None,
         help_text="with csv: the max utilization (%) of feeds whose export has no such column",
     )
 

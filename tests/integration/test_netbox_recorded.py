@@ -262,3 +262,14 @@ def test_the_plan_is_the_same_read_through_pynetbox_as_from_the_files(tmp_path):
     for name in netbox.ENDPOINTS:
         assert [o["id"] for o in objects[name]] == [o["id"] for o in files[name]], name
     assert netbox_import  # the applied path is the ctl's, above
+
+
+def test_the_api_refuses_a_fraction_for_the_default_utilization_in_ctls_words(admin_client):
+    text = (CSV_DIR / "power-feeds.current-view.csv").read_text()
+    answer = admin_client.post("/api/v1/facility/import/netbox", {"csv": text, "default_utilization": 0.8},
+                               content_type="application/json")
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "default_utilization"
+    assert answer.json()["detail"] == (
+        "default_utilization: a percent, 1 to 100 (NetBox's max utilization), not 0.8: write 80 for 80 %"
+    )
