@@ -75,11 +75,13 @@ def login_command(args) -> int:
         raise LlmgwError("login: give --server URL (or LLMGW_URL)")
     source = "standard input" if args.token_file == "-" else args.token_file
     try:
-        text = sys.stdin.read() if args.token_file == "-" else Path(args.token_file).read_text()
+        text = sys.stdin.read() if args.token_file == "-" else Path(args.token_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}", field="token_file") from None
     if not text.strip():
         raise InvalidInput(f"{source}: holds no token", field="token_file")
+    if len(text.split()) > 1:  # a token is one word: two lines would go out as a broken header
+        raise InvalidInput(f"{source}: holds more than one word; a token file holds the token alone", field="token_file")
     args.remote.token, args.remote.token_from = text.strip(), source
     args.remote.call("GET", "facility/events", params={"limit": 1})  # any authenticated read: is the token good?
     print(f"token kept in {remote_mode.token_save(args.remote.token)}; use --server {args.remote.url} or LLMGW_URL")
@@ -203,8 +205,9 @@ def sqlite_file_check() -> None:
     if connection.vendor != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
         return
     if not os.path.exists(name):
-        named = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "LLMGW_DATA_DIR"
-        raise LlmgwError(f"no database at {name} ({named}): start a server on it first (llmgw migrate), or point ctl elsewhere")
+        raise LlmgwError(
+            f"no database at {name} ({_database_named()}): start a server on it first (llmgw migrate), or point ctl elsewhere"
+        )
 
 
 def database_trouble(exc: BaseException) -> str | None:
@@ -224,6 +227,11 @@ def database_trouble(exc: BaseException) -> str | None:
     if "no such table" in said or type(exc.__cause__).__name__ == "UndefinedTable":
         return f"the database {where} has no llmgw tables yet ({said}): run `llmgw migrate` first"
     if isinstance(exc, OperationalError) and connection.connection is None:
-        named = "DATABASE_URL" if os.environ.get("DATABASE_URL") else "LLMGW_DATA_DIR"
-        return f"cannot open the database {where} ({named}): {said}"
+        return f"cannot open the database {where} ({_database_named()}): {said}"
     return None
+
+
+def _database_named() -> str:
+    """What named the database local mode opened: DATABASE_URL, else the data directory (LLMGW_DATA_DIR,
+    ./var or the last demo's, which ctl found and set)."""
+    return "DATABASE_URL" if os.environ.get("DATABASE_URL") else "LLMGW_DATA_DIR"

@@ -134,6 +134,10 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     (tmp_path / "empty.token").write_text("\n")
     got = remote("", "", *login, str(tmp_path / "empty.token"), home=tmp_path, token_env=False)
     assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'empty.token'}: holds no token\n")
+    (tmp_path / "two.token").write_text("one\ntwo\n")
+    got = remote("", "", *login, str(tmp_path / "two.token"), home=tmp_path, token_env=False)
+    assert (got.returncode, got.stderr) == (
+        1, f"error: {tmp_path / 'two.token'}: holds more than one word; a token file holds the token alone\n")
     (tmp_path / "bad.token").write_text("not-a-token\n")
     got = remote("", "", *login, str(tmp_path / "bad.token"), home=tmp_path, token_env=False)
     assert got.returncode == 1 and f"; check {tmp_path / 'bad.token'} (" in got.stderr, got.stderr
