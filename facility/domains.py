@@ -55,8 +55,9 @@ class Domain:
         return self._hash
 
     def __reduce__(self):
-        # Made anew on unpickling: a string's hash differs from one process to another.
-        return (Domain, (self.level, self.name))
+        # Made anew on unpickling (a string's hash differs from one process to another), as the one
+        # object of its place there.
+        return (_domain, (self.level, self.name))
 
     def __str__(self) -> str:
         return f"{self.level}:{self.name}"
