@@ -7,7 +7,7 @@ import io
 from urllib.parse import quote
 
 from agents.node.protocol import value_shown
-from facility.domains import DomainError, parse_domain, parse_label_args
+from facility.domains import parse_label_args
 from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
 from llmgw.remote import lazy, listing, read, write
@@ -19,7 +19,8 @@ NODE_STATES = ("ready", "not-ready", "cordoned", "held")
 services = lazy("agents.services")
 facility_nodes = lazy("facility.nodes")
 placement_services = lazy("placement.services")
-facility_services = lazy("facility.services")
+agents_filtersets = lazy("agents.filtersets")
+agents_selectors = lazy("agents.selectors")
 
 
 def register(commands) -> None:
@@ -30,7 +31,12 @@ def register(commands) -> None:
         help="list nodes: state, free GPUs, location",
         description="List nodes with STATE (ready, not-ready, cordoned, held), GPUS (free/total) and LOCATION.",
     )
-    p.add_argument("--domain", help="only nodes in this domain, e.g. rack:r12-07 or pdu:r12-07-a")
+    p.add_argument(
+        "--domain", metavar="FILTER",
+        help="only nodes in this domain (rack:r12-07, pdu:r12-07-a), in the rack of this name (r12-07) or with "
+        "this label (gpu.model=H200); several in one quoted argument: those of one level or key are any of "
+        "them, different ones all hold (the console's filter)",
+    )
     p.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
     output_option(p)
     p.set_defaults(handler=nodes)
@@ -80,16 +86,22 @@ def register(commands) -> None:
 
 @listing
 def nodes(args) -> int:
-    domain = None
-    if args.domain:
-        try:
-            domain = str(parse_domain(args.domain))
-        except DomainError as exc:
-            raise InvalidInput(f"--domain: {exc}", field="domain") from exc
-    rows = read(
-        args, "nodes", lambda: [r.as_dict() for r in facility_nodes.node_rows(domain=domain)],
-        domain=domain, state=args.state,
-    )
+    suggestions: list[dict] = []
+
+    def local() -> list[dict]:
+        # The filter the API and the console read (a domain, a rack's name, a label; several), read alike.
+        filterset = agents_filtersets.NodeFilterSet(
+            {"domain": args.domain or "", "state": args.state or ""}, queryset=agents_selectors.node_queryset()
+        )
+        if not filterset.is_valid():
+            field, messages = next(iter(filterset.errors.items()))
+            raise InvalidInput(f"{field}: {messages[0]}", field=field)
+        rows = [r.as_dict() for r in facility_nodes.node_rows(filterset.qs)]
+        if not rows:
+            suggestions.extend(filterset.suggestions())  # a term no node has: a typo, likely
+        return rows
+
+    rows = read(args, "nodes", local, domain=args.domain, state=args.state)
     if args.state:  # the API's answer is filtered already; the rows read here are not
         rows = [r for r in rows if r["state"] == args.state]
     if args.output == "json":
@@ -103,11 +115,9 @@ def nodes(args) -> int:
     for r in rows:
         for warning in r.get("warnings") or ():  # an older server's rows have none
             print(f"warning: {r['name']}: {warning}")
-    if domain and not rows and args.state is None and getattr(args, "remote", None) is None:
-        # No node there at all: a typo, likely; the console's filter says the same.
-        typo = facility_services.domain_warning(domain=domain)
-        if typo:
-            print(f"warning: {typo}")
+    for said in suggestions:  # as the console's Nodes page says it
+        matches = f" Did you mean {', '.join(said['matches'])}?" if said["matches"] else " No name is close to it."
+        print(f"warning: {said['text']}{matches}")
     return 0
 
 

@@ -30,12 +30,17 @@ def test_nodes_table_and_json(capsys, join_node):
     ]
     code, out, _ = run(capsys, "nodes", "--domain", "pdu:r12-07-b", "-o", "json")
     assert [n["name"] for n in json.loads(out)] == ["gpu01"]
-    # A domain no node is in: the empty table says so, and which names are near (a typo, likely).
+    # The console's filter: a rack's name, a label, several; a term no node has says so, as the console does.
+    for given in ("r12-07", "llmgw.io/rack=r12-07", "rack:r12-07 pdu:r12-07-a"):
+        code, out, _ = run(capsys, "nodes", "--domain", given, "-o", "json")
+        assert [n["name"] for n in json.loads(out)] == ["gpu01"], given
     code, out, _ = run(capsys, "nodes", "--domain", "rack:r12-7")
     assert (code, out.splitlines()) == (0, [
         "NAME  STATE  GPUS  CONDITION  LOCATION",
-        "warning: no node is in rack r12-7 yet; known racks nearest that name: r12-07",
+        "warning: No node is in rack r12-7. Did you mean rack:r12-07?",
     ])
+    code, _, err = run(capsys, "nodes", "--domain", "rack:")
+    assert code == 1 and err.startswith("error: domain: ")
 
 
 def test_nodes_by_state(capsys, join_node):
