@@ -20,6 +20,8 @@ import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from llmgw.middleware import EitherMode
+
 log = logging.getLogger(__name__)
 
 # What a client is told to wait before it tries again (seconds).
@@ -119,20 +121,9 @@ def _log_database_down(exc: BaseException) -> None:
     log.warning("database not reachable, %d request(s) answered 503: %s", count, str(exc).strip() or type(exc).__name__)
 
 
-class DependenciesMiddleware:
+class DependenciesMiddleware(EitherMode):
     """A request that finds the database down is answered 503 (the view's error, not a 500 page); what a
     request could not queue is said in its answer (see the module's text)."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.is_async:

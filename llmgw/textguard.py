@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.utils.html import escape
 
 from llmgw.api import text_fault
+from llmgw.middleware import EitherMode
 
 
 def refusal(request: HttpRequest) -> HttpResponse | None:
@@ -29,19 +30,8 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
-class StorableTextMiddleware:
+class StorableTextMiddleware(EitherMode):
     """Answers :func:`refusal`'s 4xx in place of the view."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.is_async:
