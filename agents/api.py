@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from agents import readings, selectors, services
 from agents.authentication import NodeIdentity, NodeTokenAuthentication
-from agents.filtersets import MAX_TERMS, STATES, NodeFilterSet, filter_pattern
+from agents.filtersets import MAX_TERMS, STATES, filter_pattern, nodes_filtered
 from agents.models import Node
 from agents.node.protocol import HeartbeatError, validate_heartbeat, value_shown
 from agents.serializers import (
@@ -58,10 +58,7 @@ class NodeListView(ApiView):
     )
     def get(self, request):
         # The console's Nodes page filters through the same FilterSet, so both read a query alike.
-        filterset = NodeFilterSet(request.query_params, queryset=selectors.node_queryset())
-        if not filterset.is_valid():
-            field, messages = next(iter(filterset.errors.items()))
-            raise InvalidInput(f"{field}: {messages[0]}", field=field)
+        filterset = nodes_filtered(request.query_params)
         return Response([row.as_dict() for row in facility_nodes.node_rows(filterset.qs)])
 
 

@@ -8,7 +8,6 @@ from urllib.parse import quote
 
 from agents.node.protocol import value_shown
 from facility.domains import parse_label_args
-from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
 from llmgw.remote import lazy, listing, read, write
 
@@ -20,7 +19,6 @@ services = lazy("agents.services")
 facility_nodes = lazy("facility.nodes")
 placement_services = lazy("placement.services")
 agents_filtersets = lazy("agents.filtersets")
-agents_selectors = lazy("agents.selectors")
 
 
 def register(commands) -> None:
@@ -90,12 +88,7 @@ def nodes(args) -> int:
 
     def local() -> list[dict]:
         # The filter the API and the console read (a domain, a rack's name, a label; several), read alike.
-        filterset = agents_filtersets.NodeFilterSet(
-            {"domain": args.domain or "", "state": args.state or ""}, queryset=agents_selectors.node_queryset()
-        )
-        if not filterset.is_valid():
-            field, messages = next(iter(filterset.errors.items()))
-            raise InvalidInput(f"{field}: {messages[0]}", field=field)
+        filterset = agents_filtersets.nodes_filtered({"domain": args.domain or "", "state": args.state or ""})
         rows = [r.as_dict() for r in facility_nodes.node_rows(filterset.qs)]
         if not rows:
             suggestions.extend(filterset.suggestions())  # a term no node has: a typo, likely

@@ -12,8 +12,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import django_filters
 from django import forms
@@ -23,8 +25,10 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agents.models import Node, NodeDomain
+from agents.selectors import node_queryset
 from facility.domains import LEVELS, MAX_VALUE_LENGTH, DomainError, parse_domain
 from facility.nodes import held_domains, node_state
+from llmgw.errors import InvalidInput
 
 STATES = ("ready", "not-ready", "cordoned", "held")
 
@@ -221,6 +225,16 @@ class NodeFilterSet(django_filters.FilterSet):
             else:
                 out += _domain_suggestions(term)
         return out
+
+
+def nodes_filtered(params: Mapping[str, Any]) -> NodeFilterSet:
+    """The filter over every node (with what a row shows) read from ``params``, valid — the API's list and
+    ``ctl nodes`` read a query alike — or InvalidInput naming the first field it refuses."""
+    filterset = NodeFilterSet(params, queryset=node_queryset())
+    if not filterset.is_valid():
+        field, messages = next(iter(filterset.errors.items()))
+        raise InvalidInput(f"{field}: {messages[0]}", field=field)
+    return filterset
 
 
 def _domain_suggestions(term: Term) -> list[dict]:
