@@ -74,6 +74,7 @@ from placement.planner import (
     apply_shard,
     base_rejection,
     blocked_reason,
+    candidate_filters,
     condition_verdict,
     draw_of,
     efficiency_of,
@@ -84,7 +85,6 @@ from placement.planner import (
     shard_for,
     spread_counts,
     spread_of,
-    step_left,
     unavailable_reason,
     why_text,
 )
@@ -104,16 +104,23 @@ _INFINITY = float("inf")
 _STEP_SLACK = 1e-9
 
 
-def _range_of(limit: float, added: float, step: int) -> tuple[float, float]:
-    """The rack's use, exclusive both ends, within which a shard adding ``added`` keeps its ``step``
-    (step_left's boundaries, drawn in by _STEP_SLACK of the limit)."""
+def _stepped(limit: float, use: float, added: float) -> tuple[int, float, float]:
+    """step_left's step for a shard adding ``added`` at the rack's ``use`` (the same arithmetic), and the
+    range of the use, exclusive both ends, within which it holds: its boundaries drawn in by _STEP_SLACK of
+    the limit. One call, not two: a repair steps most of a slate's entries again."""
     if limit <= 0:
-        return -_INFINITY, _INFINITY
+        return 0, -_INFINITY, _INFINITY
+    step = math.floor((limit - use - added) * HEADROOM_STEPS / limit + 1e-9)
     slack = limit * _STEP_SLACK
     # step_left is at least t while use <= limit - added - (t - 1e-9) * limit / HEADROOM_STEPS.
-    low = -_INFINITY if step >= HEADROOM_STEPS else limit - added - (step + 1 - 1e-9) * limit / HEADROOM_STEPS + slack
+    if step >= HEADROOM_STEPS:
+        step, low = HEADROOM_STEPS, -_INFINITY
+    else:
+        if step < 0:
+            step = 0
+        low = limit - added - (step + 1 - 1e-9) * limit / HEADROOM_STEPS + slack
     high = _INFINITY if step <= 0 else limit - added - (step - 1e-9) * limit / HEADROOM_STEPS - slack
-    return low, high
+    return step, low, high
 
 
 class _Log:
@@ -201,8 +208,7 @@ class _Cell:
         within which it holds (kept until the use changes: alike nodes and shapes ask the same)."""
         known = self._steps.get(added)
         if known is None:
-            step = step_left(self.limit, self.use, added)
-            known = self._steps[added] = (step, *_range_of(self.limit, added, step))
+            known = self._steps[added] = _stepped(self.limit, self.use, added)
         return known
 
 
@@ -343,6 +349,23 @@ class _Slate:
         self.changed()
         return entry
 
+    def redraw(self, name: str, base: tuple) -> bool:
+        """A candidate's new draw and use added (a reading moved them) in its place, when its key stays; False,
+        changing nothing, when it would move. Its version stays: a walk's power refusals read a use that moved
+        (the reading's) and are worded again from the entry; its other reasons read neither."""
+        entry = _entry_of(base, self.group.step_cell)
+        old = self.entries[name]
+        if entry[0] != old[0]:
+            return False
+        order = self.order
+        order[bisect_left(order, old)] = self.entries[name] = entry
+        self.bases[name] = base
+        if entry[5] > self.low:
+            self.low = entry[5]
+        if entry[6] < self.high:
+            self.high = entry[6]
+        return True
+
     def take(self, name: str) -> None:
         """Take a candidate out (the range stays as narrow: a later repair widens it)."""
         entry = self.entries.pop(name)
@@ -354,16 +377,15 @@ class _Slate:
     def repair(self) -> None:
         """Step again the entries whose range the rack's use left, and put them in order."""
         cell = self.group.step_cell
-        use = cell.use
+        use, limit = cell.use, cell.limit
         low, high = -_INFINITY, _INFINITY
         order, entries = self.order, self.entries
-        stepped = cell.stepped
         moved = False
         for at, entry in enumerate(order):
             below, above = entry[5], entry[6]
             if not below < use < above:
                 (_, pack, name), draw, added, _, out, _, _ = entry
-                step, below, above = stepped(added)
+                step, below, above = _stepped(limit, use, added)  # most are new figures: not kept
                 order[at] = entries[name] = ((-step, pack, name), draw, added, step, out, below, above)
                 moved = True
             if below > low:
@@ -452,7 +474,7 @@ class _Ranking:
 
     __slots__ = (
         "request", "shape", "bounds", "versions", "middles", "heap", "existing", "counts", "spread", "improved",
-        "epoch", "walk",
+        "epoch", "walk", "checks",
     )
 
     def __init__(self, request: ReplicaRequest, shape: _Shape, counts: dict[Domain, int], epoch: int) -> None:
@@ -468,6 +490,7 @@ class _Ranking:
         self.improved = shape.improved_start + len(shape.improved)
         self.epoch = epoch
         self.walk: _Walk | None = None
+        self.checks = candidate_filters(request.profile, frozenset())  # a plan with exclusions asks its own
 
     def learn(self) -> None:
         """Take in the slates the shape made since this ranking last looked."""
@@ -768,6 +791,7 @@ class PlacementIndex:
             _remove(group.by_replicas, old.replicas, node.name)
             _insert(group.by_replicas, node.replicas, node.name)
         fell = False
+        change = 0.0
         if group.cells:
             term = self._term(node)
             change = term - self._term(old)
@@ -777,8 +801,11 @@ class PlacementIndex:
                 fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
         # A kept walk passes the node over again for its reason only while what the filters read stays.
         refiltered = filter_inputs(old) != filter_inputs(node)
+        # A walk's power refusals are worded again when their domains' use moves: a candidate whose figures
+        # moved with its use keeps its place (and the walks through it) while its key stays.
+        redrawn = not refiltered and (bool(change) or not group.cells)
         for shape in self._shapes.values():
-            self._reshape(shape, entry, refiltered)
+            self._reshape(shape, entry, refiltered, redrawn)
             if fell:
                 use = group.step_cell.use
                 for slate in shape.in_rack.get(group.step_cell, ()):
@@ -811,8 +838,9 @@ class PlacementIndex:
         pack = free - gpus if gpus > 0 else node.replicas  # pack_value
         return (pack, node.name), draw, added, unavailable_reason(node, entry.held)
 
-    def _reshape(self, shape: _Shape, entry: _Entry, refiltered: bool) -> None:
-        """The node's entry in the shape, after its view changed (``refiltered``: in what the filters read)."""
+    def _reshape(self, shape: _Shape, entry: _Entry, refiltered: bool, redrawn: bool = False) -> None:
+        """The node's entry in the shape, after its view changed (``refiltered``: in what the filters read;
+        ``redrawn``: only in its reading, which moved its domains' use)."""
         node = entry.node
         name = node.name
         was = shape.of_node.get(name)
@@ -826,10 +854,13 @@ class PlacementIndex:
         weights = shape.weights_of(node)
         if was is not None and was.gpu_model == gpu_model and was.weights == weights:
             slate = was
-            if slate.bases[name] == base:
+            kept = slate.bases[name]
+            if kept == base:
                 if refiltered:
                     slate.changed()  # in the same place, but a walk through it is walked again
                 return  # a reading that moves nothing of this shape's (measured below placed)
+            if redrawn and kept[0] == base[0] and kept[1] == base[1] and kept[3] == base[3] and slate.redraw(name, base):
+                return  # a reading within its step: the same place, only the power figures moved
         else:
             slate = shape.slate(entry.group, gpu_model, weights)
         if was is not None:
@@ -928,7 +959,7 @@ class PlacementIndex:
             for domain, count in spread_counts(existing[len(ranking.existing) :], _NodesOf(self._nodes)).items():
                 counts[domain] = counts.get(domain, 0) + count
                 for group in self._groups_in.get(domain, ()):
-                    spread[group] = spread_of(group.spread, counts)
+                    spread[group] += count  # spread_of: the sum of its racks' and PDUs' counts
                     if walk is not None:
                         for slate in ranking.shape.of_group.get(group, ()):
                             if slate in walk.last:
@@ -1137,6 +1168,7 @@ class PlacementIndex:
             rejections, reasons, trail, last, read, reads, end = {}, {}, [], {}, {}, {}, None
         heap, by_id, nodes = ranking.heap, ranking.shape.by_id, self._nodes
         spread, middles = ranking.spread, ranking.middles
+        checks = candidate_filters(profile, exclude) if exclude else ranking.checks
         checked = None  # the heap's first entry, once _top made it exact (nothing moves during a plan)
         played = 0  # how much of the replay is passed over again
         while True:
@@ -1179,7 +1211,11 @@ class PlacementIndex:
                 reason = out  # what base_rejection would say first, kept in the entry
                 if reason is None:
                     indexed = nodes[name]
-                    reason = base_rejection(indexed.node, profile, indexed.held, exclude)
+                    node = indexed.node
+                    for reject in checks:  # base_rejection's, less those a candidate passes
+                        reason = reject(node, profile, None, exclude)
+                        if reason is not None:
+                            break
                     if reason is None:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
                         adds = added or 0.0
@@ -1203,7 +1239,7 @@ class PlacementIndex:
                         # Where each walked slate goes on holds for the next plan once the whole replay was
                         # passed over again (else a replayed slate's last place is earlier than its entry).
                         return self._chosen(
-                            ranking, slate, at, indexed.node, draw, step, rejections, reasons, trail, last,
+                            ranking, slate, at, node, draw, step, rejections, reasons, trail, last,
                             frontier if played == replay.size else None, read, reads, exclude, end,
                         )
                 rejections[name] = reason

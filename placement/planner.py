@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -492,6 +492,26 @@ def base_rejection(
         if reason is not None:
             return reason
     return None
+
+
+def candidate_filters(profile: Profile, exclude: frozenset[str]) -> tuple[Callable[..., str | None], ...]:
+    """base_rejection's filters, in order, that can turn down a node known to be ready, not cordoned, not
+    held and with the cards the profile asks free (the index's candidates): each of the others passes such
+    a node whatever else it is, so the first refusal is the same."""
+    passes: set[Callable[..., str | None]] = {_ready, _cordoned, _held, _gpus}
+    if not exclude:
+        passes.add(_excluded)
+    if profile.selector is None:
+        passes.add(_selector)
+    if profile.topology == ANY or profile.gpus < 2:
+        passes.add(_topology)
+    if profile.cpu_cores <= 0:
+        passes.add(_cpus)
+    if profile.memory_gib <= 0:
+        passes.add(_memory)
+    if profile.nodes <= 1:
+        passes.add(_fabric)
+    return tuple(reject for reject in _BASE if reject not in passes)
 
 
 def recheck_rejection(node: NodeView, request: ReplicaRequest, held: str | None) -> str | None:
