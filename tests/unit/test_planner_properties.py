@@ -23,9 +23,12 @@ from placement.planner import (
     Profile,
     ReplicaRequest,
     apply_shard,
+    base_rejection,
+    candidate_filters,
     domain_uses,
     plan_replica,
 )
+from placement.selector import parse_selector
 from placement.topology import NVLINK, UNKNOWN_LINK, GpuTopology, topology_of, worst_link
 from tests.fakes.gpu_machines import MACHINES, reported_topology
 
@@ -467,6 +470,21 @@ def test_replicas_stay_even_across_racks_by_count(racks, per_rack, data):
     per = Counter(name.split("-")[0] for replica in existing for name in replica)
     assert max(per.values()) - min(per.values()) <= 1, per
     assert max(per.values()) <= 2, per
+
+
+@FAST
+@given(clusters(), requests(), st.sampled_from([None, "gpu.model in (H200)", "gpu.model notin (H100), rack"]),
+       st.data())
+def test_a_candidates_first_refusal_is_base_rejections(nodes, request, selector, data):
+    """The index checks a candidate — ready, not cordoned, not held, its cards free — against only the
+    filters that can turn such a node down: the first refusal is base_rejection's, word for word."""
+    profile = dataclasses.replace(request.profile, selector=selector and parse_selector(selector))
+    exclude = frozenset(data.draw(st.lists(st.sampled_from([n.name for n in nodes]), max_size=2)))
+    checks = candidate_filters(profile, exclude)
+    candidates = [n for n in nodes if n.ready and not n.cordoned and len(n.free_gpus) >= profile.gpus]
+    for node in candidates:
+        first = next((r for r in (reject(node, profile, None, exclude) for reject in checks) if r), None)
+        assert first == base_rejection(node, profile, None, exclude), node
 
 
 @st.composite
