@@ -160,13 +160,14 @@ class _Cell:
     """
 
     __slots__ = (
-        "budget", "margin", "limit", "use", "terms", "_exact", "_refusals", "_steps", "version", "log", "groups",
+        "budget", "margin", "limit", "ceiling", "use", "terms", "_exact", "_refusals", "_steps", "version", "log", "groups",
     )
 
     def __init__(self, budget: Budget, margin: float, log: _Log) -> None:
         self.budget = budget
         self.margin = margin
         self.limit = budget.limit_watts(margin)
+        self.ceiling = self.limit + EPSILON_WATTS  # a use past it may refuse (would_pass_limit)
         self.use = budget.other_watts
         self.terms: dict[str, float] = {}
         self._exact: float | None = None
@@ -330,11 +331,25 @@ class _Slate:
         """The order made from ``bases``, at the rack's use of now."""
         cell = self.group.step_cell
         entries = self.entries
-        for name, base in self.bases.items():
-            entries[name] = _entry_of(base, cell)
+        low, high = -_INFINITY, _INFINITY
+        if cell is None:
+            for name, base in self.bases.items():
+                entries[name] = _entry_of(base, cell)
+        else:
+            stepped = cell.stepped
+            for name, base in self.bases.items():  # _entry_of's, spelt out: a new shape steps every candidate
+                (pack, _), draw, added, out = base
+                if added is None:
+                    entries[name] = (-FULL_HEADROOM, pack, name), draw, added, FULL_HEADROOM, out, -_INFINITY, _INFINITY
+                    continue
+                step, below, above = stepped(added)
+                entries[name] = (-step, pack, name), draw, added, step, out, below, above
+                if below > low:
+                    low = below
+                if above < high:
+                    high = above
         self.order = sorted(entries.values())
-        self.low = max((entry[5] for entry in self.order), default=-_INFINITY)
-        self.high = min((entry[6] for entry in self.order), default=_INFINITY)
+        self.low, self.high = low, high
         self.changed()
 
     def put(self, name: str, base: tuple) -> tuple:
@@ -567,7 +582,7 @@ def _reword_one(slate: _Slate, position: int, moved: set, rejections: dict, reas
     adds = added or 0.0
     reason = None
     for cell in slate.group.cells:  # the first that refuses, in level order, as plan_replica says it
-        if cell.use + adds > cell.limit + EPSILON_WATTS:
+        if cell.use + adds > cell.ceiling:
             reason = cell.refusal(draw, adds)
             if reason is not None:
                 break
@@ -724,8 +739,9 @@ class PlacementIndex:
             self.apply_shard(shard)
 
     def apply_shard(self, shard: ShardPlan) -> None:
-        """Record one committed shard."""
-        self.update_node(apply_shard(self._nodes[shard.node].node, shard))
+        """Record one committed shard (the node stays where it is, and changes: no need to compare)."""
+        entry = self._nodes[shard.node]
+        self._replace(entry, apply_shard(entry.node, shard))
 
     def _afresh(self) -> None:
         """Every shape and ranking is made afresh when next asked."""
@@ -880,20 +896,22 @@ class PlacementIndex:
             return shape
         shape = self._shapes[kind] = _Shape(profile, frozenset((model,)))
         gpus = profile.gpus
+        nodes, of_node, base_of, weights_of = self._nodes, shape.of_node, self._base, shape.weights_of
         for group in self._groups.values():
             buckets = group.by_free if gpus > 0 else group.by_replicas
+            slates: dict[tuple, _Slate] = {}  # the group's, by GPU model and weights
             for bucket, names in buckets.items():
                 if bucket < gpus:
-                    continue
+                    continue  # too few free cards: no candidate (the others have enough, _base's test)
                 for name in names:
-                    entry = self._nodes[name]
-                    base = self._base(shape, entry)
-                    if base is not None:
-                        node = entry.node
-                        slate = shape.of_node[name] = shape.slate(
-                            group, node.labels.get("gpu.model"), shape.weights_of(node)
-                        )
-                        slate.bases[name] = base
+                    entry = nodes[name]
+                    node = entry.node
+                    alike = (node.labels.get("gpu.model"), weights_of(node))
+                    slate = slates.get(alike)
+                    if slate is None:
+                        slate = slates[alike] = shape.slate(group, *alike)
+                    of_node[name] = slate
+                    slate.bases[name] = base_of(shape, entry)
         for slate in shape.by_id:
             slate.fill()
         return shape
@@ -1191,19 +1209,10 @@ class PlacementIndex:
                 break
             slate = by_id[sid]
             order, cells, size = slate.order, slate.group.cells, len(slate.order)
-            # The first key of the other slates: this one's entries go first until one passes it (all of
-            # them, when it is of a later spread or rank). Stale heap entries only stop the run early.
-            limit = frontier[0][0] if frontier else None
-            if heap and (limit is None or heap[0][:7] < limit):
-                limit = heap[0][:7]
-            if played < replay.size:
-                following = replay.key(played)
-                if limit is None or following < limit:
-                    limit = following
             spread_of_slate, rank = spread[slate.group], slate.group.rank
             efficiency, weights = middles[sid]
-            if limit is not None and (limit[0], limit[1]) > (spread_of_slate, rank):
-                limit = None
+            bounded = False  # the limit below, worked out once the walk goes past the slate's first place
+            limit = places = None  # places: the slate's group's power refusals in ``reads``
             while True:
                 key, draw, added, step, out, _, _ = order[at]
                 name = key[2]
@@ -1220,14 +1229,17 @@ class PlacementIndex:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
                         adds = added or 0.0
                         for cell in cells:
-                            if cell.use + adds > cell.limit + EPSILON_WATTS:
+                            if cell.use + adds > cell.ceiling:
                                 reason = cell.refusal(draw, adds)
                                 if reason is not None:
-                                    places = reads.get(slate.group)  # worded again when their use moves
-                                    if places is None:
-                                        places = reads[slate.group] = {}
-                                        _read(slate.group, read)
-                                    places[(slate, at, True)] = None
+                                    if places is None:  # worded again when their use moves
+                                        group = slate.group
+                                        places = reads.get(group)
+                                        if places is None:
+                                            places = reads[group] = {}
+                                            _read(group, read)
+                                    place = (slate, at, True)
+                                    places[place] = None
                                     power = True
                                     break
                     if reason is None:
@@ -1244,11 +1256,24 @@ class PlacementIndex:
                         )
                 rejections[name] = reason
                 reasons[reason] = reasons.get(reason, 0) + 1
-                trail.append((slate, at, power))
+                trail.append(place if power else (slate, at, False))
                 last[slate] = at
                 at += 1
                 if at == size:
                     break
+                if not bounded:
+                    # The first key of the other slates: this one's entries go first until one passes it (all
+                    # of them, when it is of a later spread or rank). Stale heap entries only stop it early.
+                    bounded = True
+                    limit = frontier[0][0] if frontier else None
+                    if heap and (limit is None or heap[0][:7] < limit):
+                        limit = heap[0][:7]
+                    if played < replay.size:
+                        following = replay.key(played)
+                        if limit is None or following < limit:
+                            limit = following
+                    if limit is not None and (limit[0], limit[1]) > (spread_of_slate, rank):
+                        limit = None
                 if limit is not None:
                     following = order[at][0]
                     if limit < (spread_of_slate, rank, following[0], efficiency, weights, following[1], following[2]):
