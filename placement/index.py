@@ -1276,8 +1276,9 @@ class PlacementIndex:
                         limit = None
                 if limit is not None:
                     following = order[at][0]
-                    if limit < (spread_of_slate, rank, following[0], efficiency, weights, following[1], following[2]):
-                        heappush(frontier, (ranking.key_at(slate, at), sid, at))
+                    following = (spread_of_slate, rank, following[0], efficiency, weights, following[1], following[2])
+                    if limit < following:  # its key_at: the frontier keeps it
+                        heappush(frontier, (following, sid, at))
                         break
         # Nothing fits: no walk is kept; every slate walked goes back into the heap.
         self._put_back(ranking, waiting, last)
