@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from urllib.parse import parse_qsl
 
 from asgiref.sync import async_to_sync
 from channels.generic.websocket import WebsocketConsumer
@@ -22,6 +23,7 @@ from agents import events
 from agents.events import NODES_GROUP, PLACEMENT_GROUP
 from agents.models import Node
 from agents.node.protocol import is_node_name
+from llmgw.api import text_fault
 from llmgw.jsonguard import json_depth_exceeds
 from llmgw.permissions import can_read
 
@@ -34,7 +36,7 @@ MAX_DEPTH = 8
 
 
 def page_message(text_data: str | None) -> dict:
-    """What a page sent (a flat object), or {}: anything large or nested is not from it, and is ignored
+    """What a page sent (a flat object), or {}: anything large, nested or unstorable is not from it, and is ignored
     (unread by a recursive parser: `[` × 100,000 would end in RecursionError)."""
     if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
         return {}
@@ -42,7 +44,15 @@ def page_message(text_data: str | None) -> dict:
         message = json.loads(text_data)
     except ValueError:
         return {}
-    return message if isinstance(message, dict) else {}
+    if not isinstance(message, dict):
+        return {}
+    # Text the database cannot take (a NUL, a lone surrogate), as itself or %-escaped in the filter's query:
+    # not from the page either (its own request with it is refused, llmgw.textguard); read, it would end the
+    # socket with the database's error at its next render.
+    texts = [value for value in message.values() if isinstance(value, str)]
+    if isinstance(message.get("filter"), str):
+        texts += [text for pair in parse_qsl(message["filter"][:1000]) for text in pair]
+    return {} if any(text_fault(text) for text in texts) else message
 
 
 class ReaderConsumer(WebsocketConsumer):
@@ -155,8 +165,6 @@ class NodesConsumer(ReaderConsumer):
             self.send(text_data=html)
 
     def summary_html(self) -> str:
-        from urllib.parse import parse_qsl
-
         from agents.views import node_summary
 
         return render_to_string("agents/_node_summary.html", {**node_summary(dict(parse_qsl(self.filter))), "oob": True})
@@ -233,8 +241,6 @@ class FilteredPageConsumer(ReaderConsumer):
                 self.render()
 
     def params(self) -> dict[str, str]:
-        from urllib.parse import parse_qsl
-
         return dict(parse_qsl(self.filter))
 
     def placement_changed(self, event: dict) -> None:

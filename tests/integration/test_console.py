@@ -509,3 +509,38 @@ def test_a_nul_in_a_console_query_is_a_400_naming_the_parameter(login, join_node
     answer = login("viewer").get(f"/models/?{query}")
     assert answer.status_code == 400
     assert f"<h1>{named}: must not contain NUL characters</h1>".encode() in answer.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_socket_message_holding_text_the_database_cannot_take_is_ignored_and_the_socket_lives(make_user):
+    from agents.consumers import ModelsConsumer, NodesConsumer
+    from agents.events import nodes_changed, placement_changed
+    from placement.models import Model
+
+    heartbeat("gpu01", rack="r1", gpus=1)
+    Model.objects.create(name="m01", replicas=0, gpus=1)
+    user, _ = make_user("viewer1", "viewer")
+
+    async def run():
+        from asgiref.sync import sync_to_async
+
+        nodes = communicate("/ws/nodes/", user, NodesConsumer)
+        models = communicate("/ws/models/", user, ModelsConsumer)
+        assert (await nodes.connect())[0] and (await models.connect())[0]
+        await nodes.send_json_to({"shown": "gpu01"})
+        for bad in ({"shown": "gpu01 a\x00b"}, {"shown": "gpu01 \ud800"}, {"filter": "q=a%00b"},
+                    {"filter": "state=ready", "shown": "\x00"}):
+            await nodes.send_json_to(bad)
+        for bad in ({"filter": "q=a%00b"}, {"filter": "model=%00"}, {"filter": "q=\ud800"}, {"filter": "%00=1"}):
+            await models.send_json_to(bad)
+        await nodes.receive_nothing(0.2)
+        await sync_to_async(nodes_changed)()
+        await sync_to_async(placement_changed)()
+        row, page = await nodes.receive_from(timeout=5), await models.receive_from(timeout=5)
+        await nodes.disconnect()
+        await models.disconnect()
+        return row, page
+
+    row, page = async_to_sync(run)()
+    assert row.startswith('<tr id="node-gpu01" hx-swap-oob="true"')  # the rows it said before
+    assert 'id="model-m01"' in page  # the page it showed before: no filter
