@@ -69,6 +69,25 @@ def test_an_integer_past_pythons_limit_is_a_400_naming_the_line(admin_client):
     assert answer.status_code == 400 and "scenario.yaml line 3:" in answer.json()["detail"]
 
 
+def test_a_feed_supplying_more_pdus_or_racks_than_the_bound_is_a_400_and_nothing_is_applied(admin_client):
+    from facility.feed_services import MAX_FEED_NAMES
+    from facility.models import Budget, Feed
+
+    for key in ("pdus", "racks"):
+        names = ", ".join(f"p{i}" for i in range(MAX_FEED_NAMES + 1))
+        text = (
+            "facility:\n  margin: 0.2\n  feeds:\n"
+            "    - {name: A2, voltage: 415, amperage: 32, phase: three, pdus: [p-a]}\n"
+            f"    - {{name: A1, voltage: 415, amperage: 32, phase: three, {key}: [{names}]}}\n"
+        )
+        answer = admin_client.post("/api/v1/facility/apply", {"text": text}, content_type="application/json")
+        assert answer.status_code == 400
+        assert answer.json()["detail"] == f"server.yaml line 5: facility.feeds[1].{key}: at most 1,000 names, not 1,001"
+        assert answer.json()["field"] == f"facility.feeds[1].{key}"
+    assert not Feed.objects.exists() and not Budget.objects.exists()
+    assert admin_client.get("/api/v1/facility").json()["settings"]["margin"] != 0.2
+
+
 def test_a_file_too_large_is_refused_unread(tmp_path):
     big = tmp_path / "server.yaml"
     with big.open("w") as handle:
