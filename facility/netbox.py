@@ -131,8 +131,14 @@ def _feeds(found: list[tuple[str, str, Mapping[str, Any], list[str], list[str]]]
     counts: dict[str, int] = defaultdict(int)
     for _, name, *_ in found:
         counts[name] += 1
+    taken: set[str] = set()
     for panel, name, raw, pdus, racks in sorted(found, key=lambda f: (f[1], f[0])):
         qualified = name if counts[name] == 1 else f"{panel}.{name}"
+        if qualified in taken:
+            # A row given twice, or names NetBox tells apart by characters a name here cannot hold (A 1, A/1):
+            # the feeds are stored by name, so a second would replace the first behind the diff's back.
+            plan.skipped.append(f"power feed {panel}/{name}: another feed of this import is named {qualified} already")
+            continue
         try:
             feed = feed_from_netbox(qualified, raw, pdus=pdus, racks=racks, default_utilization=default_utilization)
         except InvalidInput as exc:
@@ -141,6 +147,7 @@ def _feeds(found: list[tuple[str, str, Mapping[str, Any], list[str], list[str]]]
             else:
                 plan.skipped.append(f"power feed {panel}/{name}: {exc.message}")
             continue
+        taken.add(qualified)
         plan.feeds.append(feed)
         if feed.status == "failed":
             plan.notes.append(f"feed {feed.name} has failed: what it fed runs on its other feeds now (N−1)")

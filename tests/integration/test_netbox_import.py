@@ -172,3 +172,28 @@ def test_csv_export_of_power_feeds(tmp_path, capsys, join_node):
     assert ctl(["facility", "import", "netbox", "--csv", str(path)]) == 0
     rack = Budget.objects.get(domain="rack:r1")
     assert round(rack.cap_watts) == 18401 and rack.derived_from.startswith("feed A1 415 V 32 A 3φ 80 %")
+
+
+def test_two_feeds_one_name_here_keeps_the_first_and_names_the_other_skipped(admin_client, join_node):
+    join_node("n1", rack="r1")
+    join_node("n2", rack="r2")
+    csv = (
+        "Name,Power Panel,Rack,Voltage,Amperage,Phase,Max Utilization\n"
+        "A1,P1,r1,415,32,Three-phase,80\n"
+        "A1,P1,r2,415,16,Three-phase,80\n"  # the same panel and name again
+        "B 1,P1,r1,415,32,Three-phase,80\n"
+        "B/1,P1,r2,415,16,Three-phase,80\n"  # B-1 here, as B 1 is
+    )
+    dry = admin_client.post(
+        "/api/v1/facility/import/netbox", {"csv": csv, "dry_run": True}, content_type="application/json"
+    ).json()
+    applied = admin_client.post("/api/v1/facility/import/netbox", {"csv": csv}, content_type="application/json").json()
+    assert applied == {**dry, "applied": True}  # the diff said what was written
+    assert [f["name"] for f in applied["feeds_added"]] == ["P1.A1", "P1.B-1"]
+    assert applied["skipped"] == [
+        "power feed P1/A1: another feed of this import is named P1.A1 already",
+        "power feed P1/B-1: another feed of this import is named P1.B-1 already",
+    ]
+    assert {f.name: f.racks for f in Feed.objects.all()} == {"P1.A1": ["r1"], "P1.B-1": ["r1"]}
+    assert [c["domain"] for c in applied["caps"]] == ["rack:r1"]
+    assert not Budget.objects.filter(domain="rack:r2").exists()
