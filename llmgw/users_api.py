@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
@@ -12,8 +13,13 @@ from llmgw.permissions import ROLES, IsAdmin
 from llmgw.users import MAX_USERNAME, is_admin_account, token_create
 
 
+@extend_schema_field({"type": "string", "pattern": r"^[\w.@+-]+$", "maxLength": MAX_USERNAME})
+class UsernameField(TextField):
+    """A username as the admin takes one (Django's validator): the schema states its form, the service checks it."""
+
+
 class TokenCreateSerializer(StrictSerializer):
-    username = TextField(max_length=MAX_USERNAME, help_text="made if missing")
+    username = UsernameField(max_length=MAX_USERNAME, help_text="made if missing; letters, digits and @ . + - _")
     role = serializers.ChoiceField(choices=ROLES, help_text="the user's one role from now (viewer or operator)")
 
 

@@ -60,6 +60,15 @@ def test_tokens_are_an_admins_to_make(api, make_user):
                        "role"), ({"username": "bob", "role": "viewer", "admin": True}, "admin")):
         response = client.post("/api/v1/tokens", bad, format="json")
         assert (response.status_code, response.json()["field"]) == (400, field), bad
+    for name in ("bo b", "ev\x1b[2Jil", "bob\n", "bo\u200bb", "x\u202ey"):
+        response = client.post("/api/v1/tokens", {"username": name, "role": "operator"}, format="json")
+        assert response.status_code == 400
+        assert response.json() == {
+            "detail": f"username: {name!r} is not a username: letters, digits and @ . + - _ only", "field": "username"
+        }
+    from django.contrib.auth.models import User
+
+    assert sorted(User.objects.values_list("username", flat=True)) == ["alice", "bob", "operator1"]
     response = client.post("/api/v1/nodes/bad%20name/token", format="json")
     assert (response.status_code, response.json()["field"]) == (400, "node")
     body = client.post("/api/v1/nodes/gpu09/token", format="json").json()  # made before the node joins
