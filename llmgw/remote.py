@@ -89,12 +89,20 @@ class Remote:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise LlmgwError(f"cannot reach {self.url}: {reason}") from None
-        return json.loads(raw) if raw else None
+        if not raw:
+            return None
+        try:
+            return _decoded(raw)
+        except ValueError:
+            # Another server at that address (a web app answering every path with its page, a proxy's login).
+            raise LlmgwError(
+                f"{self.url} answered {method} /api/v1/{path.lstrip('/')} with no JSON: is it llmgw's address?"
+            ) from None
 
     def error(self, code: int, raw: bytes) -> LlmgwError:
         """The error local mode would raise: the API's words, its field, its kind."""
         try:
-            body = json.loads(raw)
+            body = _decoded(raw)
             detail, field = str(body["detail"]), body.get("field")
         except (ValueError, KeyError, TypeError):
             detail, field = f"the server answered {code}", None
@@ -108,6 +116,15 @@ class Remote:
             return LlmgwError(f"{self.url} refused: {detail}")
         kind = {404: NotFound, 409: Conflict}.get(code, InvalidInput if code == 400 else LlmgwError)
         return kind(detail, field=field)
+
+
+def _decoded(raw: bytes) -> Any:
+    """An answer's JSON; ValueError for text that is none, or that nests deeper than Python's parser goes
+    (no answer of llmgw's does)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def remote_from(server: str | None) -> Remote | None:
