@@ -315,10 +315,10 @@ def capping(args) -> int:
 def apply(args) -> int:
     """The file applied whole or refused whole, here or through the API (which reads nothing from its own
     disk: a scenario file the server.yaml names is read here and sent with it)."""
-    from llmgw.yamldoc import read_text
+    from llmgw.yamldoc import read_input
 
     filename = "<stdin>" if args.file == "-" else args.file
-    text = sys.stdin.read() if args.file == "-" else read_text(args.file)
+    text = read_input(args.file)
     body = None
     if getattr(args, "remote", None) is not None:
         body = {"text": text, "filename": filename, "files": named_files(text=text, filename=filename),
@@ -667,10 +667,9 @@ NETBOX_IMPORT_TIMEOUT_SECONDS = 600
 
 
 def _read_utf8(path: str, field: str) -> str:
-    from pathlib import Path
+    from llmgw.yamldoc import read_text
 
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InvalidInput(f"{path}: cannot read: {why}", field=field) from exc
+        return read_text(path)  # within a file's bound: --csv /dev/zero is refused, not read until memory runs out
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, field=field) from exc

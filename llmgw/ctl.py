@@ -12,7 +12,6 @@ import gc
 import importlib
 import os
 import sys
-from pathlib import Path
 
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
@@ -20,6 +19,8 @@ from llmgw.errors import InvalidInput, LlmgwError
 from llmgw.output import printable, printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
+# `ctl login --token-file`: a token is a word of some tens of characters; a file of more holds none.
+MAX_TOKEN_FILE_CHARS = 10_000
 
 EPILOG = """\
 examples:
@@ -73,11 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
 def login_command(args) -> int:
     if args.remote is None:
         raise LlmgwError("login: give --server URL (or LLMGW_URL)")
+    from llmgw.yamldoc import read_input
+
     source = "standard input" if args.token_file == "-" else args.token_file
     try:
-        text = sys.stdin.read() if args.token_file == "-" else Path(args.token_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}", field="token_file") from None
+        # Within a bound: a token is one word, and --token-file /dev/zero must not be read until memory runs out.
+        text = read_input(args.token_file, max_chars=MAX_TOKEN_FILE_CHARS)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, field="token_file") from None
     if not text.strip():
         raise InvalidInput(f"{source}: holds no token", field="token_file")
     if len(text.split()) > 1:  # a token is one word: two lines would go out as a broken header

@@ -150,11 +150,32 @@ def read_text(path, *, max_chars: int = MAX_CHARS) -> str:
         if size > max_chars:
             raise InvalidInput(f"{path}: {size:,} bytes; a file llmgw reads is at most {max_chars:,}")
         with open(path, encoding="utf-8") as handle:
-            return handle.read(max_chars + 1)
+            return _within(handle.read(max_chars + 1), path, max_chars)
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError:
         raise InvalidInput(f"{path}: not UTF-8 text") from None
+
+
+def read_input(path: str, *, max_chars: int = MAX_CHARS) -> str:
+    """:func:`read_text`, or standard input for ``-`` (named ``<stdin>``): read within ``max_chars`` either
+    way, so ``< /dev/zero`` or a pipe that never ends is refused rather than read until memory runs out."""
+    import sys
+
+    if path != "-":
+        return read_text(path, max_chars=max_chars)
+    try:
+        return _within(sys.stdin.read(max_chars + 1), "<stdin>", max_chars)
+    except UnicodeDecodeError:
+        raise InvalidInput("<stdin>: not UTF-8 text") from None
+
+
+def _within(text: str, path, max_chars: int) -> str:
+    """``text`` read with one character to spare: more than ``max_chars`` (a device, a pipe: no size to look
+    at first) is refused."""
+    if len(text) > max_chars:
+        raise InvalidInput(f"{path}: more than {max_chars:,} characters; a file llmgw reads is at most {max_chars:,}")
+    return text
 
 
 @functools.cache

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
@@ -84,10 +83,10 @@ def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
 
 def apply(args) -> int:
     """All the file's models or none, here or through the API (one request, one transaction there too)."""
-    from llmgw.yamldoc import read_text
+    from llmgw.yamldoc import read_input
 
     filename = "<stdin>" if args.file == "-" else args.file
-    text = sys.stdin.read() if args.file == "-" else read_text(args.file)
+    text = read_input(args.file)
 
     def local() -> dict:
         applied = services.models_apply(text=text, filename=filename)

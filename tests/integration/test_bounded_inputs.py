@@ -100,6 +100,50 @@ def test_a_file_too_large_is_refused_unread(tmp_path):
     assert "a file llmgw reads is at most 2,000,000" in done.stderr and "Traceback" not in done.stderr
 
 
+def _fifo_of(tmp_path, name: str, chars: int):
+    """A named pipe a thread writes `chars` characters to (a device or a pipe: no size to look at first)."""
+    import os
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        try:
+            with open(fifo, "w") as handle:
+                for _ in range(chars // 100_000):
+                    handle.write("a" * 100_000)
+        except BrokenPipeError:  # the reader had enough
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+    return fifo
+
+
+def test_ctl_reads_standard_input_and_named_files_within_the_bound(tmp_path, monkeypatch, capsys):
+    from llmgw.ctl import main as ctl
+
+    class Endless:
+        """`< /dev/zero`: read whole, it never ends (memory runs out first)."""
+
+        def read(self, size=-1):
+            assert size is not None and size >= 0, "standard input read without a bound"
+            return "a" * size
+
+    monkeypatch.setattr(sys, "stdin", Endless())
+    too_much = "more than 2,000,000 characters; a file llmgw reads is at most 2,000,000"
+    for argv in (["apply", "-f", "-"], ["facility", "apply", "-f", "-"]):
+        assert ctl(argv) == 1
+        assert capsys.readouterr().err == f"error: <stdin>: {too_much}\n"
+    csv = _fifo_of(tmp_path, "feeds.csv", 10_000_000)
+    assert ctl(["facility", "import", "netbox", "--csv", str(csv), "--dry-run"]) == 1
+    assert capsys.readouterr().err == f"error: {csv}: {too_much}\n"
+    token = _fifo_of(tmp_path, "alice.token", 1_000_000)
+    assert ctl(["--server", "http://127.0.0.1:9", "login", "--token-file", str(token)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {token}: more than 10,000 characters; a file llmgw reads is at most 10,000\n"
+    )
+
+
 def _database(tmp_path) -> None:
     """A data directory with a database, as _llmgw's ctl looks for one before it reads anything else."""
     (tmp_path / "var").mkdir(exist_ok=True)
