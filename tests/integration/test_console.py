@@ -492,6 +492,27 @@ def test_models_page_shows_replicas_where_and_why_and_the_pending_reason(login):
     assert client.get("/models/nope/headroom").status_code == 404
 
 
+def test_the_facility_and_models_pages_show_no_template_comment(login):
+    """Django's {# #} ends on its line: a comment written over several lines reached the page as text."""
+    from pathlib import Path
+
+    from placement.reconcile import reconcile_all
+    from placement.services import model_apply
+
+    heartbeat("gpu01", rack="r1", gpus=8)
+    model_apply(data={"kind": "Model", "name": "llama-70b", "replicas": 1, "profile": {"gpus": 8}})
+    reconcile_all()
+    client = login("viewer")
+    for url in ("/facility/", "/models/", "/models/llama-70b/"):
+        page = client.get(url).content.decode()
+        assert "{#" not in page and "#}" not in page and "comment %}" not in page, url
+    assert "Tells the live socket" not in client.get("/facility/").content.decode()
+    templates = Path(__file__).resolve().parents[2] / "templates"
+    unclosed = [f"{path.relative_to(templates)}:{n}" for path in sorted(templates.rglob("*.html"))
+                for n, line in enumerate(path.read_text().splitlines(), 1) if line.count("{#") > line.count("#}")]
+    assert unclosed == []
+
+
 @pytest.mark.parametrize(
     "path",
     ["/nodes/gpu01%00/", "/nodes/gpu01%00/history", "/models/%00/", "/models/a%00/headroom",
