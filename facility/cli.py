@@ -591,6 +591,7 @@ def what_if_lines(data: dict) -> list[str]:
         for d in data["domains"]
         if d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"]
     ] or ["  (no domain's use changes)"]
+    lines += [f"warning: {w}" for w in data.get("warnings") or ()]  # an older server sends none
     return lines
 
 

@@ -416,6 +416,11 @@ class WhatIfResultSerializer(serializers.Serializer):
     stay = WhatIfStaySerializer(many=True)
     domains = WhatIfDomainSerializer(many=True)
     feed_loss = ViolationSerializer(many=True)
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="a hold's: what holding the domain would warn of (no node is in it; with drain, a domain "
+        "taken past its limit, a replica that cannot move); none for a feed's loss",
+    )
 
 
 # A file sent whole to be applied or imported (server.yaml, models.yaml, NetBox's CSV): at most this many

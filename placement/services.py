@@ -293,8 +293,7 @@ def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None) -> Hold
     if drain is None:
         drain = bool(existing)
     result = whatif.what_if(hold=values["domain"], drain=drain, reason=values["reason"])
-    warnings = whatif.hold_warnings(domain=values["domain"], drain=drain, result=result)
-    return HoldPreview(values["domain"], values["reason"], drain, warnings, result, existing is not None)
+    return HoldPreview(values["domain"], values["reason"], drain, result["warnings"], result, existing is not None)
 
 
 def hold_create(*, domain: Any, reason: Any, drain: bool | None = None, created_by: str = "") -> HoldCreated:

@@ -130,8 +130,9 @@ def what_if(
     is held: PDU swap``), as the real hold's would.
 
     Returns the moves (replica, from, to, why), the replicas blocked and why, the replicas that stay
-    (a hold without drain), each budgeted domain's use before and after against its limit, and for a
-    feed's loss the N−1 report. Nothing is written.
+    (a hold without drain), each budgeted domain's use before and after against its limit, for a
+    feed's loss the N−1 report, and for a hold the warnings holding it would give (:func:`hold_warnings`).
+    Nothing is written.
     """
     if sum(scenario is not None for scenario in (hold, feed, node)) != 1:
         raise InvalidInput("what-if: name a domain to hold, a feed to lose or a node to cordon", field="scenario")
@@ -195,6 +196,8 @@ def what_if(
         }
     )
     out.setdefault("feed_loss", [])
+    # A hold's dry run says what the hold itself would warn of (a name no node is in, a drain's trouble).
+    out["warnings"] = [] if hold is None else hold_warnings(domain=str(domain), drain=drain, result=out)
     return out
 
 

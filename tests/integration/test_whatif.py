@@ -80,6 +80,23 @@ def test_hold_without_drain_moves_nothing_and_lists_what_stays(capsys):
     assert f"{body['moves'][0]['replica']}: " in out
 
 
+def test_what_if_hold_warns_as_the_hold_would_of_a_name_no_node_is_in(capsys, admin_client):
+    load_demo()
+    reconcile_all()
+    assert ctl(["facility", "what-if", "hold", "rack:r1-1", "--drain"]) == 0
+    assert capsys.readouterr().out == (
+        "what if: hold rack:r1-1 --drain\n"
+        "nodes leaving: none\n"
+        "moves (0):\n"
+        "domains (use before -> after, of limit):\n"
+        "  (no domain's use changes)\n"
+        "warning: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02\n"
+    )
+    body = admin_client.post("/api/v1/facility/what-if", {"target": "rack:r1-1"}, content_type="application/json").json()
+    assert body["warnings"] == ["no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02"]
+    assert what_if(hold="rack:r1-01")["warnings"] == [] and what_if(feed="A101")["warnings"] == []
+
+
 def test_what_if_feed_loss_moves_the_replicas_of_nodes_left_dark(join_node):
     from facility.services import facility_apply
 
