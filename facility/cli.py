@@ -505,10 +505,12 @@ def feeds(args) -> int:
     if args.output == "json":
         print_json(data)
         return 0
+    from facility.feeds import rating_text  # pure: a remote ctl loads no Django
+
     rows = [
         [
             f["name"],
-            f["text"].removeprefix(f"feed {f['name']} ").removesuffix(f" ({f['status']})"),
+            rating_text(f),
             f["status"],
             kw(f["capacity_watts"]),
             kw(f["load_watts"]),

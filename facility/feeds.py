@@ -86,6 +86,12 @@ class Feed:
         )
 
 
+def rating_text(row: Mapping) -> str:
+    """A feed row's rating (``feeds_overview``, the API's), as ctl and the console show it beside the feed's
+    name and status: ``415 V 32 A 3φ 80 %``, its ``text`` less those two."""
+    return row["text"].removeprefix(f"feed {row['name']} ").removesuffix(f" ({row['status']})")
+
+
 def leg_name(pdu: str, leg: str) -> str:
     """The domain name of a PDU's leg: ``r1-pdu-a.B``."""
     return f"{pdu}.{leg}"

@@ -36,6 +36,7 @@ from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
 from facility import feed_selectors, selectors
 from facility.conditions import SEVERITY
+from facility.feeds import rating_text
 from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
 from facility.response import CappingConfig, SheddingConfig
@@ -540,7 +541,15 @@ def feeds_context(n1: Mapping[str, Any]) -> dict[str, Any]:
     if not n1["known"]:
         return {"feeds": [], "feed_loss": {"text": "0 violations"}}
     by_feed = {item["feed"]: item["violations"] for item in n1["report"]["feeds"]}
-    feeds = [{**f, "loss": by_feed.get(f["name"], [])} for f in feed_selectors.feeds_overview()["feeds"]]
+    feeds = [
+        {
+            **f,
+            "rating": rating_text(f),
+            **{f"{key}_text": watts_text(f[f"{key}_watts"]) for key in ("capacity", "load", "reserved", "measured")},
+            "loss": by_feed.get(f["name"], []),
+        }
+        for f in feed_selectors.feeds_overview()["feeds"]
+    ]
     return {"feeds": feeds, "feed_loss": n1["report"]}
 
 

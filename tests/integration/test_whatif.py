@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from datetime import timedelta
 
@@ -146,6 +147,22 @@ def test_console_preview_and_feeds_listing(admin_client):
     # The reason is asked for before the preview, as the hold asks for it.
     refused = admin_client.post("/facility/what-if", {"domain": f"rack:{rack}", "drain": "1", "reason": ""})
     assert refused.status_code == 422 and "reason: say why the domain is held" in refused.content.decode()
+
+
+def test_the_consoles_feeds_read_as_ctl_facility_feeds(admin_client, capsys):
+    """Rating, status, capacity, load (what N−1 judges), reserved and measured peak, in ctl's kW."""
+    load_demo()
+    reconcile_all()
+    assert ctl(["facility", "feeds"]) == 0
+    a101 = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("A101 "))
+    name, rating, status, *figures = [c for c in re.split(r"\s{2,}", a101)][:7]
+    assert (rating, status, figures[0]) == ("415 V 50 A 3φ 80 %", "active", "28.8 kW")
+    page = admin_client.get("/facility/").content.decode()
+    row = re.search(r"<tr><td>A101</td>.*?</tr>", page, re.S).group(0)
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[:6] == [name, rating, status, *figures[:3]]  # capacity, load, reserved: ctl's figures
+    assert (figures[3], cells[6]) == ("0.0 kW", "0 W")  # nothing measured: under a kW, the console says watts
+    assert page.count("<th class=\"num\">LOAD</th>") == 1
 
 
 def test_a_dry_hold_with_no_reason_words_its_refusals_as_a_hold_without_one():
