@@ -44,7 +44,8 @@ def register(commands) -> None:
         help="set or remove a node's store labels",
         description=(
             "Set labels in the store (they win over the node's agent.yaml), or remove the store's value with KEY-.\n"
-            "Location keys: llmgw.io/site, room, row, rack, pdu (a comma separated list for a dual-fed rack).\n"
+            "Location keys: llmgw.io/site, room, row, rack, pdu (a comma separated list for a dual-fed rack),\n"
+            "leg (the three-phase legs drawn from, PDU.A, comma separated).\n"
             "Labels may be set before the node joins."
         ),
         epilog="example: llmgw ctl label gpu01 llmgw.io/rack=r12-07 llmgw.io/pdu=r12-07-a,r12-07-b",

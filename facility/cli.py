@@ -30,8 +30,10 @@ def register(commands) -> None:
         description=(
             "Without a subcommand: every domain with its nodes, use, limit, reserved and measured draw, and its hold.\n"
             "A domain's use is its other_watts plus, node by node, node_watts and the larger of what is placed\n"
-            "there and the highest its sensors read in the measured window (15 minutes unless\n"
-            "settings.measured_window_seconds says otherwise); its limit is cap × (1 − margin)."
+            "there and the highest its sensors read in the measured window (server.yaml's\n"
+            "facility.measured_window, else LLMGW_MEASURED_WINDOW_SECONDS; 15 minutes by default);\n"
+            "its limit is cap × (1 − margin).\n"
+            "RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -112,7 +114,8 @@ def register(commands) -> None:
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
     s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
     s.add_argument("domain")
-    s.add_argument("--cap-watts", type=watts_arg, required=True)
+    s.add_argument("--cap-watts", type=watts_arg, required=True,
+                   help="the cap in watts (18400, not 18.4kW); the limit is the cap less the margin")
     s.add_argument(
         "--other-watts", type=watts_arg, default=None,
         help="switches, storage: what llmgw does not see (not given: kept as it is)",
@@ -436,14 +439,23 @@ def budget_delete(args) -> int:
 def register_feeds(sub) -> None:
     from llmgw.ctl import output_option
 
-    f = sub.add_parser("feeds", help="power feeds: capacity, the PDUs and racks they supply, their load")
+    f = sub.add_parser(
+        "feeds",
+        help="power feeds: capacity, the PDUs and racks they supply, their load",
+        description="Each feed: RATING, STATUS, CAPACITY (|V| × A × max_utilization, × √3 three-phase), LOAD (what "
+        "N−1 judges: node by node, node_watts plus the larger of placed and the measured peak, a node's split "
+        "over its live feeds), RESERVED and MEASURED PEAK beside it (each with node_watts, unlike "
+        "`llmgw ctl facility`'s), then each three-phase PDU's legs.",
+    )
     output_option(f)
     f.set_defaults(handler=feeds)
     loss = sub.add_parser(
         "feed-loss",
         help="N−1: what passes its surviving feed's capacity if a feed is lost (0 violations is the state to keep)",
-        description="For the loss of each feed (or the one named): every rack, PDU and feed whose load — "
-        "reserved, and the measured peak — would pass what carries it, and by how much.",
+        description="For the loss of each live feed (or the one named): every rack, PDU, leg and surviving feed "
+        "whose load would pass what carries it, by how much, and any node left with no feed. A load is the use "
+        "`llmgw ctl facility` shows (node by node, node_watts plus the larger of placed and the measured peak); "
+        "reserved and the measured peak are shown beside it.",
     )
     loss.add_argument("feed", nargs="?", help="one feed's name (default: each feed in turn)")
     output_option(loss)

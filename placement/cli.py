@@ -36,11 +36,26 @@ def register(commands) -> None:
     p.add_argument("-f", "--file", required=True, help="the models.yaml")
     p.set_defaults(handler=apply)
 
-    p = commands.add_parser("models", help="list models: replicas placed, ready and pending, and the profile")
+    p = commands.add_parser(
+        "models",
+        help="list models: replicas placed, ready and pending, and the profile",
+        description=(
+            "List models: PLACED (placed of the replicas wanted), READY and PENDING replicas, CLASS (critical,\n"
+            "standard, batch), MIN (min_ready: what llmgw's own drains, shedding and capping keep ready),\n"
+            "TOKENS/J (per GPU model: measured tokens per joule, and tokens/s per replica) and PROFILE (what\n"
+            "one replica needs)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     output_option(p)
     p.set_defaults(handler=models)
 
-    p = commands.add_parser("replicas", help="list replicas: state, nodes and GPUs, why pending")
+    p = commands.add_parser(
+        "replicas",
+        help="list replicas: state, nodes and GPUs, why pending",
+        description="List replicas with STATE, NODES (node[GPUs], a CPU replica's node alone) and REASON (why "
+        "it waits, or why it is being replaced).",
+    )
     p.add_argument("--model", help="only this model's replicas")
     output_option(p)
     p.set_defaults(handler=replicas)
@@ -62,6 +77,8 @@ def register(commands) -> None:
     p = commands.add_parser(
         "headroom",
         help="how many more replicas of a model fit now, and why the next does not (a dry run)",
+        description="How many more replicas of MODEL fit now, placed one after another as placement would, and "
+        "why the next one does not (its refusal's figures are those after the ones that fit). Nothing is written.",
     )
     p.add_argument("model")
     output_option(p)

@@ -1,0 +1,37 @@
+"""`llmgw ctl … --help` names what a person sets and what a figure counts."""
+
+import pytest
+
+from llmgw.ctl import main as ctl
+
+
+def help_of(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        ctl([*argv, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_measured_window_is_named_as_server_yaml_and_the_environment_set_it(capsys):
+    text = help_of(capsys, "facility")
+    assert ("the measured window (server.yaml's facility.measured_window, else LLMGW_MEASURED_WINDOW_SECONDS; "
+            "15 minutes by default)") in text
+    assert "RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts." in text
+
+
+def test_feed_loss_says_its_load_is_the_use_ctl_facility_shows(capsys):
+    assert ("A load is the use `llmgw ctl facility` shows (node by node, node_watts plus the larger of placed and "
+            "the measured peak); reserved and the measured peak are shown beside it.") in help_of(capsys, "facility", "feed-loss")
+    assert "RESERVED and MEASURED PEAK beside it (each with node_watts, unlike `llmgw ctl facility`'s)" in help_of(
+        capsys, "facility", "feeds"
+    )
+
+
+def test_listings_and_labels_say_what_they_hold(capsys):
+    assert "leg (the three-phase legs drawn from, PDU.A, comma separated)" in help_of(capsys, "label", "gpu01", "a=b")
+    assert "MIN (min_ready: what llmgw's own drains, shedding and capping keep ready)" in help_of(capsys, "models")
+    assert "REASON (why it waits, or why it is being replaced)" in help_of(capsys, "replicas")
+    assert "Nothing is written." in help_of(capsys, "headroom", "m")
+    assert "--cap-watts CAP_WATTS the cap in watts (18400, not 18.4kW)" in help_of(
+        capsys, "facility", "budget", "set", "rack:r1"
+    )
