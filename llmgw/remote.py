@@ -158,6 +158,24 @@ def read(args, path: str, local: Callable[[], Any], **params: Any) -> Any:
     return remote.call("GET", path, params=params)
 
 
+# The page a paged listing is read by (GET /replicas answers at most 1,000 a request).
+PAGE = 1000
+
+
+def read_pages(args, path: str, local: Callable[[], list], **params: Any) -> list:
+    """Every row of a paged listing: `local()` where the database is, else the API's GET `path` a page at a
+    time (``offset``, ``limit``) until a page comes back shorter than asked."""
+    remote: Remote | None = getattr(args, "remote", None)
+    if remote is None:
+        return local()
+    rows: list = []
+    while True:
+        page = remote.call("GET", path, params={**params, "offset": len(rows), "limit": PAGE})
+        rows.extend(page)
+        if len(page) < PAGE:
+            return rows
+
+
 def listing(handler: Callable[[Any], int]) -> Callable[[Any], int]:
     """Mark a command that only reads (in local mode too: no write, no signal, no task): llmgw.ctl then
     starts Django with the listings' apps (settings.CTL_READ_APPS), not the whole web stack."""

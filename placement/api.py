@@ -12,6 +12,7 @@ from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput
 from placement import selectors, services
 from placement.capping import capping_listing
+from placement.documents import MAX_REPLICAS_TOTAL
 from placement.serializers import (
     CappingListingSerializer,
     ExplainSerializer,
@@ -103,18 +104,42 @@ class ModelHeadroomView(ApiView):
         return Response(selectors.model_headroom(name))
 
 
+def _whole_number(request, name: str, default: int, minimum: int, maximum: int) -> int:
+    """A query parameter that is a whole number within bounds, else 400 naming it."""
+    text = request.query_params.get(name, str(default))
+    if not (text.isascii() and text.isdigit()) or not minimum <= int(text) <= maximum:
+        raise InvalidInput(f"{name}: a whole number from {minimum} to {maximum:,}", field=name)
+    return int(text)
+
+
+# ?offset= past every replica there can be (documents.MAX_REPLICAS_TOTAL) is refused, not counted through.
+MAX_REPLICAS_OFFSET = MAX_REPLICAS_TOTAL
+
+
 class ReplicaListView(ApiView):
     @documented(
-        summary="Replicas with state, shards and the reason a pending one waits",
+        summary="Replicas with state, shards and the reason a pending one waits: a page, by model and ordinal",
         ok={200: ReplicaSerializer(many=True)},
         errors=(404,),
-        parameters=[OpenApiParameter(
-            "model", str, pattern=STORABLE_TEXT_PATTERN, description="Only this model's replicas"
-        )],
+        parameters=[
+            OpenApiParameter("model", str, pattern=STORABLE_TEXT_PATTERN, description="Only this model's replicas"),
+            OpenApiParameter(
+                "limit", {"type": "integer", "minimum": 1, "maximum": selectors.REPLICAS_PAGE_MAX},
+                OpenApiParameter.QUERY, required=False,
+                description=f"at most this many (default {selectors.REPLICAS_PAGE}); a page shorter is the last",
+            ),
+            OpenApiParameter(
+                "offset", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS_OFFSET},
+                OpenApiParameter.QUERY, required=False, description="skip this many first (default 0)",
+            ),
+        ],
         operation_id="replicas_list",
     )
     def get(self, request):
-        return Response(selectors.replica_rows(model=request.query_params.get("model") or None))
+        limit = _whole_number(request, "limit", selectors.REPLICAS_PAGE, 1, selectors.REPLICAS_PAGE_MAX)
+        offset = _whole_number(request, "offset", 0, 0, MAX_REPLICAS_OFFSET)
+        model = request.query_params.get("model") or None
+        return Response(selectors.replica_rows(model=model, offset=offset, limit=limit))
 
 
 class ShedView(ApiView):

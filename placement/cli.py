@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, listing, read, write
+from llmgw.remote import lazy, listing, read, read_pages, write
 from placement.planner import efficiency_text, gpus_text, profile_text
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -91,11 +90,9 @@ def register(commands) -> None:
     m.set_defaults(handler=delete_model)
 
 
-def _state_counts(rows: Iterable[dict[str, Any]]) -> str:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
-    return ", ".join(f"{n} {state}" for state, n in counts.items()) or "no replicas"
+def _state_counts(states: dict[str, int]) -> str:
+    """``2 ready, 1 pending`` from a model's ``states`` (every replica, where its list holds the first few)."""
+    return ", ".join(f"{n} {state}" for state, n in states.items()) or "no replicas"
 
 
 def apply(args) -> int:
@@ -108,13 +105,13 @@ def apply(args) -> int:
     def local() -> dict:
         applied = services.models_apply(text=text, filename=filename)
         return {"models": [
-            {"name": a.name, "action": a.action, "warning": a.warning, "replica_list": selectors.replica_rows(model=a.name)}
+            {"name": a.name, "action": a.action, "warning": a.warning, "states": selectors.model_detail(a.name)["states"]}
             for a in applied
         ]}
 
     data = write(args, "POST", "apply", {"text": text, "filename": filename}, local)
     for m in data["models"]:
-        print(f"model {m['name']} {m['action']}: {_state_counts(m['replica_list'])}")
+        print(f"model {m['name']} {m['action']}: {_state_counts(m['states'])}")
         if m.get("warning"):
             print(f"warning: {m['name']}: {m['warning']}")
     return 0
@@ -158,7 +155,7 @@ def shards_text(shards: list[dict[str, Any]]) -> str:
 
 @listing
 def replicas(args) -> int:
-    rows = read(args, "replicas", lambda: selectors.replica_rows(model=args.model), model=args.model)
+    rows = read_pages(args, "replicas", lambda: selectors.replica_rows(model=args.model), model=args.model)
     if args.output == "json":
         print_json(rows)
         return 0

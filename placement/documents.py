@@ -55,6 +55,10 @@ MODEL_NAME_MAX_LENGTH = 200
 # schema (placement.serializers) states them, the README lists them. A per-node figure larger than any
 # node can report (agents.node.protocol) could never be placed, so it is refused rather than left pending.
 MAX_REPLICAS = 10_000
+# Every model's replicas together: each is a row the reconcile keeps and every listing reads, so a file of
+# many models cannot make them without end. Twice the largest model; a fleet of 10,000 eight-GPU nodes
+# running four- and eight-GPU replicas holds about 11,000.
+MAX_REPLICAS_TOTAL = 20_000
 MAX_GPUS_PER_NODE = MAX_GPUS  # 64
 MAX_NODES_PER_REPLICA = 1024
 MAX_CPU_CORES = CPU_CORES_MAX  # 16,384

@@ -21,6 +21,11 @@ from placement.models import GpuBooking, Model, NodeBooking, Replica, ReplicaSta
 from placement.planner import gpus_text, profile_text  # noqa: F401  (the model pages and ctl read them here)
 
 HEADROOM_LIMIT = 1000
+# GET /replicas answers a page of this many by default, and at most REPLICAS_PAGE_MAX (?limit=); a model's
+# detail lists its first DETAIL_REPLICAS and counts every one (``states``). A model may hold 10,000.
+REPLICAS_PAGE = 500
+REPLICAS_PAGE_MAX = 1000
+DETAIL_REPLICAS = 100
 # Replica states that hold shards.
 PLACED_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED)
 
@@ -139,12 +144,13 @@ def _replica_dict(
     }
 
 
-def replica_rows(*, model: str | None = None) -> list[dict[str, Any]]:
-    """Every replica (of one model when named), by model and ordinal, with its shards."""
+def replica_rows(*, model: str | None = None, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    """The replicas (of one model when named), by model and ordinal, with their shards: ``limit`` of them
+    from ``offset``, or every one from it."""
     replicas = Replica.objects.select_related("model").order_by("model__name", "ordinal")
     if model is not None:
         replicas = replicas.filter(model=_model(model, field="model"))
-    replicas = list(replicas)
+    replicas = list(replicas[offset : None if limit is None else offset + limit])
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
     moving = moving_reasons(replicas, {r.model_id: r.model for r in replicas})
@@ -196,7 +202,8 @@ def model_rows(names: Iterable[str] | None = None) -> list[dict[str, Any]]:
 
 
 def model_detail(name: str) -> dict[str, Any]:
-    """One model: its counts and profile, and its replicas."""
+    """One model: its counts (every replica by the state shown) and profile, and its first DETAIL_REPLICAS
+    replicas (the rest: replica_rows)."""
     model = _model(name)
     unreachable = unreachable_replicas()
     states = Counter(
@@ -204,7 +211,8 @@ def model_detail(name: str) -> dict[str, Any]:
         for replica_id, state in Replica.objects.filter(model=model).values_list("id", "state")
     )
     body = _model_dict(model, states)
-    body["replica_list"] = replica_rows(model=name)
+    body["states"] = {state: states[state] for state in (*ReplicaState.values, UNREACHABLE) if states[state]}
+    body["replica_list"] = replica_rows(model=name, limit=DETAIL_REPLICAS)
     return body
 
 

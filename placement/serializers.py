@@ -146,7 +146,13 @@ class ReplicaSerializer(serializers.Serializer):
 
 
 class ModelDetailSerializer(ModelRowSerializer):
-    replica_list = ReplicaSerializer(many=True)
+    states = serializers.DictField(
+        child=serializers.IntegerField(min_value=1),
+        help_text="every replica counted by the state shown (a state none is in is left out)",
+    )
+    replica_list = ReplicaSerializer(
+        many=True, help_text="the first 100 replicas by ordinal; every one: GET /replicas?model=NAME (paged)"
+    )
 
 
 class ModelAppliedSerializer(ModelDetailSerializer):

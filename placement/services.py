@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
+from django.db.models import Sum
 
 from agents.models import Node
 from agents.node.protocol import value_shown
-from llmgw.errors import NotFound, is_write_conflict
+from llmgw.errors import InvalidInput, NotFound, is_write_conflict
 from llmgw.sqlin import any_of, sql_in
 from llmgw.yamldoc import read_text
 from placement import documents
@@ -44,7 +45,25 @@ class Applied:
 PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topology", "node_selector")
 
 
+def _replicas_total_check(values: list[dict[str, Any]]) -> None:
+    """Refuse a change that would take every model's replicas together past documents.MAX_REPLICAS_TOTAL,
+    naming the model that asks the most."""
+    asked = {v["name"]: v["replicas"] for v in values}
+    others = Model.objects.exclude(name__in=list(asked)).aggregate(total=Sum("replicas"))["total"] or 0
+    total = others + sum(asked.values())
+    if total <= documents.MAX_REPLICAS_TOTAL:
+        return
+    largest = max(asked, key=lambda name: asked[name])
+    raise InvalidInput(
+        f"replicas: every model's replicas together at most {documents.MAX_REPLICAS_TOTAL:,}; this asks "
+        f"{sum(asked.values()):,} ({value_shown(largest)}: {asked[largest]:,}) where the other models hold "
+        f"{others:,}",
+        field="replicas",
+    )
+
+
 def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
+    _replicas_total_check(documents)
     results = []
     for values in documents:
         name = values["name"]

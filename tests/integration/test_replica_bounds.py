@@ -1,0 +1,84 @@
+"""Replicas are bounded: every model's together (a file of many models is refused whole, naming replicas),
+and a viewer's read of them is a page (GET /replicas, a model's detail); ctl still shows every one."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement.documents import MAX_REPLICAS_TOTAL
+from placement.models import Model, Replica, ReplicaState
+from tests.integration.test_ctl_remote import remote
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def doc(name: str, replicas: int) -> str:
+    return f"kind: Model\nname: {name}\nreplicas: {replicas}\nprofile: {{gpus: 8, command: 'x {{port}}'}}\n"
+
+
+def pending_model(name: str, count: int) -> Model:
+    """A model with ``count`` pending replicas, as a reconcile that found no node leaves it."""
+    model = Model.objects.create(name=name, replicas=count, gpus=8)
+    Replica.objects.bulk_create(
+        Replica(model=model, ordinal=i, state=ReplicaState.PENDING, reason="no node") for i in range(1, count + 1)
+    )
+    return model
+
+
+def test_a_file_taking_every_models_replicas_past_the_bound_is_refused_whole(api):
+    text = "---\n".join(doc(f"m{i}", 10_000) for i in range(10))
+    response = api.post("/api/v1/apply", {"text": text}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "replicas"
+    assert response.json()["detail"] == (
+        "replicas: every model's replicas together at most 20,000; this asks 100,000 ('m0': 10,000) "
+        "where the other models hold 0"
+    )
+    assert not Model.objects.exists() and not Replica.objects.exists()
+
+
+def test_the_bound_counts_the_other_models_and_a_model_changed_counts_once(api):
+    Model.objects.create(name="a", replicas=10_000, gpus=8)
+    Model.objects.create(name="b", replicas=9_000, gpus=8)
+    response = api.post("/api/v1/apply", {"text": doc("c", 1_001)}, format="json")
+    assert response.status_code == 400 and response.json()["field"] == "replicas"
+    assert "this asks 1,001 ('c': 1,001) where the other models hold 19,000" in response.json()["detail"]
+    assert not Model.objects.filter(name="c").exists()
+    # b asked again at 10,000 is counted as itself, not on top of its 9,000: exactly the bound.
+    body = {"kind": "Model", "name": "b", "replicas": MAX_REPLICAS_TOTAL - 10_000, "profile": {"gpus": 8}}
+    assert api.post("/api/v1/models", body, format="json").status_code == 200
+
+
+def test_replicas_are_listed_a_page_at_a_time(viewer_api):
+    pending_model("big", 1_200)
+    response = viewer_api.get("/api/v1/replicas")
+    assert response.status_code == 200
+    assert [r["ordinal"] for r in response.json()] == list(range(1, 501))  # the default page
+    page = viewer_api.get("/api/v1/replicas", {"model": "big", "offset": 1_000, "limit": 1_000}).json()
+    assert [r["ordinal"] for r in page] == list(range(1_001, 1_201))  # shorter than asked: the last
+    for query, field in [({"limit": 1_001}, "limit"), ({"limit": 0}, "limit"), ({"offset": "x"}, "offset"),
+                         ({"offset": MAX_REPLICAS_TOTAL + 1}, "offset")]:
+        response = viewer_api.get("/api/v1/replicas", query)
+        assert response.status_code == 400, query
+        assert response.json()["field"] == field
+    assert viewer_api.get("/api/v1/replicas", {"limit": 1_001}).json()["detail"] == (
+        "limit: a whole number from 1 to 1,000"
+    )
+
+
+def test_a_models_detail_lists_its_first_replicas_and_counts_every_one(viewer_api):
+    pending_model("big", 1_200)
+    body = viewer_api.get("/api/v1/models/big").json()
+    assert [r["ordinal"] for r in body["replica_list"]] == list(range(1, 101))
+    assert body["states"] == {"pending": 1_200}
+    assert body["replicas"]["pending"] == 1_200
+
+
+def test_ctl_replicas_remote_reads_every_page(live_server, make_user, tmp_path):
+    pending_model("big", 2_100)
+    _, key = make_user("viewer1", role="viewer")
+    got = remote(live_server.url, key, "replicas", "--model", "big", home=tmp_path)
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.splitlines()
+    assert len(lines) == 1 + 2_100
+    assert lines[1].split()[:3] == ["big", "#1", "pending"] and lines[-1].split()[:3] == ["big", "#2100", "pending"]
