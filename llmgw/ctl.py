@@ -192,6 +192,11 @@ def run(argv: list[str], *, own_process: bool) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:
+        remote = getattr(args, "remote", None)
+        shape = remote.wrong_shape(exc) if remote is not None else None
+        if shape is not None:
+            print(printable(f"error: {shape.message}"), file=sys.stderr)
+            return 1
         # Only in local mode (remote_from may have failed before args.remote was set: not a database's).
         trouble = database_trouble(exc) if getattr(args, "remote", True) is None else None
         if trouble is None:

@@ -60,6 +60,9 @@ class Remote:
         self.token = token
         # Where the token was read (a refusal says where to look): LLMGW_TOKEN, a file; None: the saved one.
         self.token_from = token_from
+        # The last request answered with JSON (``GET /api/v1/nodes``): an answer of a shape no llmgw writes
+        # fails the command's reading of it, and ctl then names this (wrong_shape).
+        self.answered: str | None = None
 
     def call(
         self, method: str, path: str, *, params: dict | None = None, body: Any = None, timeout: float = TIMEOUT_SECONDS
@@ -92,12 +95,24 @@ class Remote:
         if not raw:
             return None
         try:
-            return _decoded(raw)
+            decoded = _decoded(raw)
         except ValueError:
             # Another server at that address (a web app answering every path with its page, a proxy's login).
             raise LlmgwError(
                 f"{self.url} answered {method} /api/v1/{path.lstrip('/')} with no JSON: is it llmgw's address?"
             ) from None
+        self.answered = f"{method} /api/v1/{path.lstrip('/')}"
+        return decoded
+
+    def wrong_shape(self, exc: Exception) -> LlmgwError | None:
+        """What to say when reading an answer failed (`exc`: a TypeError, KeyError … of the command's
+        reading): JSON, but not the shape llmgw's API answers there — another server at the address (a
+        proxy's or another app's JSON). None when no answer was read yet: the failure is not the answer's."""
+        if self.answered is None or not isinstance(exc, TypeError | KeyError | AttributeError | IndexError | ValueError):
+            return None
+        return LlmgwError(
+            f"{self.url} answered {self.answered} with JSON of a shape llmgw's API does not answer: is it llmgw's address?"
+        )
 
     def error(self, code: int, raw: bytes) -> LlmgwError:
         """The error local mode would raise: the API's words, its field, its kind."""
