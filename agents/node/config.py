@@ -122,6 +122,9 @@ TOP_KEYS = (
 BMC_KEYS = ("redfish", "credentials_file", "verify_tls", "ca_file", "chassis", "deadline_seconds")
 # A BMC answers in hundreds of milliseconds to seconds; a read that takes longer is a BMC that is down.
 MAX_BMC_DEADLINE_SECONDS = 5.0
+# token_file and bmc.credentials_file: a token or user:password is a line; a file of more holds neither
+# (ctl's --token-file has the same bound).
+MAX_SECRET_FILE_CHARS = 10_000
 RUNTIME_KEYS = (
     "port_range",
     "grace_seconds",
@@ -227,6 +230,17 @@ def _parse(text: str, path: str, need_token: bool = True) -> AgentConfig:
     )
 
 
+def _secret_read(doc: Document, where: tuple[str, ...], path: Path) -> str:
+    """A token or credentials file, read within MAX_SECRET_FILE_CHARS (as ctl reads its token file): a
+    device or a pipe that never ends (/dev/zero), or a file that is not UTF-8 text, is refused naming the
+    field, never read until memory runs out or let through as a traceback."""
+    try:
+        return read_text(path, max_chars=MAX_SECRET_FILE_CHARS)
+    except InvalidInput as exc:
+        reason = exc.message.removeprefix(f"{path}: ").removeprefix("cannot read: ")
+        raise doc.error(where, f"cannot read {str(path)!r}: {reason}") from None
+
+
 def _token(doc: Document, top: dict[str, Any], base_dir: Path) -> str:
     if "token" in top and "token_file" in top:
         raise doc.error(("token_file",), "give token or token_file, not both")
@@ -240,12 +254,7 @@ def _token(doc: Document, top: dict[str, Any], base_dir: Path) -> str:
         if not isinstance(token_path, str) or not token_path:
             raise doc.error(("token_file",), f"a file path, got {token_path!r}")
         resolved = base_dir / token_path  # a relative path is taken from the config file's folder
-        try:
-            token = resolved.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise doc.error(
-                ("token_file",), f"cannot read {str(resolved)!r}: {exc.strerror or exc}"
-            ) from None
+        token = _secret_read(doc, ("token_file",), resolved).strip()
         if not token:
             raise doc.error(("token_file",), f"{str(resolved)!r} is empty")
         return token
@@ -317,11 +326,7 @@ def _bmc_credentials(doc: Document, given: Any, base_dir: Path) -> tuple[str, st
     if not isinstance(given, str) or not given:
         raise doc.error(where, f"a file path, got {given!r}")
     resolved = base_dir / given  # a relative path is taken from the config file's folder
-    try:
-        text = resolved.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise doc.error(where, f"cannot read {str(resolved)!r}: {reason}") from None
+    text = _secret_read(doc, where, resolved)
     lines = [line for line in text.splitlines() if line.strip()]
     username, colon, password = (lines[0].strip() if len(lines) == 1 else "").partition(":")
     if not colon or not username or not password:

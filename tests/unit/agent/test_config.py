@@ -208,3 +208,35 @@ def test_default_config_names_the_host(monkeypatch: pytest.MonkeyPatch):
     config = default_config()
     assert config.node == "gpu42"
     assert config.server is None
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe\x00binary", "not UTF-8 text"),
+        (b"x" * 10_001, "10,001 bytes; a file llmgw reads is at most 10,000"),
+    ],
+)
+def test_a_token_or_credentials_file_is_read_within_a_bound_as_text(tmp_path: Path, content, reason):
+    (tmp_path / "secret").write_bytes(content)
+    for text, field, line in [
+        ("server: http://cp\nnode: gpu01\ntoken_file: secret\n", "token_file", 3),
+        ("server: http://cp\nnode: gpu01\ntoken: t\nbmc:\n  redfish: https://bmc\n  credentials_file: secret\n",
+         "bmc.credentials_file", 6),
+    ]:
+        (tmp_path / "agent.yaml").write_text(text)
+        with pytest.raises(AgentConfigError) as excinfo:
+            load_config(tmp_path / "agent.yaml")
+        assert str(excinfo.value) == (
+            f"{tmp_path / 'agent.yaml'} line {line}: {field}: cannot read '{tmp_path / 'secret'}': {reason}"
+        )
+
+
+def test_a_token_file_that_never_ends_is_refused_once_past_the_bound(tmp_path: Path):
+    (tmp_path / "agent.yaml").write_text("server: http://cp\nnode: gpu01\ntoken_file: /dev/zero\n")
+    with pytest.raises(AgentConfigError) as excinfo:
+        load_config(tmp_path / "agent.yaml")
+    assert str(excinfo.value) == (
+        f"{tmp_path / 'agent.yaml'} line 3: token_file: cannot read '/dev/zero': more than 10,000 characters; "
+        "a file llmgw reads is at most 10,000"
+    )
