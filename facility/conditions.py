@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.errors import value_shown
+
 OK, WARM, HOT, UNKNOWN = "ok", "warm", "hot", "unknown"
 CONDITIONS: tuple[str, ...] = (OK, WARM, HOT, UNKNOWN)
 # How bad a condition is, for "a node's condition is the worst of its domains'" (unknown places as ok).
@@ -281,7 +283,7 @@ def _threshold_value(key: str, value: object, path: tuple) -> float:
         except ValueError as exc:
             raise ConfigError(path, str(exc)) from None
     elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(path, f"a number, not {value!r}")
+        raise ConfigError(path, f"a number, not {value_shown(value)}")
     else:
         number = float(value)
     lo, hi = THRESHOLD_BOUNDS[key]
@@ -299,7 +301,7 @@ def _rule(raw: object, base: DomainRule, path: tuple, *, allow_domains: bool) ->
             raise ConfigError((*path, key), f"unknown key; this block takes: {', '.join(allowed)}")
     mode = raw.get("mode", base.mode)
     if mode not in MODES:
-        raise ConfigError((*path, "mode"), f"one of {', '.join(MODES)}, not {mode!r}")
+        raise ConfigError((*path, "mode"), f"one of {', '.join(MODES)}, not {value_shown(mode)}")
     thresholds_raw = raw.get("thresholds") or {}
     if not isinstance(thresholds_raw, Mapping):
         raise ConfigError((*path, "thresholds"), f"a mapping of {', '.join(THRESHOLD_KEYS)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from facility.conditions import ConfigError
-from llmgw.errors import InvalidInput
+from llmgw.errors import InvalidInput, value_shown
 
 # A leg is one phase of a three-phase PDU's feed (``leg:<pdu>.A``): it trips alone, so it is budgeted alone.
 LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu", "leg")
@@ -72,13 +72,13 @@ def parse_domain(text: str) -> Domain:
     """``"rack:r12-07"`` → ``Domain("rack", "r12-07")``; anything else raises DomainError."""
     if not isinstance(text, str) or ":" not in text:
         raise DomainError(
-            f"{text!r} is not a domain: write level:name, with level one of {', '.join(LEVELS)}"
+            f"{value_shown(text)} is not a domain: write level:name, with level one of {', '.join(LEVELS)}"
         )
     level, _, name = text.partition(":")
     if level not in LEVELS:
-        raise DomainError(f"{text!r}: unknown level {level!r}; levels are {', '.join(LEVELS)}")
+        raise DomainError(f"{value_shown(text)}: unknown level {value_shown(level)}; levels are {', '.join(LEVELS)}")
     if not _NAME_RE.fullmatch(name) or len(name) > MAX_VALUE_LENGTH:
-        raise DomainError(f"{text!r}: a domain name takes letters, digits, '.', '_' and '-' only")
+        raise DomainError(f"{value_shown(text)}: a domain name takes letters, digits, '.', '_' and '-' only")
     return _domain(level, name)
 
 
@@ -98,7 +98,7 @@ def validate_label(key: str, value: str) -> None:
     if key.lower().startswith(LABEL_PREFIX) or key.lower().startswith(LABEL_PREFIX.rstrip("/") + "."):
         if key not in LOCATION_KEYS:
             raise DomainError(
-                f"unknown label key {key!r}: the llmgw.io/ keys are {', '.join(LOCATION_KEYS)}"
+                f"unknown label key {value_shown(key)}: the llmgw.io/ keys are {', '.join(LOCATION_KEYS)}"
             )
         if not isinstance(value, str) or value == "":
             raise DomainError(f"{key}: a value is required (use {key}- to remove it)")
@@ -108,11 +108,11 @@ def validate_label(key: str, value: str) -> None:
                 allowed = "letters, digits, '.', '_' and '-'"
                 if key in MULTI_KEYS:
                     allowed += " (and ',' between PDUs)" if key == PDU_KEY else " (and ',' between legs)"
-                raise DomainError(f"{key}={value!r}: a value takes {allowed} only")
+                raise DomainError(f"{key}={value_shown(value)}: a value takes {allowed} only")
         return
     if not _FREE_KEY_RE.fullmatch(key):
         raise DomainError(
-            f"label key {key!r} must start with a letter and hold only letters, digits, '.', '_', '/' and '-'"
+            f"label key {value_shown(key)} must start with a letter and hold only letters, digits, '.', '_', '/' and '-'"
         )
     if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
         raise DomainError(f"{key}: a label value is text of at most {MAX_VALUE_LENGTH} characters")
@@ -170,13 +170,13 @@ def parse_location_from(raw: Any) -> dict[str, str]:
     if raw is None or raw in LOCATION_SOURCES:
         return dict.fromkeys(LEVELS, raw or "agents")
     if not isinstance(raw, Mapping):
-        raise ConfigError((), f"agents, store, or a mapping of level to agents or store; not {raw!r}")
+        raise ConfigError((), f"agents, store, or a mapping of level to agents or store; not {value_shown(raw)}")
     levels = dict.fromkeys(LEVELS, "agents")
     for level, source in raw.items():
         if level not in LEVELS:
             raise ConfigError((str(level),), f"unknown level; levels are {', '.join(LEVELS)}")
         if source not in LOCATION_SOURCES:
-            raise ConfigError((level,), f"agents or store, not {source!r}")
+            raise ConfigError((level,), f"agents or store, not {value_shown(source)}")
         levels[level] = source
     return levels
 
@@ -225,5 +225,5 @@ def parse_label_args(args: list[str]) -> dict[str, str | None]:
         elif arg.endswith("-") and len(arg) > 1:
             changes[arg[:-1]] = None
         else:
-            raise InvalidInput(f"{arg!r}: write key=value to set a label or key- to remove it", field="labels")
+            raise InvalidInput(f"{value_shown(arg)}: write key=value to set a label or key- to remove it", field="labels")
     return changes

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from facility.conditions import ConfigError, domain_overrides
+from llmgw.errors import value_shown
 
 SHED_KEYS = ("enabled", "shed_after", "interval", "drop_batch")
 CAPPING_KEYS = ("enabled", "floor_fraction", "lever", "step_fraction", "restore_after")
@@ -71,13 +72,13 @@ def _duration(value: object, path: tuple) -> float:
 
 def _flag(value: object, path: tuple) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(path, f"true or false, not {value!r}")
+        raise ConfigError(path, f"true or false, not {value_shown(value)}")
     return value
 
 
 def _fraction(value: object, path: tuple, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(path, f"a number, not {value!r}")
+        raise ConfigError(path, f"a number, not {value_shown(value)}")
     if not lo <= value <= hi:
         raise ConfigError(path, f"between {lo:g} and {hi:g}, got {value:g}")
     return float(value)
@@ -133,7 +134,7 @@ def parse_capping_config(raw: object) -> CappingConfig:
         values["step_fraction"] = _fraction(raw["step_fraction"], ("step_fraction",), 0.01, 0.5)
     if "lever" in raw:
         if raw["lever"] not in LEVERS:
-            raise ConfigError(("lever",), f"one of {', '.join(LEVERS)}, not {raw['lever']!r}")
+            raise ConfigError(("lever",), f"one of {', '.join(LEVERS)}, not {value_shown(raw['lever'])}")
         values["lever"] = raw["lever"]
     if "restore_after" in raw:
         values["restore_after"] = _duration(raw["restore_after"], ("restore_after",))

@@ -25,6 +25,7 @@ from typing import Any
 from facility.conditions import INLET, SIGNALS, SLOWDOWN_MARGIN, THROTTLE_SHARE, Reading
 from facility.domains import LEVELS, Domain, DomainError, parse_domain
 from llmgw import outbound
+from llmgw.errors import value_shown
 
 _DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
 # A query result beyond these is a mistake, not a measurement.
@@ -46,7 +47,7 @@ def parse_duration(value: Any) -> float:
         if match and any(match.groups()):
             hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
             return hours * 3600 + minutes * 60 + seconds
-    raise ValueError(f"{value!r} is not a duration: write seconds, or text like 90s, 2m, 1h30m")
+    raise ValueError(f"{value_shown(value)} is not a duration: write seconds, or text like 90s, 2m, 1h30m")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,7 @@ def readings_from_vector(
         try:
             domain = parse_domain(f"{signal.domain_label}:{name}")
         except DomainError:
-            errors.append(f"{signal.signal}: {signal.domain_label}={name!r} is not a domain name")
+            errors.append(f"{signal.signal}: {signal.domain_label}={value_shown(name)} is not a domain name")
             continue
         at = min(stamp, now)
         previous = readings.get(domain)

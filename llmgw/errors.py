@@ -5,6 +5,27 @@ The API maps InvalidInput to 400 and Conflict to 409 with the same text the CLI 
 
 from __future__ import annotations
 
+from typing import Any
+
+# Characters of an offending value a refusal quotes: a refusal must not echo 256 KiB back. Here, below
+# every layer (the pure kernel and the node agent import this module), so each quotes values one way.
+SHOWN_CHARS = 40
+
+
+def cut_short(text: str, longest: int) -> str:
+    """``text`` within ``longest`` characters, an ellipsis where it was cut."""
+    return text if len(text) <= longest else text[: longest - 1] + "…"
+
+
+def value_shown(value: Any) -> str:
+    """Any value a person sent, as a refusal quotes it: a float as %g, an integer of 400 digits by its
+    size (str() of it may be refused, a float of it overflows), anything else its repr cut short."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return cut_short(repr(value), SHOWN_CHARS)
+
 
 class LlmgwError(Exception):
     """Base of the errors the services raise for people to read."""

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from llmgw.errors import InvalidInput
+from llmgw.errors import InvalidInput, cut_short
 
 if TYPE_CHECKING:  # PyYAML is imported where a file is read, not by every module that names Document
     import yaml
@@ -121,10 +121,16 @@ class Document:
         return self.lines.get(())
 
 
+# A key a refusal names is cut past this (a label key's longest): a file's 900 KB key is not echoed back.
+MAX_KEY_SHOWN = 253
+
+
 def dotted(path: Path) -> str:
+    """``facility.conditions.mode``, ``feeds[2].pdus``: the field a refusal names, each key cut short."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        key = cut_short(str(part), MAX_KEY_SHOWN)
+        out += f"[{key}]" if isinstance(part, int) else (f".{key}" if out else key)
     return out
 
 

@@ -19,6 +19,7 @@ from dataclasses import field as dataclass_field
 from typing import Any
 
 from facility.domains import MAX_VALUE_LENGTH, DomainError, validate_label
+from llmgw.errors import SHOWN_CHARS, cut_short, value_shown  # noqa: F401  (read here by the layers above)
 
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"})
 REPLICA_STATES = frozenset({"starting", "ready", "stopping", "failed"})
@@ -54,7 +55,7 @@ PID_MAX = 2**31 - 1
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 _CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
-_SHOWN = 40  # characters of an offending value a refusal quotes
+_SHOWN = SHOWN_CHARS  # characters of an offending value a refusal quotes
 
 
 # The fields a replica's command template is filled in with, by name alone.
@@ -96,11 +97,6 @@ def command_problem(template: str) -> str | None:
     return None
 
 
-def cut_short(text: str, longest: int) -> str:
-    """``text`` within ``longest`` characters, an ellipsis where it was cut."""
-    return text if len(text) <= longest else text[: longest - 1] + "…"
-
-
 def carried_text(text: str, longest: int, *, multiline: bool = False) -> str:
     """Text the agent words itself from what it met (an exception's text, a BMC's answer: they may quote
     anything) as a heartbeat may carry it: within ``longest``, each character a heartbeat's text may not
@@ -118,16 +114,6 @@ def message_text(text: str) -> str:
 def _shown(value: Any) -> str:
     """A value as a refusal quotes it: its repr, cut short (a refusal must not echo 256 KiB back)."""
     return cut_short(repr(value), _SHOWN)
-
-
-def value_shown(value: Any) -> str:
-    """Any value a person sent, as a refusal quotes it: a float as %g, an integer of 400 digits by its
-    size (str() of it may be refused, a float of it overflows), a text cut short."""
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
-        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
-    return _shown(value)
 
 
 def control_character_problem(value: str) -> str | None:
