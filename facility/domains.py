@@ -109,6 +109,9 @@ def validate_label(key: str, value: str) -> None:
                 if key in MULTI_KEYS:
                     allowed += " (and ',' between PDUs)" if key == PDU_KEY else " (and ',' between legs)"
                 raise DomainError(f"{key}={value_shown(value)}: a value takes {allowed} only")
+        repeated = sorted({part for part in parts if parts.count(part) > 1})
+        if repeated:  # a node on one PDU listed twice would count its draw twice against it
+            raise DomainError(f"{key}={value_shown(value)}: {value_shown(repeated[0])} is given twice")
         return
     if not _FREE_KEY_RE.fullmatch(key):
         raise DomainError(

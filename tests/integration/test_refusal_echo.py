@@ -39,3 +39,11 @@ def test_a_domain_in_the_path_is_quoted_cut_short(api):
     assert response.json()["detail"] == (
         "domain: 'rack:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa…: a domain name takes letters, digits, '.', '_' and '-' only"
     )
+
+
+def test_a_pdu_given_twice_in_a_label_is_refused_naming_the_label(api, join_node):
+    join_node("gpu01")
+    response = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"llmgw.io/pdu": "r4-02-a,r4-02-a"}}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "labels.llmgw.io/pdu"
+    assert "llmgw.io/pdu='r4-02-a,r4-02-a': 'r4-02-a' is given twice" in response.json()["detail"]
