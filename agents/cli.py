@@ -146,7 +146,8 @@ class NodeWords(argparse.Action):
         elif len(words) == 1 and words[0] != "token":
             namespace.node, namespace.handler = words[0], node_show
         else:
-            parser.error("give a node: llmgw ctl node NODE, or llmgw ctl node token NODE")
+            # Refused once every word is read (llmgw.ctl.parse), so `node token --help` shows the help.
+            namespace.usage_error = (parser, "give a node: llmgw ctl node NODE, or llmgw ctl node token NODE")
 
 
 @listing

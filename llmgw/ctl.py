@@ -132,7 +132,11 @@ def django_setup(*, read_only: bool) -> None:
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args``, but an option the command does not take is refused by the command's own
-    parser, with its usage (`llmgw ctl nodes: error: unrecognized arguments: --bogus`), not the top's."""
+    parser, with its usage (`llmgw ctl nodes: error: unrecognized arguments: --bogus`), not the top's.
+
+    An action that can judge its words only as a whole (agents.cli.NodeWords) leaves its refusal in
+    ``usage_error`` (its parser, the words): said here, after every word is read, so a ``--help`` after
+    them still shows the help."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         command = parser
@@ -143,6 +147,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
             if below is not None:
                 command = below
         command.error(f"unrecognized arguments: {' '.join(extra)}")
+    late = getattr(args, "usage_error", None)
+    if late is not None:
+        command, message = late
+        command.error(message)
     return args
 
 

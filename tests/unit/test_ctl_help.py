@@ -35,3 +35,35 @@ def test_listings_and_labels_say_what_they_hold(capsys):
     assert "--cap-watts CAP_WATTS the cap in watts (18400, not 18.4kW)" in help_of(
         capsys, "facility", "budget", "set", "rack:r1"
     )
+
+
+def ctl_commands(parser, path=()):
+    """Every ctl command's words, subcommands included (`facility what-if hold`)."""
+    import argparse
+
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, below in action.choices.items():
+                yield from ctl_commands(below, (*path, name))
+
+
+def test_every_command_shows_its_help_whatever_words_come_before(capsys):
+    from llmgw.ctl import build_parser
+
+    commands = [*ctl_commands(build_parser()), ("node", "token"), ("node", "show"), ("node", "token", "gpu01")]
+    for words in commands:
+        with pytest.raises(SystemExit) as done:
+            ctl([*words, "--help"])
+        out = capsys.readouterr()
+        assert (done.value.code, out.err) == (0, ""), words
+        assert out.out.startswith("usage: llmgw ctl"), words
+
+
+def test_a_node_command_without_its_node_is_refused_with_the_usage(capsys):
+    with pytest.raises(SystemExit) as done:
+        ctl(["node", "token"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "llmgw ctl node: error: give a node: llmgw ctl node NODE, or llmgw ctl node token NODE\n"
+    )
