@@ -242,12 +242,19 @@ def events(args) -> int:
     if args.limit < 1:
         raise InvalidInput("--limit: a whole number from 1 up", field="limit")
 
+    warnings: list[str] = []
+
     def local() -> list[dict]:
         from facility.selectors import MAX_EVENTS, condition_events
 
         if args.limit > MAX_EVENTS:  # the API's bound, which says so in remote mode
             raise InvalidInput(f"--limit: a whole number from 1 to {MAX_EVENTS}", field="limit")
-        return condition_events(domain=services.clean_domain(args.domain) if args.domain else None, limit=args.limit)
+        domain = services.clean_domain(args.domain) if args.domain else None
+        rows = condition_events(domain=domain, limit=args.limit)
+        typo = services.domain_warning(domain=domain) if domain and not rows else None
+        if typo:  # a name no node is in: a typo, likely (said as `ctl facility hold` says it)
+            warnings.append(typo)
+        return rows
 
     rows = read(args, "facility/events", local, domain=args.domain or None, limit=args.limit)
     if args.output == "json":
@@ -257,6 +264,8 @@ def events(args) -> int:
         ["AT", "DOMAIN", "FROM", "TO", "REASON"],
         [[e["at"][:19].replace("T", " "), e["domain"], e["from"], e["to"], e["reason"] or "-"] for e in rows],
     )
+    for warning in warnings:
+        print(f"warning: {warning}")
     return 0
 
 

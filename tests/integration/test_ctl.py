@@ -62,6 +62,19 @@ def test_an_option_a_command_does_not_take_is_refused_by_that_command(capsys):
     assert run(capsys, "facility", "events", "--limit", "1", "-o", "json")[0] == 0
 
 
+def test_events_of_a_domain_no_node_is_in_says_so_with_the_nearest_names(capsys, join_node):
+    join_node("gpu01", rack="r1-01")
+    join_node("gpu02", rack="r1-02")
+    code, out, _ = run(capsys, "facility", "events", "--domain", "rack:r1-1")
+    assert (code, out.splitlines()) == (0, [
+        "AT  DOMAIN  FROM  TO  REASON",
+        "warning: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02",
+    ])
+    # A domain nodes are in, with no change yet, is no typo; -o json stays the list alone.
+    assert run(capsys, "facility", "events", "--domain", "rack:r1-01")[1] == "AT  DOMAIN  FROM  TO  REASON\n"
+    assert run(capsys, "facility", "events", "--domain", "rack:r1-1", "-o", "json")[1] == "[]\n"
+
+
 def test_label_then_remove_back_to_the_agents_value(capsys, join_node):
     join_node("gpu01", rack="r1")
     code, out, _ = run(capsys, "label", "gpu01", "llmgw.io/rack=r12-07", "llmgw.io/pdu=r12-07-a,r12-07-b")
