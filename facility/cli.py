@@ -506,7 +506,8 @@ def register_feeds(sub) -> None:
         "what-if",
         help="dry run: hold a domain (--drain) or lose a feed; which replicas move where, which are blocked",
         description="A dry run on a copy of the state: nothing is written. Lists which replicas would move and "
-        "where (planned as the drain plans them), which would be blocked and why, and each domain's use after.",
+        "where (planned as the drain plans them), which would be blocked and why, and the use before and after of "
+        "each budgeted domain it changes or leaves past its limit (-o json: the same domains).",
     )
     wsub = w.add_subparsers(dest="what_if", metavar="SCENARIO", required=True)
     wh = wsub.add_parser("hold", help="hold a domain", epilog="example: llmgw ctl facility what-if hold rack:r12-07 --drain")
@@ -611,8 +612,7 @@ def what_if_lines(data: dict) -> list[str]:
     lines.append("domains (use before -> after, of limit):")
     lines += [
         f"  {d['domain']}: {kw(d['use_watts_before'])} -> {kw(d['use_watts_after'])} of {kw(d['limit_watts'])}"
-        for d in data["domains"]
-        if d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"]
+        for d in data["domains"]  # those it changes, or past their limit after (placement.whatif)
     ] or ["  (no domain's use changes)"]
     lines += [f"warning: {w}" for w in data.get("warnings") or ()]  # an older server sends none
     return lines

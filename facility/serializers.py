@@ -414,7 +414,11 @@ class WhatIfResultSerializer(serializers.Serializer):
     moves = WhatIfMoveSerializer(many=True)
     blocked = WhatIfBlockedSerializer(many=True)
     stay = WhatIfStaySerializer(many=True)
-    domains = WhatIfDomainSerializer(many=True)
+    domains = WhatIfDomainSerializer(
+        many=True,
+        help_text="the budgeted domains whose use it changes, and those past their limit after (the rows "
+        "`llmgw ctl facility what-if` prints); every other domain stays as it is",
+    )
     feed_loss = ViolationSerializer(many=True)
     warnings = serializers.ListField(
         child=serializers.CharField(),

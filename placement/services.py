@@ -253,8 +253,8 @@ class HoldPreview:
     """Holding a domain, before anything is written: the warnings a person confirms and the dry run.
 
     ``what_if`` is :func:`placement.whatif.what_if`'s result, its refusals quoting the operator's reason;
-    ``changes`` are the budgeted domains whose use the hold (and drain) would change, as a person reads them
-    (``rack:r1-02``, ``3.4 kW``, ``9.2 kW``, ``14.4 kW``, over or not).
+    ``changes`` are the dry run's domains (those whose use the hold and drain would change, and those past
+    their limit after), as a person reads them (``rack:r1-02``, ``3.4 kW``, ``9.2 kW``, ``14.4 kW``, over or not).
     """
 
     domain: str
@@ -277,7 +277,6 @@ class HoldPreview:
                 "over": d["use_watts_after"] > d["limit_watts"],
             }
             for d in self.what_if["domains"]
-            if d["use_watts_before"] != d["use_watts_after"]
         ]
 
     def as_dict(self) -> dict[str, Any]:

@@ -77,6 +77,18 @@ def _domain_uses(index: PlacementIndex) -> dict[str, tuple[float, float]]:
     }
 
 
+def _domains_to_show(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> list[dict]:
+    """The budgeted domains a dry run shows, level by level: those whose use it changes, and those past
+    their limit after it (a drain may land beside one that is over already). The same rows for ctl's
+    table, -o json, the API and the console's preview; every other domain is as it is now."""
+    rows = []
+    for d in snapshot.level_sorted(after):
+        use_before, use_after, limit = round(before[d][0], 1), round(after[d][0], 1), round(after[d][1], 1)
+        if use_before != use_after or use_after > limit:
+            rows.append({"domain": d, "use_watts_before": use_before, "use_watts_after": use_after, "limit_watts": limit})
+    return rows
+
+
 def _run(index: PlacementIndex, leaving: dict[str, list[_Leaving]]) -> tuple[list[dict], list[dict]]:
     """Plan every leaving replica as the drain does; returns (moves, blocked)."""
     models = {m.name: m for m in Model.objects.filter(name__in=list(leaving))}
@@ -130,8 +142,8 @@ def what_if(
     is held: PDU swap``), as the real hold's would.
 
     Returns the moves (replica, from, to, why), the replicas blocked and why, the replicas that stay
-    (a hold without drain), each budgeted domain's use before and after against its limit, for a
-    feed's loss the N−1 report, and for a hold the warnings holding it would give (:func:`hold_warnings`).
+    (a hold without drain), the budgeted domains whose use it changes or that end past their limit, each
+    with its use before and after and its limit (:func:`_domains_to_show`), for a feed's loss the N−1 report, and for a hold the warnings holding it would give (:func:`hold_warnings`).
     Nothing is written.
     """
     if sum(scenario is not None for scenario in (hold, feed, node)) != 1:
@@ -184,15 +196,7 @@ def what_if(
             "moves": moves,
             "blocked": blocked,
             "stay": stay,
-            "domains": [
-                {
-                    "domain": d,
-                    "use_watts_before": round(before[d][0], 1),
-                    "use_watts_after": round(after[d][0], 1),
-                    "limit_watts": round(after[d][1], 1),
-                }
-                for d in snapshot.level_sorted(after)
-            ],
+            "domains": _domains_to_show(before, after),
         }
     )
     out.setdefault("feed_loss", [])

@@ -173,3 +173,35 @@ def test_a_dry_hold_with_no_reason_words_its_refusals_as_a_hold_without_one():
     reasons = " ".join(str(b) for b in preview["blocked"])
     assert f"{site.replace(':', ' ')} is held" in reasons
     assert "held: held" not in reasons
+
+
+def test_the_table_and_json_show_the_same_domains_those_changed_or_past_their_limit(capsys, admin_client):
+    load_demo()
+    reconcile_all()
+    assert ctl(["facility", "what-if", "hold", "rack:r1-1", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["domains"] == []  # it listed every budgeted domain, unchanged
+    rack = _busiest_rack()
+    assert ctl(["facility", "budget", "set", f"rack:{rack}", "--cap-watts", "1000"]) == 0
+    capsys.readouterr()
+    use = what_if(hold="rack:r1-1")["domains"][0]["use_watts_before"]
+    # Past its limit and left as it is: shown in each, with the same figures.
+    assert ctl(["facility", "what-if", "hold", "rack:r1-1"]) == 0
+    assert capsys.readouterr().out.splitlines()[3:5] == [
+        "domains (use before -> after, of limit):",
+        f"  rack:{rack}: {use / 1000:.1f} kW -> {use / 1000:.1f} kW of 0.9 kW",
+    ]
+    body = admin_client.post("/api/v1/facility/what-if", {"target": "rack:r1-1"}, content_type="application/json").json()
+    assert body["domains"] == [
+        {"domain": f"rack:{rack}", "use_watts_before": use, "use_watts_after": use, "limit_watts": 900.0}
+    ]
+    # A drain: the table's rows are the JSON's, in its order.
+    other = next(r for r in ("r1-01", "r2-01", "r3-01") if r != rack)
+    assert ctl(["facility", "what-if", "hold", f"rack:{other}", "--drain", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["domains"]
+    assert ctl(["facility", "what-if", "hold", f"rack:{other}", "--drain"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    shown = out[out.index("domains (use before -> after, of limit):") + 1:]
+    assert rows and [line.split(": ")[0] for line in shown if not line.startswith("warning")] == [
+        f"  {d['domain']}" for d in rows
+    ]
+    assert all(d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"] for d in rows)
