@@ -14,7 +14,8 @@ control plane:
   migrate         create or upgrade the database
   ctl             operate: nodes, labels, facility budgets and holds, models (llmgw ctl --help)
   worker, beat    Celery worker and scheduler (production, with REDIS_URL)
-  sim             simulated agents for the nodes a cluster file declares (llmgw sim up -f cluster.yaml)
+  sim             simulated agents for a cluster file's nodes (llmgw sim up -f cluster.yaml), or a facility
+                  scenario replayed into the simulated source (llmgw sim facility -f SCENARIO --speed N)
   createsuperuser, makemigrations, shell, …   any Django management command
 
 on a GPU node:

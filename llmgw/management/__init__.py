@@ -16,10 +16,15 @@ class LlmgwCommand(BaseCommand):
     def create_parser(self, prog_name, subcommand, **kwargs):
         import argparse
 
+        from llmgw.ctl import parse
+
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         for action in parser._actions:
             if any(option in self.DJANGO_OPTIONS for option in action.option_strings):
                 action.help = argparse.SUPPRESS
+        # A command with subcommands (`sim up`, `sim facility`): an option one does not take is refused with
+        # that one's usage (`llmgw sim facility: error: unrecognized arguments: --once`), as ctl does.
+        parser.parse_args = lambda args=None, namespace=None: parse(parser, list(args or ()))
         return parser
 
     def run_from_argv(self, argv):

@@ -152,6 +152,44 @@ def test_sim_up_refuses_a_bad_file_with_its_line_and_field(tmp_path):
     assert not Node.objects.exists()
 
 
+def _help(capsys, *argv: str) -> str:
+    from llmgw.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_each_sim_subcommand_has_its_own_options_and_help(capsys):
+    facility = _help(capsys, "sim", "facility", "--help")
+    assert facility.startswith("usage: llmgw sim facility [-h] -f FILE [--speed SPEED]\n")
+    assert not {"--once", "--tokens", "--no-capping-permission", "--server"} & set(facility.split())
+    up = _help(capsys, "sim", "up", "--help")
+    assert up.startswith("usage: llmgw sim up [-h] -f FILE [--once] [--server SERVER]")
+    assert "--speed" not in up and "--no-capping-permission" in up
+    assert _help(capsys, "sim", "--help").startswith("usage: llmgw sim [-h] {up,facility} ...\n")
+    from llmgw.cli import main
+
+    assert main(["--help"]) == 0
+    assert (
+        "  sim             simulated agents for a cluster file's nodes (llmgw sim up -f cluster.yaml), or a facility\n"
+        "                  scenario replayed into the simulated source (llmgw sim facility -f SCENARIO --speed N)\n"
+    ) in capsys.readouterr().out
+
+
+def test_an_option_of_the_other_subcommand_is_refused_with_this_ones_usage(capsys):
+    from django.core.management import execute_from_command_line
+
+    with pytest.raises(SystemExit) as done:
+        execute_from_command_line(["llmgw", "sim", "facility", "-f", "s.yaml", "--once"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "usage: llmgw sim facility [-h] -f FILE [--speed SPEED]\n"
+        "llmgw sim facility: error: unrecognized arguments: --once\n"
+    )
+
+
 # -- against a live server --------------------------------------------------------------------------------
 
 

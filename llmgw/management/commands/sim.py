@@ -1,4 +1,5 @@
-"""`llmgw sim up -f cluster.yaml [--once]`: simulated agents for the nodes a cluster file declares."""
+"""`llmgw sim up -f cluster.yaml [--once]`: simulated agents for the nodes a cluster file declares; `llmgw sim
+facility -f SCENARIO [--speed N]`: a facility scenario replayed into the simulated source."""
 
 from __future__ import annotations
 
@@ -72,40 +73,56 @@ class Command(LlmgwCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "action", choices=["up", "facility"],
-            help="up: run the simulated agents; facility: replay a scenario (deploy/scenarios/crac-failure.yaml)",
+        actions = parser.add_subparsers(dest="action", metavar="{up,facility}", required=True)
+        up = actions.add_parser(
+            "up",
+            help="run the simulated agents of a cluster file's nodes",
+            description="Run one simulated agent per node the cluster file declares, through the real heartbeat "
+            "API and node tokens: GPUs that draw and warm up, replicas that start and get ready.",
         )
-        parser.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …) or the scenario")
-        parser.add_argument("--speed", type=float, default=1.0, help="facility: replay this many times faster (readings and hold times alike)")
-        parser.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
-        parser.add_argument(
+        up.add_argument("-f", "--file", required=True, help="the cluster file (nodes: …)")
+        up.add_argument("--once", action="store_true", help="send one round of heartbeats and exit")
+        up.add_argument(
             "--server", help="the control plane's address (default: where the demo whose data this is serves, else "
             f"{DEFAULT_SERVER})",
         )
-        parser.add_argument(
+        up.add_argument(
             "--interval", type=int, default=DEFAULT_INTERVAL_SECONDS, help="seconds between heartbeats, 1–10"
         )
-        parser.add_argument(
+        up.add_argument(
             "--ready-delay",
             type=float,
             default=DEFAULT_READY_DELAY_SECONDS,
             help="seconds a simulated replica is starting before it is ready (default 5)",
         )
-        parser.add_argument("--tokens", help="JSON file of node → token; without it the sim makes the tokens")
-        parser.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
-        parser.add_argument(
+        up.add_argument("--tokens", help="JSON file of node → token; without it the sim makes the tokens")
+        up.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
+        up.add_argument(
             "--no-capping-permission",
             action="store_true",
             help="simulate agents without root: GPUs keep their defaults and report capping: not permitted",
         )
+        replay = actions.add_parser(
+            "facility",
+            help="replay a facility scenario into the simulated source",
+            description="Replay a facility scenario (deploy/scenarios/crac-failure.yaml) into the simulated "
+            "source from now; the periodic evaluation reads it and the conditions follow "
+            "(llmgw ctl facility events).",
+        )
+        replay.add_argument("-f", "--file", required=True, help="the scenario file")
+        replay.add_argument(
+            "--speed", type=float, default=1.0, help="replay this many times faster (readings and hold times alike)"
+        )
 
-    def handle(self, *args, file: str, once: bool, server: str | None, interval: int, ready_delay: float,
-               tokens: str | None, seed: int, action: str = "up", speed: float = 1.0,
-               no_capping_permission: bool = False, **options):
+    def handle(self, *args, action: str, file: str, **options):
         if action == "facility":
-            self.replay_facility(file, speed)
+            self.replay_facility(file, options["speed"])
             return
+        self.run_agents(file, **options)
+
+    def run_agents(self, file: str, *, once: bool, server: str | None, interval: int, ready_delay: float,
+                   tokens: str | None, seed: int, no_capping_permission: bool, **options) -> None:
+        """Run the simulated agents of `file`'s nodes (`sim up`): one round with `once`, else until Ctrl-C."""
         if not 1 <= interval <= 10:
             raise CommandError(f"--interval: {interval} is not from 1 to 10 seconds")
         if ready_delay < 0:
