@@ -132,7 +132,7 @@ def test_nodes_list_shows_where_power_heat_and_throttling(login):
     row = row[: row.index("</tr>")]
     assert "rack r12-07 · pdu r12-07-a,r12-07-b" in row
     assert "site sto1 · room hall-b" in row
-    assert "900 W" in row and "/ 1400 W" in row
+    assert "900 W" in row and "/ 1,400 W" in row
     assert "83 °C" in row
     assert "throttled" in row and "thermal (software)" in row and "(1 GPU)" in row
     assert "ready" in row

@@ -53,6 +53,28 @@ def test_reported_tokens_and_power_become_tokens_per_joule_per_gpu_model(join_no
     assert "H200 3.00 tok/J 6,000 tok/s · H100 2.00 tok/J 4,800 tok/s" in capsys.readouterr().out
 
 
+def test_the_console_writes_large_figures_with_thousands_separators_as_ctl_does(join_node, admin_client):
+    two_kinds(join_node)
+    models_apply(text="kind: Model\nname: m\nreplicas: 1\nprofile: {gpus: 8, power_watts: 5600}\n")
+    from placement.reconcile import reconcile_all
+
+    reconcile_all()
+    replica = Replica.objects.get()
+    node = replica.shards.get().node
+    now = timezone.now()
+    ModelEfficiency.objects.create(model=replica.model, gpu_model="H200", replicas=1, tokens_per_second=14072.4,
+                                   watts=4800, tokens_per_joule=2.93, measured_at=now)
+    node.sensors = {"gpus": [{"index": i, "power_watts": 600.0} for i in range(8)]}
+    node.sensors_at = now
+    node.save(update_fields=["sensors", "sensors_at"])
+    models = admin_client.get("/models/").content.decode()
+    assert "H200 2.93 tokens/J (14,072 tokens/s)" in models
+    nodes = admin_client.get("/nodes/").content.decode()
+    assert "4,800 W" in nodes  # its GPUs' draw together
+    page = admin_client.get(f"/nodes/{node.name}/").content.decode()
+    assert "5,600 W" in page  # the replica's booked draw
+
+
 def test_a_node_naming_another_nodes_replica_in_its_heartbeat_moves_no_figure(join_node):
     # A node's token writes only its node: what it says of a replica running elsewhere is not heard.
     two_kinds(join_node)
