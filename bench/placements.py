@@ -423,6 +423,8 @@ def main() -> None:
         help="placers at once, each with its own index and its share of the models (default 1: one at a time)",
     )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1 (each batched run is set beside the probes before and after it)")
     BENCH_DB = args.database
     probe_database = PROBE_DB if args.database == "llmgw_bench_placements" else f"{args.database}_probe"
 

@@ -17,7 +17,9 @@ from placement.commit.locks import Scope, _locked_state, scope_of
 from placement.commit.outcomes import LostRace, Placement
 from placement.commit.recheck import _Locked
 from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
-from placement.commit.writes import BEGIN, LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch
+from placement.commit.writes import (
+    BEGIN, GENERIC_PLANS, LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch, generic_plans,
+)
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
 from placement.planner import FacilityView, ReplicaRequest
@@ -71,8 +73,10 @@ def _commit_batch(planned: list[Planned], index: PlacementIndex, now: datetime, 
     facility = index.facility
     lost: dict[int, LostRace] = {}
     gone: set[int] = set()
+    own = not connection.in_atomic_block
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            generic_plans(cursor, own)
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
             lost, writes = _checked(planned, locked, scope, index.facility, lane.request, now)
             if writes:
@@ -150,7 +154,9 @@ class _InFlight:
         connection.ensure_connection()
         cursor = connection.cursor()
         try:
-            cursor.execute(BEGIN)
+            with connection.connection.pipeline():
+                cursor.execute(BEGIN)
+                cursor.execute(GENERIC_PLANS)
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
             flight._lost, flight._writes = _checked(planned, locked, scope, index.facility, request, now)
             if not flight._writes:

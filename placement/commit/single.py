@@ -49,8 +49,9 @@ def replica_place(
             if _pipelined():
                 committed = _commit_pipelined(replica.pk, result, index, explain, now, request)
             if committed is None:  # no pipeline here, or its strict write found a race: the plain way
+                own = not connection.in_atomic_block
                 with transaction.atomic():
-                    committed = _commit(replica.pk, result, index, explain, now, request)
+                    committed = _commit(replica.pk, result, index, explain, now, request, own=own)
         except ReplicaGone:
             committed = False
         except LostRace as race:

@@ -4,7 +4,7 @@ run, and what did not commit is planned again, as if the next batch had waited (
 from __future__ import annotations
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from agents.models import Node
 from placement import commit, snapshot
@@ -442,3 +442,51 @@ def test_a_replica_that_has_had_its_tries_is_not_tried_again_when_a_later_model_
     assert waiting.reason == "Unschedulable after 1 conflicting attempts: n0: taken meanwhile"
     assert (run.tried, run.placed, run.pending, run.failed) == (1, 0, 1, 1)
     assert Model.objects.get(name="b").error == "ZeroDivisionError: a bug"
+
+
+@pytest.fixture
+def plan_modes(monkeypatch):
+    """The server's plan_cache_mode under the locks of every commit, as its re-check ran (between the read
+    and the write, inside the transaction)."""
+    seen: list[str] = []
+    check = recheck._Locked.check
+
+    def spy(self, *args, **kwargs):
+        seen.append(connection.connection.execute("SHOW plan_cache_mode").fetchone()[0])
+        return check(self, *args, **kwargs)
+
+    monkeypatch.setattr(recheck._Locked, "check", spy)
+    return seen
+
+
+def test_a_commits_statements_run_on_generic_plans_and_the_connection_keeps_the_servers_setting(
+    join_node, flights, plan_modes, settings
+):
+    cluster(join_node, 7)
+    default = connection.connection.execute("SHOW plan_cache_mode").fetchone()[0]
+    assert default == "auto"
+    model = make("m", 5)
+    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
+    placed = single.replica_place(
+        replica=snapshot.pending_replicas(model)[0], request=snapshot.replica_request(model), index=index
+    )
+    assert placed.plan is not None
+    place(model, batch=2, index=index)  # two batches of two: the first goes out in pipeline mode
+    assert flights == [[2, "committed"]]
+    # One at a time, then each batch (the last one's two replicas waited for): the read under the locks
+    # and the write are planned once and reused.
+    assert plan_modes == ["force_generic_plan"] * 5, plan_modes
+    # SET LOCAL: the rest of the process's statements are planned as the server decides.
+    assert connection.connection.execute("SHOW plan_cache_mode").fetchone()[0] == default
+    assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 5
+
+    # Without the pipeline, in a transaction of its own: the same; in a caller's, the caller's setting.
+    settings.LLMGW_COMMIT_PIPELINE = False
+    plan_modes.clear()
+    more = make("more", 2)
+    request, (first, second) = snapshot.replica_request(more), snapshot.pending_replicas(more)
+    assert single.replica_place(replica=first, request=request, index=index).plan is not None
+    with transaction.atomic():
+        assert single.replica_place(replica=second, request=request, index=index).plan is not None
+    assert plan_modes == ["force_generic_plan", default]
+    assert connection.connection.execute("SHOW plan_cache_mode").fetchone()[0] == default
