@@ -18,7 +18,12 @@ from placement.commit.outcomes import LostRace, Placement
 from placement.commit.recheck import _Locked
 from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
 from placement.commit.writes import (
-    BEGIN, GENERIC_PLANS, LOST_RACE, _batch_write, _batch_written, _write_postgresql_batch, generic_plans,
+    BEGIN,
+    LOST_RACE,
+    _batch_write,
+    _batch_written,
+    _write_postgresql_batch,
+    generic_plans,
 )
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
@@ -156,7 +161,7 @@ class _InFlight:
         try:
             with connection.connection.pipeline():
                 cursor.execute(BEGIN)
-                cursor.execute(GENERIC_PLANS)
+                generic_plans(cursor, own=True)
             locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
             flight._lost, flight._writes = _checked(planned, locked, scope, index.facility, request, now)
             if not flight._writes:
