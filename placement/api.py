@@ -90,20 +90,6 @@ class ModelDetailView(ApiView):
         return Response({"name": name, "replicas_removed": removed})
 
 
-class ModelExplainView(ApiView):
-    @documented(summary="Why each replica is where it is, or why it waits", ok={200: ExplainSerializer}, errors=(404,))
-    def get(self, request, name: str):
-        return Response(selectors.model_explain(name))
-
-
-class ModelHeadroomView(ApiView):
-    @documented(
-        summary="How many more replicas fit, and why the next does not", ok={200: HeadroomSerializer}, errors=(404,)
-    )
-    def get(self, request, name: str):
-        return Response(selectors.model_headroom(name))
-
-
 def _whole_number(request, name: str, default: int, minimum: int, maximum: int) -> int:
     """A query parameter that is a whole number within bounds, else 400 naming it."""
     text = request.query_params.get(name, str(default))
@@ -114,6 +100,37 @@ def _whole_number(request, name: str, default: int, minimum: int, maximum: int) 
 
 # ?offset= past every replica there can be (documents.MAX_REPLICAS_TOTAL) is refused, not counted through.
 MAX_REPLICAS_OFFSET = MAX_REPLICAS_TOTAL
+
+
+class ModelExplainView(ApiView):
+    @documented(
+        summary="Why each replica is where it is, or why it waits: a page of replicas by ordinal, counts of all",
+        ok={200: ExplainSerializer},
+        errors=(404,),
+        parameters=[
+            OpenApiParameter(
+                "limit", {"type": "integer", "minimum": 1, "maximum": selectors.REPLICAS_PAGE_MAX},
+                OpenApiParameter.QUERY, required=False,
+                description=f"explain at most this many replicas (default {selectors.EXPLAIN_PAGE})",
+            ),
+            OpenApiParameter(
+                "offset", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS_OFFSET},
+                OpenApiParameter.QUERY, required=False, description="skip this many first (default 0)",
+            ),
+        ],
+    )
+    def get(self, request, name: str):
+        limit = _whole_number(request, "limit", selectors.EXPLAIN_PAGE, 1, selectors.REPLICAS_PAGE_MAX)
+        offset = _whole_number(request, "offset", 0, 0, MAX_REPLICAS_OFFSET)
+        return Response(selectors.model_explain(name, offset=offset, limit=limit))
+
+
+class ModelHeadroomView(ApiView):
+    @documented(
+        summary="How many more replicas fit, and why the next does not", ok={200: HeadroomSerializer}, errors=(404,)
+    )
+    def get(self, request, name: str):
+        return Response(selectors.model_headroom(name))
 
 
 class ReplicaListView(ApiView):

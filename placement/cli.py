@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, listing, read, read_pages, write
+from llmgw.remote import PAGE, lazy, listing, read, read_pages, write
 from placement.planner import efficiency_text, gpus_text, profile_text
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -168,7 +168,14 @@ def replicas(args) -> int:
 
 @listing
 def explain(args) -> int:
-    data = read(args, f"models/{quote(args.model, safe='')}/explain", lambda: selectors.model_explain(args.model))
+    path = f"models/{quote(args.model, safe='')}/explain"
+    data = read(args, path, lambda: selectors.model_explain(args.model), limit=PAGE)
+    # Remote, the API explains a page at a time: the rest of the replicas, page by page.
+    while len(data["replicas"]) < data["replicas_total"]:
+        more = read(args, path, lambda: None, limit=PAGE, offset=len(data["replicas"]))
+        if not more["replicas"]:
+            break  # replicas deleted meanwhile
+        data["replicas"].extend(more["replicas"])
     if args.output == "json":
         print_json(data)
         return 0

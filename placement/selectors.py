@@ -26,6 +26,9 @@ HEADROOM_LIMIT = 1000
 REPLICAS_PAGE = 500
 REPLICAS_PAGE_MAX = 1000
 DETAIL_REPLICAS = 100
+# GET /models/{name}/explain explains a page of this many replicas by default (each keeps up to
+# explain.KEPT_REJECTIONS node reasons), at most REPLICAS_PAGE_MAX; its counts are of every replica.
+EXPLAIN_PAGE = 100
 # Replica states that hold shards.
 PLACED_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED)
 
@@ -249,22 +252,25 @@ def _explained(
     return row
 
 
-def model_explain(name: str) -> dict[str, Any]:
+def model_explain(name: str, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
     """For each replica its node(s) and why, and the rejections kept when it was placed; for a pending
-    one the summary of why no node fits."""
+    one the summary of why no node fits: ``limit`` replicas by ordinal from ``offset`` (every one from it
+    when None), with the counts of all of them (``replicas_total``)."""
     model = _model(name)
-    replicas = list(Replica.objects.filter(model=model).order_by("ordinal"))
+    counts = Counter(dict(Replica.objects.filter(model=model).values_list("state").annotate(n=Count("id"))))
+    replicas = list(Replica.objects.filter(model=model).order_by("ordinal")[offset : None if limit is None else offset + limit])
     shards = _shards_by_replica(replicas)
     unreachable = unreachable_replicas([r.pk for r in replicas])
     moving = moving_reasons(replicas, {model.pk: model})
     out = [_explained(replica, model.name, shards.get(replica.pk, []), unreachable, moving) for replica in replicas]
-    counts = Counter(r.state for r in replicas)
     return {
         "model": model.name,
         "desired": model.replicas,
         "placed": sum(counts[s] for s in PLACED_STATES),
         "pending": counts[ReplicaState.PENDING],
         "profile": profile_dict(model),
+        "replicas_total": sum(counts.values()),
+        "offset": offset,
         "replicas": out,
     }
 

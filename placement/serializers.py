@@ -194,6 +194,8 @@ class ExplainSerializer(serializers.Serializer):
     placed = serializers.IntegerField()
     pending = serializers.IntegerField()
     profile = ProfileBodySerializer()
+    replicas_total = serializers.IntegerField(help_text="every replica of the model; `replicas` is a page of them")
+    offset = serializers.IntegerField(help_text="the page's first replica, counted from 0 by ordinal")
     replicas = ExplainReplicaSerializer(many=True)
 
 

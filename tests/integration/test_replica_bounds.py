@@ -1,5 +1,6 @@
 """Replicas are bounded: every model's together (a file of many models is refused whole, naming replicas),
-and a viewer's read of them is a page (GET /replicas, a model's detail); ctl still shows every one."""
+and a viewer's read of them is a page (GET /replicas, a model's detail, its explain); ctl still shows every
+one."""
 
 from __future__ import annotations
 
@@ -82,3 +83,29 @@ def test_ctl_replicas_remote_reads_every_page(live_server, make_user, tmp_path):
     lines = got.stdout.splitlines()
     assert len(lines) == 1 + 2_100
     assert lines[1].split()[:3] == ["big", "#1", "pending"] and lines[-1].split()[:3] == ["big", "#2100", "pending"]
+
+
+def test_a_models_explain_is_a_page_of_replicas_with_the_counts_of_all(viewer_api):
+    pending_model("big", 1_200)
+    body = viewer_api.get("/api/v1/models/big/explain").json()
+    assert [r["ordinal"] for r in body["replicas"]] == list(range(1, 101))  # the default page
+    assert (body["replicas_total"], body["offset"], body["pending"], body["placed"]) == (1_200, 0, 1_200, 0)
+    assert body["replicas"][0]["summary"] == "no node"
+    page = viewer_api.get("/api/v1/models/big/explain", {"offset": 1_100, "limit": 1_000}).json()
+    assert [r["ordinal"] for r in page["replicas"]] == list(range(1_101, 1_201))
+    assert page["offset"] == 1_100 and page["replicas_total"] == 1_200
+    for query, field in [({"limit": 1_001}, "limit"), ({"limit": "-1"}, "limit"), ({"offset": "1e3"}, "offset")]:
+        response = viewer_api.get("/api/v1/models/big/explain", query)
+        assert response.status_code == 400, query
+        assert response.json()["field"] == field
+
+
+def test_ctl_explain_placement_remote_reads_every_page(live_server, make_user, tmp_path):
+    pending_model("big", 2_100)
+    _, key = make_user("viewer1", role="viewer")
+    got = remote(live_server.url, key, "explain-placement", "big", home=tmp_path)
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.splitlines()
+    assert lines[0] == "big: 2100 wanted, 0 placed, 2100 pending (8 GPUs × 1 node)"
+    assert len(lines) == 1 + 2_100
+    assert lines[1] == "#1 pending: no node" and lines[-1] == "#2100 pending: no node"
