@@ -51,6 +51,8 @@ def _subcommands(parser: argparse.ArgumentParser, prog: str) -> list[tuple[str, 
 
 
 def cli_page() -> str:
+    from django.core.management import load_command_class
+
     from agents.node.daemon import build_parser as agent_parser
     from llmgw.ctl import build_parser as ctl_parser
 
@@ -61,7 +63,12 @@ def cli_page() -> str:
         "docs build). Every listing takes `-o json`.",
         "",
     ]
-    for prog, parser in (("llmgw ctl", ctl_parser()), ("llmgw agent", agent_parser())):
+    parsers = [("llmgw ctl", ctl_parser()), ("llmgw agent", agent_parser())]
+    # The control plane's own commands are Django management commands: their parsers as `llmgw NAME --help`
+    # prints them.
+    for command in ("demo", "serve", "sim"):
+        parsers.append((f"llmgw {command}", load_command_class("llmgw", command).create_parser("llmgw", command)))
+    for prog, parser in parsers:
         for name, sub in _subcommands(parser, prog):
             sub.prog = name
             out += [f"## `{name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
