@@ -746,8 +746,9 @@ def _hold_form(request: HttpRequest, *, status: int = 200, **context: Any) -> Ht
 @require_POST
 def hold_preview(request: HttpRequest) -> HttpResponse:
     """The hold form's Preview: what holding the domain (and draining it) would move, where, and the warnings
-    to confirm (placement.services.hold_preview), shown under the form; nothing is written."""
-    require_reader(request)
+    to confirm (placement.services.hold_preview), shown under the form; nothing is written. An operator's, as
+    the form is and as the API's what-if is: it works out a drain of every replica in the domain."""
+    require_operator(request)
     try:
         preview = placement_services.hold_preview(
             domain=request.POST.get("domain", ""), reason=request.POST.get("reason", ""),

@@ -98,6 +98,9 @@ def test_a_viewer_reads_but_gets_no_menu_and_cannot_post(login):
         ("/nodes/gpu01/hold", {"domain": "rack:r1", "reason": "x"}),
         ("/nodes/gpu01/cordon", {"action": "cordon"}),
         ("/facility/holds", {"domain": "rack:r1", "reason": "x"}),
+        # The preview is a what-if over every replica (the API's needs an operator too).
+        ("/facility/holds/preview", {"domain": "rack:r1", "reason": "x", "drain": "1"}),
+        ("/facility/what-if", {"domain": "rack:r1", "reason": "x"}),
     ]:
         assert client.post(url, data).status_code == 403, url
     from agents.models import StoreLabel
