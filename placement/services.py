@@ -45,9 +45,20 @@ class Applied:
 PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topology", "node_selector")
 
 
+# pg_advisory_xact_lock key of a models apply: one at a time counts every model's replicas and writes.
+MODELS_APPLY_LOCK = 0x6C6C6D6D  # "llmm"
+
+
 def _replicas_total_check(values: list[dict[str, Any]]) -> None:
     """Refuse a change that would take every model's replicas together past documents.MAX_REPLICAS_TOTAL,
-    naming the model that asks the most."""
+    naming the model that asks the most.
+
+    On PostgreSQL the applies take turns from here to their commit: two at once would each count the
+    other's models as they were before and could together go past the bound. (SQLite's writers take
+    turns already.)"""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [MODELS_APPLY_LOCK])
     asked = {v["name"]: v["replicas"] for v in values}
     others = Model.objects.exclude(name__in=list(asked)).aggregate(total=Sum("replicas"))["total"] or 0
     total = others + sum(asked.values())

@@ -109,3 +109,77 @@ def test_ctl_explain_placement_remote_reads_every_page(live_server, make_user, t
     assert lines[0] == "big: 2100 wanted, 0 placed, 2100 pending (8 GPUs × 1 node)"
     assert len(lines) == 1 + 2_100
     assert lines[1] == "#1 pending: no node" and lines[-1] == "#2100 pending: no node"
+
+
+# An apply in a process of its own that stops once it has counted the replicas, until told to go on.
+APPLY_AND_WAIT = """
+import sys, django
+django.setup()
+from placement import services
+check = services._replicas_total_check
+def counted_then_wait(values):
+    check(values)
+    print("counted", flush=True)
+    sys.stdin.readline()
+services._replicas_total_check = counted_then_wait
+services._request_reconcile = lambda: None
+services.model_apply(data={"kind": "Model", "name": "a", "replicas": 10_000, "profile": {"gpus": 8}})
+print("applied", flush=True)
+"""
+
+
+def test_two_applies_at_once_cannot_together_go_past_the_bound(monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from django.db import connection
+
+    from llmgw.errors import InvalidInput
+    from placement import services
+    from tests.integration.test_concurrency import ROOT, database_url
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL=postgres://…)")
+    monkeypatch.setattr(services, "_request_reconcile", lambda: None)
+    Model.objects.create(name="m0", replicas=5_000, gpus=8)
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "llmgw.settings"}
+    env.pop("REDIS_URL", None)
+    first = subprocess.Popen(
+        [sys.executable, "-c", APPLY_AND_WAIT], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert first.stdout.readline() == "counted\n", first.stderr.read()
+        # 5,000 + 10,000 (uncommitted yet) + 5,001: each alone within 20,000, together past it.
+        outcome: list = []
+
+        def second() -> None:
+            try:
+                outcome.append(services.model_apply(data={"kind": "Model", "name": "b", "replicas": 5_001,
+                                                          "profile": {"gpus": 8}}))
+            except InvalidInput as exc:
+                outcome.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline and not Model.objects.raw(
+            "SELECT 1 AS id FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ):
+            time.sleep(0.05)
+        first.stdin.write("go on\n")
+        first.stdin.flush()
+        assert first.stdout.readline() == "applied\n", first.stderr.read()
+        thread.join(timeout=30)
+    finally:
+        first.kill()
+        first.wait()
+    [refused] = outcome
+    assert isinstance(refused, InvalidInput) and refused.field == "replicas", refused
+    assert "this asks 5,001 ('b': 5,001) where the other models hold 15,000" in refused.message
+    assert sorted(Model.objects.values_list("name", flat=True)) == ["a", "m0"]
