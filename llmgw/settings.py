@@ -292,6 +292,10 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "EXCEPTION_HANDLER": "llmgw.api.exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "llmgw.negotiation.ContentNegotiation",
+    # The API's one version: the schema endpoint writes a ?version= into its answer and its file name only
+    # when it is one of these (a newline in it was a 500).
+    "ALLOWED_VERSIONS": ["1"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

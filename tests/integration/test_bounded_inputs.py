@@ -394,3 +394,18 @@ def test_a_setting_that_does_not_parse_is_one_error_line(tmp_path):
     _database(tmp_path)
     done = _llmgw(tmp_path, "ctl", "nodes", env={"LLMGW_RECONCILE_INTERVAL": "abc"})
     assert (done.returncode, done.stderr) == (2, "error: LLMGW_RECONCILE_INTERVAL: 'abc' is not a number\n")
+
+
+def test_a_format_no_renderer_writes_is_a_400_naming_format_and_the_schema_keeps_its_version(viewer_api):
+    response = viewer_api.get("/api/v1/nodes", {"format": "zz"})
+    assert response.status_code == 400
+    assert response.json() == {"field": "format", "detail": "format: one of api, json; not 'zz'"}
+    assert viewer_api.get("/api/v1/nodes", {"format": "json"}).status_code == 200
+    schema = viewer_api.get("/api/v1/schema", {"format": "xml"})
+    assert schema.status_code == 400 and b"field: format" in schema.content
+    # ?version= is not written into the schema nor its file name (a newline there was a 500).
+    for version in ["<b>x</b>", "1\nX-Injected: 1", "9" * 5_000]:
+        response = viewer_api.get("/api/v1/schema", {"version": version})
+        assert response.status_code == 200, version
+        assert response.content.startswith(b"openapi: 3.0.3\ninfo:\n  title: llmgw API\n  version: '1'\n")
+        assert response["Content-Disposition"] == 'inline; filename="llmgw API.yaml"'
