@@ -7,6 +7,7 @@ endpoint can answer, so no view repeats it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -137,16 +138,27 @@ def _first_message(messages) -> str:
 
 
 
-# For the schema of free-text query parameters: what text_fault lets through (no NUL).
-STORABLE_TEXT_PATTERN = r"^[^\x00]*$"
+# For the schema of free-text query parameters: what text_fault lets through (no NUL, no bidirectional
+# control).
+STORABLE_TEXT_PATTERN = r"^[^\x00\u202a-\u202e\u2066-\u2069]*$"
+# The embeddings and isolates that reorder the text after them as it is shown: a hold's reason or a label
+# with one reads otherwise in the console and in ctl than it is stored ("Trojan Source").
+_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
 
 
 def text_fault(value: str) -> str | None:
-    """Why PostgreSQL (or a person) cannot take this text: a NUL or a lone surrogate; None when fine."""
+    """Why PostgreSQL (or a person) cannot take this text: a NUL, a lone surrogate, a bidirectional control;
+    None when fine."""
     if "\x00" in value:
         return "must not contain NUL characters"
     if any("\ud800" <= ch <= "\udfff" for ch in value):
         return "must not contain lone surrogates (not valid Unicode)"
+    found = _BIDI_CONTROLS.search(value)
+    if found:
+        return (
+            f"must not contain bidirectional control characters (U+{ord(found.group()):04X} at character "
+            f"{found.start() + 1}): they show the text in another order than it is"
+        )
     return None
 
 

@@ -51,9 +51,22 @@ REPLICA_ID_MAX = 2**63 - 1
 RESTARTS_MAX = 2**31 - 1
 PID_MAX = 2**31 - 1
 
-# The C0 controls, DEL and the C1 controls (U+009B starts a terminal's escape sequence as ESC [ does).
-_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# The C0 controls, DEL and the C1 controls (U+009B starts a terminal's escape sequence as ESC [ does), and
+# the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069: a text with one shows
+# in another order than it is stored).
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _kind_of(char: str) -> str:
+    """What a character the patterns above found is, in a refusal's words."""
+    if "\ud800" <= char <= "\udfff":
+        return "a lone surrogate"
+    if "\u202a" <= char <= "\u2069":
+        return "a bidirectional control"
+    return "a control character"
 _CLEAN_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")  # a key a field path may quote as is
 _SHOWN = SHOWN_CHARS  # characters of an offending value a refusal quotes
 
@@ -122,8 +135,7 @@ def control_character_problem(value: str) -> str | None:
     bad = _CONTROL_OR_SURROGATE.search(value)
     if bad is None:
         return None
-    what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
-    return f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
+    return f"holds {_kind_of(bad.group())} ({bad.group()!r}) at character {bad.start()}; control characters are refused"
 
 
 # A node's name, wherever one is given: agent.yaml, the heartbeat, `ctl node token`, the cluster file.
@@ -184,9 +196,8 @@ def _text(value: Any, field: str, max_length: int, *, multiline: bool = False) -
         raise HeartbeatError(field, f"at most {max_length} characters, got {len(value)}")
     bad = (_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE if multiline else _CONTROL_OR_SURROGATE).search(value)
     if bad:
-        what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
         raise HeartbeatError(
-            field, f"holds {what} ({bad.group()!r}) at character {bad.start()}; control characters and lone "
+            field, f"holds {_kind_of(bad.group())} ({bad.group()!r}) at character {bad.start()}; control characters and lone "
             "surrogates are refused"
         )
     return value

@@ -180,6 +180,30 @@ def test_bodies_with_nul_surrogates_or_deep_nesting_are_refused_naming_the_field
     assert deep.json()["field"] is None
 
 
+def test_text_with_a_bidirectional_control_is_refused_wherever_it_is_sent(api, join_node, client, make_user):
+    # "PDU swap" that shows as something else: U+202E (right-to-left override) reverses what follows it.
+    reason = "PDU \u202epaws"
+    hold = api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": reason}, format="json")
+    assert hold.status_code == 400
+    assert hold.json() == {
+        "detail": "reason: must not contain bidirectional control characters (U+202E at character 5): they show "
+        "the text in another order than it is",
+        "field": "reason",
+    }
+    join_node("gpu01", rack="r1")
+    label = api.post("/api/v1/nodes/gpu01/labels", {"labels": {"team": "ml\u2067x"}}, format="json")
+    assert label.status_code == 400 and label.json()["field"] == "labels.team"
+    assert api.get("/api/v1/nodes", {"q": "\u202d"}).json()["field"] == "q"
+    client.force_login(make_user("op1", "operator")[0])
+    form = client.post("/facility/holds", {"domain": "rack:r1", "reason": reason, "confirm": "1"})
+    assert form.status_code == 422 and "reason: holds a bidirectional control" in form.content.decode()
+    from facility.models import Hold
+
+    assert not Hold.objects.exists()
+    # Marks that only set a direction (U+200F) are text like any other.
+    assert api.post("/api/v1/facility/holds", {"domain": "rack:r1", "reason": "swap \u200f"}, format="json").status_code == 201
+
+
 def test_a_name_with_a_trailing_newline_is_not_a_name(api):
     answer = api.post("/api/v1/models", {"kind": "Model", "name": "m\n", "profile": {"gpus": 0}}, format="json")
     assert answer.status_code == 400
