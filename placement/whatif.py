@@ -97,17 +97,22 @@ def _run(index: PlacementIndex, leaving: dict[str, list[_Leaving]]) -> tuple[lis
     blocked: list[dict] = []
     queues = {name: list(items) for name, items in leaving.items()}
     last_moved: dict[str, _Leaving] = {}
+
+    def stopped(name: str) -> None:
+        """The model's last replica moved: its replacement is up, the original stops and frees its room."""
+        done = last_moved.pop(name, None)
+        if done is not None:
+            for shard in done.shards:
+                index.update_node(_without_shard(index.node(shard["node__name"]), shard))
+            origin = frozenset(s["node__name"] for s in done.shards)
+            if origin in existing[name]:
+                existing[name].remove(origin)
+
     while any(queues.values()):
         for name in sorted(queues):
             if not queues[name]:
                 continue
-            done = last_moved.pop(name, None)
-            if done is not None:  # its replacement is up: the original stops and frees its room
-                for shard in done.shards:
-                    index.update_node(_without_shard(index.node(shard["node__name"]), shard))
-                origin = frozenset(s["node__name"] for s in done.shards)
-                if origin in existing[name]:
-                    existing[name].remove(origin)
+            stopped(name)
             item = queues[name].pop(0)
             request = ReplicaRequest(
                 model=name, profile=snapshot.profile_of(models[name]), existing=tuple(existing[name])
@@ -129,6 +134,8 @@ def _run(index: PlacementIndex, leaving: dict[str, list[_Leaving]]) -> tuple[lis
             last_moved[name] = item
             moves.append({"replica": item.name, "model": name, "from": source, "to": sorted(result.nodes),
                           "why": result.why})
+    for name in sorted(last_moved):  # each model's last one stops too: the use after counts it gone
+        stopped(name)
     return moves, blocked
 
 

@@ -205,3 +205,22 @@ def test_the_table_and_json_show_the_same_domains_those_changed_or_past_their_li
         f"  {d['domain']}" for d in rows
     ]
     assert all(d["use_watts_before"] != d["use_watts_after"] or d["use_watts_after"] > d["limit_watts"] for d in rows)
+
+
+def test_a_drain_frees_every_replica_it_moves_the_last_of_each_model_too(join_node):
+    from facility.services import budget_set
+
+    for rack in ("r1", "r2"):
+        for n in (1, 2):
+            join_node(f"{rack}n{n}", rack=rack)
+        budget_set(domain=f"rack:{rack}", cap_watts=60_000)
+    Model.objects.create(name="m", replicas=2, gpus=8)
+    reconcile_all()
+    [on_r1] = Shard.objects.filter(node__labels__contains={"llmgw.io/rack": "r1"})
+    preview = what_if(hold="rack:r1", drain=True)
+    assert [(m["replica"], m["from"]) for m in preview["moves"]] == [(f"m#{on_r1.replica.ordinal}", [on_r1.node.name])]
+    rows = {d["domain"]: d for d in preview["domains"]}
+    # Its replacement is up and the original stops: the held rack gives back what the other takes.
+    given = rows["rack:r1"]["use_watts_before"] - rows["rack:r1"]["use_watts_after"]
+    taken = rows["rack:r2"]["use_watts_after"] - rows["rack:r2"]["use_watts_before"]
+    assert given == pytest.approx(taken) and given == pytest.approx(on_r1.draw_watts)
