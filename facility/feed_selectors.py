@@ -102,7 +102,7 @@ def leg_rows(feeds: list[pure.Feed]) -> dict[str, list[dict[str, Any]]]:
 def feeds_overview() -> dict[str, Any]:
     """Every feed: its figures, status, the PDUs and racks it supplies, its load now, and its PDUs' legs."""
     feeds = stored_feeds()
-    loads = pure.feed_loads(feeds, node_loads())
+    loads = pure.feed_loads(feeds, node_loads(), pdu_other_watts=_pdu_budgets()[1])
     racks_by_pdu: dict[str, set[str]] = {}
     for rack, pdus in rack_pdus().items():
         for pdu in pdus:
@@ -141,6 +141,17 @@ def violation_row(v: pure.Violation) -> dict[str, Any]:
     }
 
 
+def _pdu_budgets() -> tuple[dict[str, float], dict[str, float]]:
+    """Each budgeted PDU's effective cap and its other watts, by the PDU's name."""
+    caps: dict[str, float] = {}
+    other: dict[str, float] = {}
+    for budget in Budget.objects.filter(domain__startswith="pdu:"):
+        name = parse_domain(budget.domain).name
+        caps[name] = budget.effective_cap_watts
+        other[name] = budget.other_watts
+    return caps, other
+
+
 def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
     """For the loss of each live feed (or the one named): every PDU, leg, rack and feed past what
     carries it. A failed feed is lost already: its violations are the present (``failed``: true)."""
@@ -148,12 +159,7 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
     if feed is not None and feed not in {f.name for f in feeds}:
         raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
     loads = node_loads()
-    pdu_caps: dict[str, float] = {}
-    pdu_other: dict[str, float] = {}
-    for budget in Budget.objects.filter(domain__startswith="pdu:"):
-        name = parse_domain(budget.domain).name
-        pdu_caps[name] = budget.effective_cap_watts
-        pdu_other[name] = budget.other_watts
+    pdu_caps, pdu_other = _pdu_budgets()
     out = []
     for lost in feeds:
         if feed is not None and lost.name != feed:

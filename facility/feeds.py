@@ -375,8 +375,12 @@ def feed_loss(
     return violations
 
 
-def feed_loads(feeds: Iterable[Feed], nodes: Iterable[NodeLoad]) -> dict[str, tuple[float, float, float]]:
-    """Each feed's (use, reserved, measured) load now: a node's load split over its PDUs on live feeds.
+def feed_loads(
+    feeds: Iterable[Feed], nodes: Iterable[NodeLoad], *, pdu_other_watts: Mapping[str, float] | None = None
+) -> dict[str, tuple[float, float, float]]:
+    """Each feed's (use, reserved, measured) load now: a node's load split over its PDUs on live feeds, and
+    each such PDU's other load (``pdu_other_watts``: its budget's, what no node reports), as feed_loss
+    counts them.
 
     A feed that is not live carries nothing.
     """
@@ -387,6 +391,12 @@ def feed_loads(feeds: Iterable[Feed], nodes: Iterable[NodeLoad]) -> dict[str, tu
         fed = [by_pdu[p] for p in node.pdus if p in by_pdu]
         for feed in fed:
             loads[feed.name].add(node, 1 / len(fed))
+    for pdu, other in sorted((pdu_other_watts or {}).items()):
+        if pdu in by_pdu:
+            total = loads[by_pdu[pdu].name]
+            total.use += other
+            total.reserved += other
+            total.measured += other
     return {name: (s.use, s.reserved, s.measured) for name, s in loads.items()}
 
 

@@ -240,3 +240,16 @@ def test_rack_level_feeds_cap_the_rack_and_carry_its_nodes_when_one_is_lost():
     lost_b = feed_loss(b, [a, b], nodes)  # A (5.9 kW) cannot carry 7 kW either
     assert [(str(v.domain), v.carrier) for v in lost_b if v.domain] == [("rack:r1", "A")]
     assert feed_loss(b, [a, b], nodes[:1]) == []  # 3.5 kW: either feed carries it
+
+
+def test_a_feeds_load_counts_its_pdus_other_watts_as_its_loss_does():
+    from facility.feeds import feed_loads
+
+    a, b = _pair(amps=20)  # 11.5 kW each
+    nodes = [NodeLoad(f"n{i}", "r1", ("r1-a", "r1-b"), 4000, 2000) for i in range(4)]  # 16 kW, 8 on each
+    other = {"r1-a": 600.0, "r1-b": 400.0, "elsewhere": 9000.0}
+    loads = feed_loads([a, b], nodes, pdu_other_watts=other)
+    assert loads["A"] == (8600.0, 4600.0, 600.0) and loads["B"] == (8400.0, 4400.0, 400.0)
+    # Lose A: B carries the nodes whole and both its own other watts, as its N-1 figure says.
+    [feed_b] = [v for v in feed_loss(a, [a, b], nodes, pdu_other_watts=other) if v.domain is None]
+    assert feed_b.load_watts == 16000.0 + 400.0
