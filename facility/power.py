@@ -256,10 +256,20 @@ def power_refusal(
     ``rack r12-07: 14.2 kW of a 14.4 kW limit (16.0 kW cap less 10%) in use, 16.3 kW with the shard
     (~2.8 kW)``; ``combined`` says it for a multi-node replica's shards that share the domain.
     """
-    head = (
-        f"{budget.domain.label}: {kw(use_watts)} of a {kw(budget.limit_watts(margin))} limit "
-        f"({kw(budget.cap_watts)} cap less {margin_text(margin)}) in use"
-    )
+    head = f"{budget.domain.label}: {kw(use_watts)} of a {limit_text(budget, margin)} in use"
+    return power_refusal_at(head, use_watts=use_watts, after_watts=after_watts, draw_watts=draw_watts, combined=combined)
+
+
+def limit_text(budget: Budget, margin: float) -> str:
+    """``14.4 kW limit (16.0 kW cap less 10%)``: a refusal's words for the domain's limit."""
+    return f"{kw(budget.limit_watts(margin))} limit ({kw(budget.cap_watts)} cap less {margin_text(margin)})"
+
+
+def power_refusal_at(
+    head: str, *, use_watts: float, after_watts: float, draw_watts: float | None, combined: bool = False
+) -> str:
+    """:func:`power_refusal` from its ``head`` (the domain, its use and limit: alike for every shard refused
+    at that use, and kept so by the placement index)."""
     if not draw_watts or after_watts <= use_watts + EPSILON_WATTS:
         # Nothing added, yet refused: the domain is already past its limit.
         return f"{head}, already past it"

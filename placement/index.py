@@ -58,7 +58,7 @@ from itertools import compress
 from operator import itemgetter, not_
 
 from facility.domains import Domain
-from facility.power import EPSILON_WATTS, Budget, node_use_watts
+from facility.power import EPSILON_WATTS, Budget, kw, limit_text, node_use_watts, power_refusal_at
 from placement.planner import (
     FULL_HEADROOM,
     HEADROOM_STEPS,
@@ -81,7 +81,6 @@ from placement.planner import (
     filter_inputs,
     nofit_summary,
     plan_replica,
-    power_rejection_in,
     shard_for,
     spread_counts,
     spread_of,
@@ -160,7 +159,8 @@ class _Cell:
     """
 
     __slots__ = (
-        "budget", "margin", "limit", "ceiling", "use", "terms", "_exact", "_refusals", "_steps", "version", "log", "groups",
+        "budget", "margin", "limit", "ceiling", "limit_words", "use", "terms", "_exact", "_head", "_refusals", "_steps",
+        "version", "log", "groups",
     )
 
     def __init__(self, budget: Budget, margin: float, log: _Log) -> None:
@@ -168,6 +168,8 @@ class _Cell:
         self.margin = margin
         self.limit = budget.limit_watts(margin)
         self.ceiling = self.limit + EPSILON_WATTS  # a use past it may refuse (would_pass_limit)
+        self.limit_words = limit_text(budget, margin)
+        self._head: str | None = None  # a refusal's words up to "in use", at the exact use
         self.use = budget.other_watts
         self.terms: dict[str, float] = {}
         self._exact: float | None = None
@@ -193,15 +195,23 @@ class _Cell:
             self.log.add(self)
 
     def refusal(self, draw: float | None, added: float) -> str | None:
-        """Why a shard of this draw, adding ``added`` to the use, may not come in; None when it fits."""
+        """Why a shard of this draw, adding ``added`` to the use, may not come in; None when it fits
+        (power_rejection_in's for this one domain, its words' head kept while the use stays)."""
         key = (draw, added)
         if key in self._refusals:
             return self._refusals[key]
         if self._exact is None:
             self._exact = math.fsum((self.budget.other_watts, *self.terms.values()))
-        reason = self._refusals[key] = power_rejection_in(
-            [(self.budget, self._exact, 0.0, 0.0)], draw, added, self.margin
-        )
+            self._head = None
+        use = self._exact
+        after = use + added
+        reason = None
+        if after > self.ceiling:  # would_pass_limit
+            head = self._head
+            if head is None:
+                head = self._head = f"{self.budget.domain.label}: {kw(use)} of a {self.limit_words} in use"
+            reason = power_refusal_at(head, use_watts=use, after_watts=after, draw_watts=0.0 + (draw or 0))
+        self._refusals[key] = reason
         return reason
 
     def stepped(self, added: float) -> tuple[int, float, float]:
