@@ -50,6 +50,24 @@ def node_loads(now=None) -> list[pure.NodeLoad]:
     return loads
 
 
+def equipment_loads() -> list[pure.NodeLoad]:
+    """Each budgeted rack's other watts (switches, storage: what no node reports) as a load on the rack's
+    PDUs, split over them as a dual-fed node's is: its feeds carry it, and the survivor all of it."""
+    pdus = rack_pdus()
+    loads = []
+    for domain, other in Budget.objects.filter(domain__startswith="rack:", other_watts__gt=0).values_list(
+        "domain", "other_watts"
+    ):
+        rack = parse_domain(domain).name
+        loads.append(
+            pure.NodeLoad(
+                name=f"rack {rack}'s other equipment", rack=rack, pdus=tuple(sorted(pdus.get(rack, ()))),
+                use_watts=other, reserved_watts=other, measured_watts=other, equipment=True,
+            )
+        )
+    return loads
+
+
 def feed_row(feed: pure.Feed, racks: list[str], load: tuple[float, float, float]) -> dict[str, Any]:
     return {
         "name": feed.name,
@@ -102,7 +120,7 @@ def leg_rows(feeds: list[pure.Feed]) -> dict[str, list[dict[str, Any]]]:
 def feeds_overview() -> dict[str, Any]:
     """Every feed: its figures, status, the PDUs and racks it supplies, its load now, and its PDUs' legs."""
     feeds = stored_feeds()
-    loads = pure.feed_loads(feeds, node_loads(), pdu_other_watts=_pdu_budgets()[1])
+    loads = pure.feed_loads(feeds, node_loads() + equipment_loads(), pdu_other_watts=_pdu_budgets()[1])
     racks_by_pdu: dict[str, set[str]] = {}
     for rack, pdus in rack_pdus().items():
         for pdu in pdus:
@@ -158,7 +176,7 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
     feeds = stored_feeds()
     if feed is not None and feed not in {f.name for f in feeds}:
         raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
-    loads = node_loads()
+    loads = node_loads() + equipment_loads()
     pdu_caps, pdu_other = _pdu_budgets()
     out = []
     for lost in feeds:

@@ -117,7 +117,9 @@ class NodeLoad:
     """One node's load for feed accounting.
 
     ``use_watts`` is its term in every domain's use (:func:`facility.power.node_use_watts`: node_watts
-    plus the larger of placed and measured); reserved and measured are shown beside it.
+    plus the larger of placed and measured); reserved and measured are shown beside it. ``equipment``: not
+    a node but a rack's other equipment (its budget's other watts: switches, storage), on the rack's PDUs
+    as a node on them is; it goes dark with them, and is named among no dark nodes.
     """
 
     name: str
@@ -127,6 +129,7 @@ class NodeLoad:
     reserved_watts: float = 0.0
     measured_watts: float = 0.0
     legs: tuple[str, ...] = ()
+    equipment: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +322,8 @@ def feed_loss(
         touched = not lost_pdus.isdisjoint(node.pdus)
         live = [p for p in node.pdus if p not in down_pdus]
         if touched and not live:
-            dark.setdefault(node.rack, []).append(node.name)
+            if not node.equipment:
+                dark.setdefault(node.rack, []).append(node.name)
             continue
         if not live:
             continue

@@ -206,3 +206,24 @@ def test_an_apply_that_fails_halfway_leaves_nothing_of_it(monkeypatch):
         )
     assert list(Budget.objects.values_list("domain", "cap_watts")) == [("rack:r1", 9000)]
     assert services.FacilitySettings.load().margin != 0.3
+
+
+def test_a_racks_other_watts_are_carried_by_its_feeds_and_by_the_survivor_when_one_is_lost(join_node, admin_client):
+    small = PAIR.replace("amperage: 32", "amperage: 12")  # 6.9 kW a feed
+    for n in (1, 2):
+        join_node(f"gpu0{n}", rack="r1", pdu="r1-a,r1-b")
+        _load(f"gpu0{n}", 2800, None)  # 350 + 2,800 each: 6.3 kW, within one feed alone
+    join_node("gpu03", rack="r2", pdu="r2-a")
+    services.facility_apply(text=small)
+    assert feed_loss_report()["violations"] == 0
+    # Its switches draw 800 W more, from both PDUs while both feeds are up, from the survivor after.
+    services.budget_set(domain="rack:r1", cap_watts=6000, other_watts=800)
+    services.budget_set(domain="rack:r2", cap_watts=6000, other_watts=500)  # no feed: carried by none
+    feeds = {f["name"]: f for f in admin_client.get("/api/v1/facility/feeds").json()["feeds"]}
+    assert feeds["A1"]["load_watts"] == feeds["B1"]["load_watts"] == 3150.0 + 400.0
+    report = feed_loss_report()
+    [rack] = [v for v in report["feeds"][0]["violations"] if v["domain"] == "rack:r1"]
+    assert (rack["carrier"], rack["load_watts"]) == ("B1", 6300.0 + 800.0)
+    assert rack["over_watts"] == pytest.approx(7100.0 - 415 * 12 * 0.8 * math.sqrt(3), abs=0.1)
+    # The switches are no node: never among a lost feed's dark nodes.
+    assert all(not v["dark_nodes"] for f in report["feeds"] for v in f["violations"])

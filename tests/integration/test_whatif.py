@@ -161,7 +161,9 @@ def test_the_consoles_feeds_read_as_ctl_facility_feeds(admin_client, capsys):
     row = re.search(r"<tr><td>A101</td>.*?</tr>", page, re.S).group(0)
     cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
     assert cells[:6] == [name, rating, status, *figures[:3]]  # capacity, load, reserved: ctl's figures
-    assert (figures[3], cells[6]) == ("0.0 kW", "0 W")  # nothing measured: under a kW, the console says watts
+    # No node measured: the racks' other equipment alone (counted as reserved and measured, as a PDU's
+    # other watts are); under a kW, the console says watts.
+    assert (figures[3], cells[6]) == ("0.4 kW", "400 W")
     assert page.count("<th class=\"num\">LOAD</th>") == 1
 
 
