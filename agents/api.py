@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
@@ -32,6 +34,7 @@ from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
 from llmgw.errors import InvalidInput, NotFound
 from llmgw.parsers import BoundedJSONParser
 from llmgw.permissions import IsAdmin
+from llmgw.remote import SUGGESTIONS_HEADER
 from placement import selectors as placement_selectors
 from placement import services as placement_services
 
@@ -59,7 +62,13 @@ class NodeListView(ApiView):
     def get(self, request):
         # The console's Nodes page filters through the same FilterSet, so both read a query alike.
         filterset = nodes_filtered(request.query_params)
-        return Response([row.as_dict() for row in facility_nodes.node_rows(filterset.qs)])
+        rows = [row.as_dict() for row in facility_nodes.node_rows(filterset.qs)]
+        response = Response(rows)
+        if not rows:
+            said = filterset.suggestions()  # a term no node has: a typo, likely (what the console says)
+            if said:
+                response[SUGGESTIONS_HEADER] = json.dumps(said, separators=(",", ":"))
+        return response
 
 
 def node_detail(node: Node) -> dict:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 from urllib.parse import quote
 
 from agents.node.protocol import value_shown
 from facility.domains import parse_label_args
 from llmgw.output import print_json, print_table
-from llmgw.remote import lazy, listing, read, write
+from llmgw.remote import SUGGESTIONS_HEADER, lazy, listing, read, write
 
 # A node's states, as the API's filter takes them (agents.filtersets.STATES: not imported by ctl's parser).
 NODE_STATES = ("ready", "not-ready", "cordoned", "held")
+# At most this many "did you mean" lines from a remote answer (a filter has at most agents.filtersets.MAX_TERMS
+# terms, each one line).
+MAX_SUGGESTIONS_SHOWN = 64
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 services = lazy("agents.services")
@@ -96,6 +100,9 @@ def nodes(args) -> int:
         return rows
 
     rows = read(args, "nodes", local, domain=args.domain, state=args.state)
+    remote = getattr(args, "remote", None)
+    if remote is not None and not rows:
+        suggestions.extend(_suggestions_read(remote.headers.get(SUGGESTIONS_HEADER.lower())))
     if args.state:  # the API's answer is filtered already; the rows read here are not
         rows = [r for r in rows if r["state"] == args.state]
     if args.output == "json":
@@ -113,6 +120,18 @@ def nodes(args) -> int:
         matches = f" Did you mean {', '.join(said['matches'])}?" if said["matches"] else " No name is close to it."
         print(f"warning: {said['text']}{matches}")
     return 0
+
+
+def _suggestions_read(header: str | None) -> list[dict]:
+    """The suggestions a remote GET /nodes sent (SUGGESTIONS_HEADER); none when absent or not their shape."""
+    try:
+        said = json.loads(header or "[]")
+        return [
+            {"text": str(s["text"]), "matches": [str(m) for m in s["matches"]]}
+            for s in said if isinstance(s, dict) and isinstance(s.get("matches"), list)
+        ][:MAX_SUGGESTIONS_SHOWN]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def location_words(location: dict[str, str]) -> str:

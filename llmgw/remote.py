@@ -52,6 +52,11 @@ def token_load() -> str | None:
         return None
 
 
+# GET /nodes answers a filter that finds nothing with what it could have meant in this header (JSON: the
+# console's words, NodeFilterSet.suggestions), so ctl nodes says it remote as it does on the database.
+SUGGESTIONS_HEADER = "Llmgw-Suggestions"
+
+
 class Remote:
     """The control plane's API at `url` (…/api/v1/ is added), with an API token."""
 
@@ -63,6 +68,7 @@ class Remote:
         # The last request answered with JSON (``GET /api/v1/nodes``): an answer of a shape no llmgw writes
         # fails the command's reading of it, and ctl then names this (wrong_shape).
         self.answered: str | None = None
+        self.headers: dict[str, str] = {}  # the last answer's headers, names in lower case
 
     def call(
         self, method: str, path: str, *, params: dict | None = None, body: Any = None, timeout: float = TIMEOUT_SECONDS
@@ -87,6 +93,7 @@ class Remote:
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
+                self.headers = {name.lower(): value for name, value in response.headers.items()}
         except urllib.error.HTTPError as exc:
             raise self.error(exc.code, exc.read()) from None
         except (urllib.error.URLError, OSError) as exc:

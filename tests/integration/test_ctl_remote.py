@@ -22,6 +22,7 @@ LLMGW = Path(sys.executable).parent / "llmgw"
 LISTINGS = [
     ("nodes",),
     ("nodes", "--domain", "rack:r1-01"),
+    ("nodes", "--domain", "rack:r1-1"),  # no node is in it: the same "did you mean" remote
     ("models",),
     ("replicas",),
     ("replicas", "--model", "llama"),
@@ -456,3 +457,10 @@ def test_a_viewer_is_refused_every_change(live_server, make_user, capsys, tmp_pa
     assert not ConditionOverride.objects.exists() and not Feed.objects.exists()
     assert list(Model.objects.values_list("name", flat=True)) == ["llama"]
     assert FacilitySettings.load().margin != 0.3
+
+
+def test_a_remote_nodes_filter_that_finds_nothing_says_what_it_could_have_meant(live_server, make_user, tmp_path):
+    _, key = make_user("viewer1", role="viewer")
+    got = remote(live_server.url, key, "nodes", "--domain", "rack:r1-1", home=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines()[-1] == "warning: No node is in rack r1-1. Did you mean rack:r1-01, rack:r1-02?"
