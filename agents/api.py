@@ -56,6 +56,11 @@ class NodeListView(ApiView):
             OpenApiParameter(
                 "q", str, pattern=STORABLE_TEXT_PATTERN, description="Only nodes whose name contains this"
             ),
+            OpenApiParameter(
+                SUGGESTIONS_HEADER, str, OpenApiParameter.HEADER, response=[200],
+                description="On an empty answer to a `domain` term no node has: JSON, what it could have meant "
+                '(`[{"term": "r12-7", "text": "No node is in rack r12-7.", "matches": ["r12-07"]}]`)',
+            ),
         ],
         operation_id="nodes_list",
     )
