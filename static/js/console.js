@@ -40,6 +40,11 @@
     var d = e.target;
     if (d.matches && d.matches("details[data-keep][id]")) { opened[d.id] = d.open; }
   }, true);
+  // A panel opened a moment before a swap: its toggle event is still queued (and would reach an element no
+  // longer in the page), so the state is read off the page as the swap begins.
+  document.body.addEventListener("htmx:oobBeforeSwap", function () {
+    document.querySelectorAll("details[data-keep][id]").forEach(function (d) { opened[d.id] = d.open; });
+  });
   document.body.addEventListener("htmx:oobAfterSwap", function () {
     Object.keys(opened).forEach(function (id) {
       var d = document.getElementById(id);
