@@ -102,26 +102,35 @@ def _whole_number(request, name: str, default: int, minimum: int, maximum: int) 
 MAX_REPLICAS_OFFSET = MAX_REPLICAS_TOTAL
 
 
+def _page_parameters(limit_text: str) -> list[OpenApiParameter]:
+    """A paged listing of replicas' ``limit`` (described by ``limit_text``) and ``offset``, for its schema."""
+    return [
+        OpenApiParameter(
+            "limit", {"type": "integer", "minimum": 1, "maximum": selectors.REPLICAS_PAGE_MAX},
+            OpenApiParameter.QUERY, required=False, description=limit_text,
+        ),
+        OpenApiParameter(
+            "offset", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS_OFFSET},
+            OpenApiParameter.QUERY, required=False, description="skip this many first (default 0)",
+        ),
+    ]
+
+
+def _page_of(request, default: int) -> tuple[int, int]:
+    """The (offset, limit) a paged listing of replicas was asked, each within its bounds (else 400 naming it)."""
+    limit = _whole_number(request, "limit", default, 1, selectors.REPLICAS_PAGE_MAX)
+    return _whole_number(request, "offset", 0, 0, MAX_REPLICAS_OFFSET), limit
+
+
 class ModelExplainView(ApiView):
     @documented(
         summary="Why each replica is where it is, or why it waits: a page of replicas by ordinal, counts of all",
         ok={200: ExplainSerializer},
         errors=(404,),
-        parameters=[
-            OpenApiParameter(
-                "limit", {"type": "integer", "minimum": 1, "maximum": selectors.REPLICAS_PAGE_MAX},
-                OpenApiParameter.QUERY, required=False,
-                description=f"explain at most this many replicas (default {selectors.EXPLAIN_PAGE})",
-            ),
-            OpenApiParameter(
-                "offset", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS_OFFSET},
-                OpenApiParameter.QUERY, required=False, description="skip this many first (default 0)",
-            ),
-        ],
+        parameters=_page_parameters(f"explain at most this many replicas (default {selectors.EXPLAIN_PAGE})"),
     )
     def get(self, request, name: str):
-        limit = _whole_number(request, "limit", selectors.EXPLAIN_PAGE, 1, selectors.REPLICAS_PAGE_MAX)
-        offset = _whole_number(request, "offset", 0, 0, MAX_REPLICAS_OFFSET)
+        offset, limit = _page_of(request, selectors.EXPLAIN_PAGE)
         return Response(selectors.model_explain(name, offset=offset, limit=limit))
 
 
@@ -140,21 +149,14 @@ class ReplicaListView(ApiView):
         errors=(404,),
         parameters=[
             OpenApiParameter("model", str, pattern=STORABLE_TEXT_PATTERN, description="Only this model's replicas"),
-            OpenApiParameter(
-                "limit", {"type": "integer", "minimum": 1, "maximum": selectors.REPLICAS_PAGE_MAX},
-                OpenApiParameter.QUERY, required=False,
-                description=f"at most this many (default {selectors.REPLICAS_PAGE}); a page shorter is the last",
-            ),
-            OpenApiParameter(
-                "offset", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS_OFFSET},
-                OpenApiParameter.QUERY, required=False, description="skip this many first (default 0)",
+            *_page_parameters(
+                f"at most this many (default {selectors.REPLICAS_PAGE}); a page shorter is the last"
             ),
         ],
         operation_id="replicas_list",
     )
     def get(self, request):
-        limit = _whole_number(request, "limit", selectors.REPLICAS_PAGE, 1, selectors.REPLICAS_PAGE_MAX)
-        offset = _whole_number(request, "offset", 0, 0, MAX_REPLICAS_OFFSET)
+        offset, limit = _page_of(request, selectors.REPLICAS_PAGE)
         model = request.query_params.get("model") or None
         return Response(selectors.replica_rows(model=model, offset=offset, limit=limit))
 
