@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from agents.node.protocol import BIDI_CONTROLS
 from llmgw.dependencies import not_queued_warnings, warning_added
 from llmgw.errors import WRITE_CONFLICT_TEXT, InvalidInput, LlmgwError, is_write_conflict
 from llmgw.jsonguard import MAX_JSON_DEPTH
@@ -140,10 +141,10 @@ def _first_message(messages) -> str:
 
 # For the schema of free-text query parameters: what text_fault lets through (no NUL, no bidirectional
 # control).
-STORABLE_TEXT_PATTERN = r"^[^\x00\u202a-\u202e\u2066-\u2069]*$"
+STORABLE_TEXT_PATTERN = rf"^[^\x00{BIDI_CONTROLS}]*$"
 # The embeddings and isolates that reorder the text after them as it is shown: a hold's reason or a label
 # with one reads otherwise in the console and in ctl than it is stored ("Trojan Source").
-_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+_BIDI_CONTROLS = re.compile(f"[{BIDI_CONTROLS}]")
 
 
 def text_fault(value: str) -> str | None:

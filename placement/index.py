@@ -58,7 +58,15 @@ from itertools import compress
 from operator import itemgetter, not_
 
 from facility.domains import Domain
-from facility.power import EPSILON_WATTS, Budget, kw, limit_text, node_use_watts, power_refusal_at
+from facility.power import (
+    EPSILON_WATTS,
+    Budget,
+    kw,
+    limit_text,
+    node_use_watts,
+    power_refusal_at,
+    would_pass_limit,
+)
 from placement.planner import (
     FULL_HEADROOM,
     HEADROOM_STEPS,
@@ -206,7 +214,7 @@ class _Cell:
         use = self._exact
         after = use + added
         reason = None
-        if after > self.ceiling:  # would_pass_limit
+        if would_pass_limit(after, self.limit):
             head = self._head
             if head is None:
                 head = self._head = f"{self.budget.domain.label}: {kw(use)} of a {self.limit_words} in use"

@@ -54,10 +54,11 @@ PID_MAX = 2**31 - 1
 # The C0 controls, DEL and the C1 controls (U+009B starts a terminal's escape sequence as ESC [ does), and
 # the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069: a text with one shows
 # in another order than it is stored).
-_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+# The bidirectional controls as a character class's ranges, written as re and JSON Schema both read them
+# (llmgw.api refuses them in every API body and query too).
+BIDI_CONTROLS = r"\u202a-\u202e\u2066-\u2069"
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f" + BIDI_CONTROLS + "\ud800-\udfff]")
+_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI_CONTROLS + "\ud800-\udfff]")
 
 
 def _kind_of(char: str) -> str:
