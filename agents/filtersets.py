@@ -4,12 +4,11 @@
 (``r12-07``: the rack, or the one domain of another level so named), a label (``gpu.model=H200``), or
 several of them separated by spaces: those of one level or label key are any of them, different ones all
 hold (``r12-07 r12-08 gpu.model=H200``: the H200 nodes of either rack). A name or label value no node has
-gets suggestions (:meth:`NodeFilterSet.suggestions`, difflib's close matches), which the console shows.
+gets suggestions (:meth:`NodeFilterSet.suggestions`, facility.domains.nearest_names), which the console shows.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from django.utils import timezone
 
 from agents.models import Node, NodeDomain
 from agents.selectors import node_queryset
-from facility.domains import LEVELS, MAX_VALUE_LENGTH, DomainError, parse_domain
+from facility.domains import LEVELS, MAX_VALUE_LENGTH, DomainError, nearest_names, parse_domain
 from facility.nodes import held_domains, node_state
 from llmgw.errors import InvalidInput
 
@@ -246,17 +245,17 @@ def _domain_suggestions(term: Term) -> list[dict]:
         # Names against names of the same level first (`rack:` would make every rack look close).
         level, name = term.text.split(":", 1)
         same = [d.split(":", 1)[1] for d in known if d.startswith(f"{level}:")]
-        matches = [f"{level}:{m}" for m in difflib.get_close_matches(name, same, n=SUGGESTIONS)]
+        matches = [f"{level}:{m}" for m in nearest_names(name, same, count=SUGGESTIONS)]
         if not matches:
             by_name = {d.split(":", 1)[1]: d for d in known}
-            matches = [by_name[m] for m in difflib.get_close_matches(name, list(by_name), n=SUGGESTIONS)]
+            matches = [by_name[m] for m in nearest_names(name, by_name, count=SUGGESTIONS)]
         return [{"term": term.text, "text": f"No node is in {level} {name}.", "matches": matches}]
     # A bare name: the racks' names first, then any domain's name.
     racks = [d.split(":", 1)[1] for d in known if d.startswith("rack:")]
-    matches = difflib.get_close_matches(term.text, racks, n=SUGGESTIONS)
+    matches = nearest_names(term.text, racks, count=SUGGESTIONS)
     if not matches:
-        matches = difflib.get_close_matches(term.text, [d.split(":", 1)[1] for d in known], n=SUGGESTIONS)
-    return [{"term": term.text, "text": f"No node is in rack {term.text}.", "matches": list(dict.fromkeys(matches))}]
+        matches = nearest_names(term.text, [d.split(":", 1)[1] for d in known], count=SUGGESTIONS)
+    return [{"term": term.text, "text": f"No node is in rack {term.text}.", "matches": matches}]
 
 
 def _label_suggestions(term: Term) -> list[dict]:
@@ -265,11 +264,11 @@ def _label_suggestions(term: Term) -> list[dict]:
         return []
     known = list(values.values_list("label_value", flat=True).distinct()[:5000])
     if known:
-        matches = difflib.get_close_matches(term.value, known, n=SUGGESTIONS)
+        matches = nearest_names(term.value, known, count=SUGGESTIONS)
         # `h200` for `H200`: a case apart is the likeliest slip, and close matches may rank it low.
         matches = [v for v in known if v.casefold() == term.value.casefold()] + matches
         labels = [f"{term.key}={v}" for v in dict.fromkeys(matches)][:SUGGESTIONS]
         return [{"term": term.text, "text": f"No node has {term.text}.", "matches": labels}]
     keys = sorted({k for labels in Node.objects.values_list("labels", flat=True) for k in (labels or {})})
-    matches = difflib.get_close_matches(term.key, keys, n=SUGGESTIONS)
+    matches = nearest_names(term.key, keys, count=SUGGESTIONS)
     return [{"term": term.text, "text": f"No node has a {term.key} label.", "matches": [f"{k}={term.value}" for k in matches]}]

@@ -6,6 +6,7 @@ from a node's effective labels, never declared. Names are taken as given.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
@@ -206,6 +207,22 @@ def location_conflicts(
             f"{key}: the agent says {said}, {has}; the agent's value is ignored (location_from: {level}: store)"
         )
     return conflicts
+
+
+def nearest_names(name: str, known: Iterable[str], *, count: int) -> list[str]:
+    """The known names nearest ``name``, at most ``count``, closest first: the same characters in
+    another order (``r1-10`` for ``r1-01``: a swap is the likeliest slip) before any other, then by
+    difflib's ratio (0.6 and over, as ``get_close_matches``), ties by name. The one rule for every "did
+    you mean" about a place: a hold's or budget's warning and a node filter's suggestions."""
+    letters = sorted(name)
+    scored = []
+    for known_name in set(known):
+        matcher = difflib.SequenceMatcher(None, name, known_name)
+        if matcher.real_quick_ratio() >= 0.6 and matcher.quick_ratio() >= 0.6:
+            ratio = matcher.ratio()
+            if ratio >= 0.6:
+                scored.append((sorted(known_name) != letters, -ratio, known_name))
+    return [known_name for *_, known_name in sorted(scored)[:count]]
 
 
 def location_text(labels: Mapping[str, str], levels: Iterable[str] = LEVELS) -> str:

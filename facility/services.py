@@ -25,6 +25,7 @@ from facility.domains import (
     MULTI_KEYS,
     DomainError,
     clean_domain,
+    nearest_names,
     parse_domain,
     parse_location_from,
 )
@@ -536,14 +537,9 @@ def budget_warnings(domains: Iterable[str]) -> list[str]:
 
 
 def _nearest_text(domain: str, known: list[str]) -> str:
-    """``no node is in rack r1-10 yet`` and the known names of its level nearest it (``known``: sorted)."""
-    import difflib
-
+    """``no node is in rack r1-10 yet`` and the known names of its level nearest it."""
     level, _, name = domain.partition(":")
-    # Closest first; a swap of two characters (r1-10 for r1-01) counts as closest of all, ties by name.
-    scored = [(difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known]
-    scored = [(sorted(k) == sorted(name), ratio, k) for ratio, k in scored if ratio >= 0.5]
-    nearest = [k for *_, k in sorted(scored, key=lambda s: (not s[0], -s[1], s[2]))[:NEAREST_SHOWN]]
+    nearest = nearest_names(name, known, count=NEAREST_SHOWN)
     text = f"no node is in {level} {name} yet"
     if nearest:
         text += f"; known {level}s nearest that name: {', '.join(nearest)}"

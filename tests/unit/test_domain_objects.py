@@ -7,7 +7,7 @@ import pickle
 import subprocess
 import sys
 
-from facility.domains import Domain, domains_of, parse_domain
+from facility.domains import Domain, domains_of, nearest_names, parse_domain
 
 
 def test_a_domain_from_labels_from_text_and_unpickled_is_one_key():
@@ -24,3 +24,16 @@ def test_a_domain_pickled_in_another_process_keys_the_same_map_here():
     sent = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
                           env={"PYTHONHASHSEED": "random", "PATH": ""}, cwd=".").stdout
     assert {parse_domain("pdu:r1-01-a"): "here"}[pickle.loads(sent)] == "here"
+
+
+def test_nearest_names_put_a_swap_first_then_the_closest_and_leave_out_what_is_far():
+    known = ["r1-02", "r1-03", "r12-10", "hall-b", "r1-01"]
+    # r1-01 for r1-10 is a swap of two characters: first, though r12-10 is closer by difflib's ratio.
+    assert nearest_names("r1-10", known, count=2) == ["r1-01", "r12-10"]
+    assert nearest_names("r1-10", ["r1-02", "r1-01", "r2-99"], count=3) == ["r1-01", "r1-02"]
+    # Ties by name; far names (under difflib's 0.6) are never offered.
+    assert nearest_names("r1-0", ["r1-03", "r1-02", "zz-zz"], count=3) == ["r1-02", "r1-03"]
+    assert nearest_names("hall-q", known, count=3) == ["hall-b"]
+    assert nearest_names("x", known, count=3) == []
+    # A name listed twice is offered once.
+    assert nearest_names("r1-1", ["r1-01", "r1-01"], count=3) == ["r1-01"]
