@@ -243,7 +243,7 @@ def line(label: str, figures: Figures) -> str:
 
 def run(
     count: int, plain_sample: int, *, compare: str | None = None, rounds: int = 1, readings: int = 1,
-    collector: bool = False,
+    collector: bool = False, warmups: int = 1,
 ) -> None:
     """Print the figures at ``count`` nodes; with ``compare``, that index's beside this one's, alternating."""
     _, facility = cluster(count)
@@ -253,13 +253,20 @@ def run(
         f"{sum(1 for c in facility.conditions.values() if c.condition == 'warm')} racks warm and "
         f"{sum(1 for c in facility.conditions.values() if c.condition == 'hot')} hot (enforced); "
         f"{readings} node's reading moves between every two plans; "
-        f"the garbage collector {'on' if collector else 'paused, as in a placement run'}"
+        f"the garbage collector {'on' if collector else 'paused, as in a placement run'}; "
+        f"{warmups} untimed run{'s' if warmups != 1 else ''} first"
     )
     if compare:
         ours = load_index(str(Path(__file__).resolve().parents[1] / "placement" / "index.py"), "placement._index_ours")
         other = load_index(compare)
     else:
         ours, other = PlacementIndex, None
+    for _ in range(warmups):
+        # Untimed: a placer runs in a long-lived process, whose first placements ever pay once for what a
+        # new process has not yet done (its allocator's arenas, the interpreter's specialising): 4-8 %
+        # of a 1,000-node run here. Each timed run still builds its own index, shapes and rankings.
+        for index_class in (ours, other) if other is not None else (ours,):
+            run_once(count, 0, index_class, readings=readings, collector=collector)
     rates: dict[str, list[float]] = {"index": [], f"index of {compare}": []}
     plain: list[float] = []
     for number in range(rounds):
@@ -298,14 +305,24 @@ def main() -> None:
     parser.add_argument("--index", help="another placement/index.py to time beside this one's, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each index")
     parser.add_argument(
+        "--warmups", type=int, default=1,
+        help="untimed runs first (a placer's process is long-lived and warm; 0 times a new process's first run)",
+    )
+    parser.add_argument(
         "--collector", action="store_true",
         help="leave the garbage collector on while placing (a placement run pauses it)",
     )
     args = parser.parse_args()
+    for flag, value, least in (
+        ("--rounds", args.rounds, 1), ("--warmups", args.warmups, 0), ("--readings", args.readings, 0),
+        ("--plain-sample", args.plain_sample, 0), *(("--nodes", count, 1) for count in args.nodes or ()),
+    ):
+        if value < least:
+            parser.error(f"{flag} is {value}: at least {least}")
     for count in args.nodes or [1000, 10000]:
         run(
             count, args.plain_sample, compare=args.index, rounds=args.rounds, readings=args.readings,
-            collector=args.collector,
+            collector=args.collector, warmups=args.warmups,
         )
 
 
