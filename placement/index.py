@@ -258,15 +258,17 @@ class _Group:
 
 
 class _Entry:
-    """One indexed node: its view, its group, its hold reason under the current facility, and what a
-    shard of each draw adds to its domains' use (kept for its view: the shapes of one draw share it)."""
+    """One indexed node: its view, its group, its hold reason under the current facility, what it counts
+    for in each of its domains (``term``: node_use_watts), and what a shard of each draw adds to that
+    (kept for its view: the shapes of one draw share it)."""
 
-    __slots__ = ("node", "group", "held", "adds")
+    __slots__ = ("node", "group", "held", "term", "adds")
 
-    def __init__(self, node: NodeView, group: _Group, held: str | None) -> None:
+    def __init__(self, node: NodeView, group: _Group, held: str | None, term: float) -> None:
         self.node = node
         self.group = group
         self.held = held
+        self.term = term
         self.adds: dict[float | None, float | None] = {}
 
 
@@ -745,10 +747,9 @@ class PlacementIndex:
         for name, entry in self._nodes.items():
             entry.held = blocked_reason(entry.node, facility)
             entry.adds = {}
-            if entry.group.cells:
-                term = self._term(entry.node)
-                for cell in entry.group.cells:
-                    cell.count(name, term)
+            term = entry.term = self._term(entry.node)
+            for cell in entry.group.cells:
+                cell.count(name, term)
         self._afresh()
 
     def apply(self, plan: Plan) -> None:
@@ -777,14 +778,13 @@ class PlacementIndex:
                 self._groups_in.setdefault(domain, []).append(group)
             group.set_cells(self._cells)
             group.set_conditions(self._facility)
-        self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility))
+        term = self._term(node)
+        self._nodes[node.name] = _Entry(node, group, blocked_reason(node, self._facility), term)
         self._hold(node.name, node.weights, True)
         _insert(group.by_free, len(node.free_gpus), node.name)
         _insert(group.by_replicas, node.replicas, node.name)
-        if group.cells:
-            term = self._term(node)
-            for cell in group.cells:
-                cell.count(node.name, term)
+        for cell in group.cells:
+            cell.count(node.name, term)
 
     def _drop(self, entry: _Entry) -> None:
         node, group = entry.node, entry.group
@@ -825,14 +825,13 @@ class PlacementIndex:
             _remove(group.by_replicas, old.replicas, node.name)
             _insert(group.by_replicas, node.replicas, node.name)
         fell = False
-        change = 0.0
-        if group.cells:
-            term = self._term(node)
-            change = term - self._term(old)
-            if change:
-                for cell in group.cells:
-                    cell.count(node.name, term)
-                fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
+        term = self._term(node)
+        change = term - entry.term
+        entry.term = term
+        if change and group.cells:
+            for cell in group.cells:
+                cell.count(node.name, term)
+            fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
         # A kept walk passes the node over again for its reason only while what the filters read stays.
         refiltered = filter_inputs(old) != filter_inputs(node)
         # A walk's power refusals are worded again when their domains' use moves: a candidate whose figures
@@ -867,8 +866,11 @@ class PlacementIndex:
         adds = entry.adds
         if draw in adds:
             added = adds[draw]
+        elif draw is None:
+            added = adds[draw] = None
         else:
-            added = adds[draw] = added_of(node, draw, self._facility.settings)
+            # added_of's: the node's term with the shard, less its term now (kept in the entry).
+            added = adds[draw] = node_use_watts(node.placed_watts + draw, node.measured_watts, self._facility.settings) - entry.term
         pack = free - gpus if gpus > 0 else node.replicas  # pack_value
         return (pack, node.name), draw, added, unavailable_reason(node, entry.held)
 
