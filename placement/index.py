@@ -993,15 +993,22 @@ class PlacementIndex:
         walk = ranking.walk
         existing = request.existing
         if len(existing) > len(ranking.existing):
-            counts, spread = ranking.counts, ranking.spread
-            for domain, count in spread_counts(existing[len(ranking.existing) :], _NodesOf(self._nodes)).items():
-                counts[domain] = counts.get(domain, 0) + count
-                for group in self._groups_in.get(domain, ()):
-                    spread[group] += count  # spread_of: the sum of its racks' and PDUs' counts
-                    if walk is not None:
-                        for slate in ranking.shape.of_group.get(group, ()):
-                            if slate in walk.last:
-                                walk.moved.add(slate)  # a walked slate's keys came later
+            counts, spread, nodes = ranking.counts, ranking.spread, self._nodes
+            for replica in existing[len(ranking.existing) :]:
+                # spread_counts' for one replica: once in each rack and PDU of its nodes (a group's spread
+                # domains are its nodes' racks and PDUs).
+                entries = [nodes[name] for name in replica if name in nodes]
+                domains = entries[0].group.spread if len(entries) == 1 else {
+                    domain for entry in entries for domain in entry.group.spread
+                }
+                for domain in domains:
+                    counts[domain] = counts.get(domain, 0) + 1
+                    for group in self._groups_in.get(domain, ()):
+                        spread[group] += 1  # spread_of: the sum of its racks' and PDUs' counts
+                        if walk is not None:
+                            for slate in ranking.shape.of_group.get(group, ()):
+                                if slate in walk.last:
+                                    walk.moved.add(slate)  # a walked slate's keys came later
         ranking.existing = existing
         ranking.request = request
         shape = ranking.shape
