@@ -27,6 +27,7 @@ from facility.domains import LEVELS, Domain, DomainError, parse_domain
 from llmgw import outbound
 from llmgw.errors import value_shown
 
+_SECONDS_RE = re.compile(r"\d+(?:\.\d+)?\Z")
 _DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
 # A query result beyond these is a mistake, not a measurement.
 MAX_ABS_VALUE = 1e9
@@ -43,6 +44,8 @@ def parse_duration(value: Any) -> float:
             raise ValueError("a duration is a number of seconds of at least 0")
         return float(value)
     if isinstance(value, str) and value:
+        if _SECONDS_RE.match(value.strip()):  # `--for 120` on a command line: seconds, as the number 120 is
+            return float(value)
         match = _DURATION_RE.match(value.strip())
         if match and any(match.groups()):
             hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())

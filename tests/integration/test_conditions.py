@@ -169,6 +169,12 @@ def test_ctl_shows_conditions_events_and_sets_an_override(capsys, join_node):
     assert "ok (set by hand, inlet 35.0 °C" in row
     code, out = run(capsys, "facility", "condition", "clear", "rack:r1-01")
     assert out == "rack:r1-01: condition set by hand cleared\n"
+    # Plain seconds, as --help says: `--for 120` is two minutes.
+    from facility.models import ConditionOverride
+
+    code, out = run(capsys, "facility", "condition", "set", "rack:r1-01", "ok", "--reason", "probe fault", "--for", "120")
+    override = ConditionOverride.objects.get(domain="rack:r1-01")
+    assert code == 0 and round((override.until - override.created_at).total_seconds()) == 120
 
 
 def test_sim_facility_starts_the_replay_the_evaluation_reads(capsys, join_node):

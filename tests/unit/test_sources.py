@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_durations():
     assert parse_duration("2m") == 120 and parse_duration("1h30m") == 5400 and parse_duration(90) == 90
+    # A bare number as text (a command line's `--for 120`) is seconds too, as the number is.
+    assert parse_duration("120") == 120 and parse_duration(" 90.5 ") == 90.5
     for bad in ("", "2 minutes", -1, True, float("nan"), "m"):
         with pytest.raises(ValueError):
             parse_duration(bad)
