@@ -33,7 +33,8 @@ def register(commands) -> None:
             "there and the highest its sensors read in the measured window (server.yaml's\n"
             "facility.measured_window, else LLMGW_MEASURED_WINDOW_SECONDS; 15 minutes by default);\n"
             "its limit is cap × (1 − margin).\n"
-            "RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts."
+            "RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts\n"
+            "or other_watts (so they may sum to less than USE). A domain past its limit is named under the table."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -169,6 +170,10 @@ def overview(args) -> int:
     print_table(
         ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD", "SOURCE"], rows
     )
+    for d in data["domains"]:
+        if d["over_limit"]:  # the table's figures say it too, but only to whoever compares USE and LIMIT
+            over = d["use_watts"] - d["limit_watts"]
+            print(f"{d['domain']}: over its limit by {over:,.0f} W ({kw(d['use_watts'])} in use of a {kw(d['limit_watts'])} limit)")
     for d in data["domains"]:
         if d.get("cap_warning"):
             print(f"{d['domain']}: {d['cap_warning']}; the feed's cap holds")

@@ -124,6 +124,10 @@ def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
     assert out == "rack:r12-07 released\n"
     code, out, _ = run(capsys, "facility", "-o", "json")
     assert json.loads(out)["domains"][0]["hold"] is None
+    # A domain past its limit is said under the table, not left to a comparison of USE and LIMIT.
+    run(capsys, "facility", "budget", "set", "pdu:r12-07-a", "--cap-watts", "300")
+    code, out, _ = run(capsys, "facility")
+    assert out.splitlines()[3:] == ["pdu:r12-07-a: over its limit by 80 W (0.3 kW in use of a 0.3 kW limit)"]
 
 
 def test_an_apply_that_removes_budgets_or_feeds_names_them_and_needs_yes(capsys, tmp_path):
