@@ -469,7 +469,9 @@ def register_feeds(sub) -> None:
         description="For the loss of each live feed (or the one named): every rack, PDU, leg and surviving feed "
         "whose load would pass what carries it, by how much, and any node left with no feed. A load is the use "
         "`llmgw ctl facility` shows (node by node, node_watts plus the larger of placed and the measured peak); "
-        "reserved and the measured peak are shown beside it.",
+        "reserved and the measured peak are shown beside it. A PDU's or feed's load is what it would carry: "
+        "a node on PDUs left splits over them, and so do a rack's other_watts. Exits 3 when it finds a "
+        "violation (0: none; 1: an error), so a timer or a check can tell.",
     )
     loss.add_argument("feed", nargs="?", help="one feed's name (default: each feed in turn)")
     output_option(loss)
@@ -567,12 +569,16 @@ def feeds(args) -> int:
     return 0
 
 
+# feed-loss's status when a lost feed would leave something past what carries it (1 is an error's).
+VIOLATIONS_EXIT = 3
+
+
 @listing
 def feed_loss(args) -> int:
     data = read(args, "facility/feed-loss", lambda: feed_selectors.feed_loss_report(feed=args.feed), feed=args.feed)
     if args.output == "json":
         print_json(data)
-        return 0
+        return VIOLATIONS_EXIT if data["violations"] else 0
     for item in data["feeds"]:
         count = len(item["violations"])
         head = f"feed {item['feed']} FAILED, now" if item.get("failed") else f"without feed {item['feed']}"
@@ -580,7 +586,7 @@ def feed_loss(args) -> int:
         for v in item["violations"]:
             print(f"  {v['text']}")
     print(data["text"])
-    return 0
+    return VIOLATIONS_EXIT if data["violations"] else 0
 
 
 @listing

@@ -175,7 +175,9 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
     carries it. A failed feed is lost already: its violations are the present (``failed``: true)."""
     feeds = stored_feeds()
     if feed is not None and feed not in {f.name for f in feeds}:
-        raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
+        names = sorted(f.name for f in feeds)
+        known = f"; the feeds: {', '.join(names[:20])}{', …' if len(names) > 20 else ''}" if names else "; no feed is known"
+        raise NotFound(f"feed {value_shown(feed)} is not known{known}", field="feed")
     loads = node_loads() + equipment_loads()
     pdu_caps, pdu_other = _pdu_budgets()
     out = []

@@ -151,8 +151,10 @@ def test_feed_loss_lists_exactly_the_racks_an_independent_calculation_finds(caps
             assert v["over_watts"] == pytest.approx(v["load_watts"] - cap, abs=0.2)
     code, out, _ = run(capsys, "facility", "feed-loss")
     assert out.splitlines()[-1] == report["text"] == f"{report['violations']} violations"
+    assert code == 3  # a violation found: a check on a timer tells it from none (0) and from an error (1)
     code, out, _ = run(capsys, "facility", "feed-loss", "A0", "-o", "json")
     assert [f["feed"] for f in json.loads(out)["feeds"]] == ["A0"]
+    assert code == (3 if json.loads(out)["violations"] else 0)
 
 
 def test_feed_loss_zero_violations_and_unknown_feed(capsys, join_node):
@@ -160,8 +162,9 @@ def test_feed_loss_zero_violations_and_unknown_feed(capsys, join_node):
     services.facility_apply(text=PAIR)
     code, out, _ = run(capsys, "facility", "feed-loss")
     assert out.splitlines() == ["without feed A1: 0 violations", "without feed B1: 0 violations", "0 violations"]
+    assert code == 0
     code, _, err = run(capsys, "facility", "feed-loss", "Z9")
-    assert code == 1 and "feed 'Z9' is not known" in err
+    assert code == 1 and err == "error: feed 'Z9' is not known; the feeds: A1, B1\n"
 
 
 def test_feeds_listing_ctl_and_api(capsys, join_node, admin_client):

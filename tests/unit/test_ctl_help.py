@@ -16,12 +16,15 @@ def test_the_measured_window_is_named_as_server_yaml_and_the_environment_set_it(
     text = help_of(capsys, "facility")
     assert ("the measured window (server.yaml's facility.measured_window, else LLMGW_MEASURED_WINDOW_SECONDS; "
             "15 minutes by default)") in text
-    assert "RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts." in text
+    assert ("RESERVED is the draw placed there; MEASURED PEAK what its nodes read, each without node_watts or "
+            "other_watts (so they may sum to less than USE). A domain past its limit is named under the table.") in text
 
 
 def test_feed_loss_says_its_load_is_the_use_ctl_facility_shows(capsys):
     assert ("A load is the use `llmgw ctl facility` shows (node by node, node_watts plus the larger of placed and "
-            "the measured peak); reserved and the measured peak are shown beside it.") in help_of(capsys, "facility", "feed-loss")
+            "the measured peak); reserved and the measured peak are shown beside it. A PDU's or feed's load is what it would "
+            "carry: a node on PDUs left splits over them, and so do a rack's other_watts. Exits 3 when it finds a "
+            "violation (0: none; 1: an error), so a timer or a check can tell.") in help_of(capsys, "facility", "feed-loss")
     assert "RESERVED and MEASURED PEAK beside it (each with node_watts, unlike `llmgw ctl facility`'s)" in help_of(
         capsys, "facility", "feeds"
     )
