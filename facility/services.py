@@ -389,9 +389,17 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
 def budget_delete(*, domain: str) -> None:
     domain = clean_domain(domain)
     feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
-    deleted, _ = Budget.objects.filter(domain=domain).delete()
-    if not deleted:
+    budget = Budget.objects.filter(domain=domain).first()
+    if budget is None:
         raise NotFound(f"{domain} has no budget", field="domain")
+    if budget.source == Source.FEED:
+        # Removed, it would be derived again at once: saying "removed" would be untrue.
+        raise InvalidInput(
+            f"{domain} has no written budget to remove: its cap of {power.kw(budget.cap_watts)} comes from "
+            f"{budget.derived_from}; change its feeds in server.yaml's facility.feeds to change it",
+            field="domain",
+        )
+    budget.delete()
     # A cap derived from the feeds comes back where a written budget is removed.
     feed_services.feed_caps_refresh()
     facility_changed_send()

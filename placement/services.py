@@ -424,16 +424,21 @@ def budget_change(*, domain: Any, cap_watts: Any, other_watts: Any = None, sourc
 
 
 def budget_remove(*, domain: Any) -> Changed:
-    """Remove a domain's written budget (NotFound when it has none). A cap its feeds give comes back;
+    """Remove a domain's written budget (NotFound when it has none; InvalidInput when its cap is its feeds'
+    alone, which no removal changes). A cap its feeds give comes back;
     where none does, the warning says the domain has no power limit any more."""
     from facility import services as facility_services
     from facility.models import Budget
+    from facility.power import kw
 
     domain = facility_services.clean_domain(domain)
     facility_services.budget_delete(domain=domain)
     warnings = []
-    if not Budget.objects.filter(domain=domain).exists():
+    derived = Budget.objects.filter(domain=domain).first()
+    if derived is None:
         warnings.append(f"{domain.replace(':', ' ', 1)} has no power limit any more: nothing refuses a replica there for power")
+    else:
+        warnings.append(f"{domain}'s feeds' cap holds: {kw(derived.cap_watts)} from {derived.derived_from}")
     return Changed(None, warnings)
 
 

@@ -230,3 +230,23 @@ def test_a_racks_other_watts_are_carried_by_its_feeds_and_by_the_survivor_when_o
     assert rack["over_watts"] == pytest.approx(7100.0 - 415 * 12 * 0.8 * math.sqrt(3), abs=0.1)
     # The switches are no node: never among a lost feed's dark nodes.
     assert all(not v["dark_nodes"] for f in report["feeds"] for v in f["violations"])
+
+
+def test_removing_a_cap_its_feeds_give_is_refused_and_a_written_one_says_the_feeds_cap_holds(capsys, join_node):
+    join_node("gpu01", rack="r1", pdu="r1-a,r1-b")
+    services.facility_apply(text=PAIR)
+    code, out, err = run(capsys, "facility", "budget", "delete", "pdu:r1-a")
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: pdu:r1-a has no written budget to remove: its cap of 18.4 kW comes from feed A1 415 V 32 A 3φ "
+        "80 %; change its feeds in server.yaml's facility.feeds to change it\n"
+    )
+    assert Budget.objects.get(domain="pdu:r1-a").source == Source.FEED
+    # A written budget below the feeds' is removed, and the feeds' cap comes back: said, not left to guess.
+    run(capsys, "facility", "budget", "set", "rack:r1", "--cap-watts", "12000")
+    code, out, err = run(capsys, "facility", "budget", "delete", "rack:r1")
+    assert code == 0 and out.splitlines() == [
+        "rack:r1: budget removed",
+        "warning: rack:r1's feeds' cap holds: 18.4 kW from feed A1 415 V 32 A 3φ 80 % (smallest of 2 feeds: each "
+        "carries the rack alone)",
+    ]
