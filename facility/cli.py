@@ -44,7 +44,7 @@ def register(commands) -> None:
 
     a = sub.add_parser(
         "apply",
-        help="apply server.yaml's facility: block (margin, draws, budgets)",
+        help="apply server.yaml's facility: block (margin, draws, budgets, feeds)",
         description="Apply a server.yaml's facility: block. Idempotent; the file owns the budgets it names. "
         "A file with any error is refused whole, naming the line and the field.",
     )
@@ -69,8 +69,13 @@ def register(commands) -> None:
     )
     h.set_defaults(handler=hold)
 
-    r = sub.add_parser("release", help="undo a hold and its drain")
-    r.add_argument("domain")
+    r = sub.add_parser(
+        "release", help="undo a hold and its drain",
+        description="Release a held domain: its nodes take new replicas again. A drain under way stops; the "
+        "replicas it moved stay where they went.",
+        epilog="example: llmgw ctl facility release rack:r12-07",
+    )
+    r.add_argument("domain", help="the held domain, level:name (rack:r12-07)")
     r.set_defaults(handler=release)
 
     c = sub.add_parser("condition", help="set a domain's thermal condition by hand (a known sensor fault), or clear it")
@@ -79,18 +84,22 @@ def register(commands) -> None:
         "set", help="set a domain's condition until cleared or for a while",
         epilog='example: llmgw ctl facility condition set rack:r12-07 ok --reason "probe fault" --for 2h',
     )
-    cs.add_argument("domain")
+    cs.add_argument("domain", help="level:name (rack:r12-07, row:12)")
     cs.add_argument("condition", choices=("ok", "warm", "hot", "unknown"))
     cs.add_argument("--reason", required=True, help="why; kept in the events and shown with the condition")
-    cs.add_argument("--for", dest="duration", default=None, help="how long: 90s, 30m, 2h (default: until cleared)")
+    cs.add_argument("--for", dest="duration", default=None, help="how long: 120 (seconds), 90s, 30m, 2h (default: until cleared)")
     cs.set_defaults(handler=condition_set)
     cc = csub.add_parser("clear", help="clear a condition set by hand: the evaluated one counts again")
-    cc.add_argument("domain")
+    cc.add_argument("domain", help="level:name (rack:r12-07)")
     cc.set_defaults(handler=condition_clear)
 
     sh = sub.add_parser(
         "shed",
         help="the moves shedding would make off hot or over-limit domains in the next intervals",
+        description="The moves shedding would make off domains hot under enforce mode or past their power "
+        "limit, interval by interval: batch models first, critical ones never. Shedding itself runs from the periodic "
+        "evaluation when server.yaml's facility.shedding.enabled is true; this command only lists, so "
+        "--dry-run is required. -o json answers as the API: {\"enabled\", \"moves\"}.",
         epilog="example: llmgw ctl facility shed --dry-run -o json",
     )
     sh.add_argument("--dry-run", action="store_true", required=True,
@@ -99,11 +108,21 @@ def register(commands) -> None:
     output_option(sh)
     sh.set_defaults(handler=shed)
 
-    cp = sub.add_parser("capping", help="GPU caps: the nodes capped (or, in observe mode, that would be) and why")
+    cp = sub.add_parser(
+        "capping", help="GPU caps: the nodes capped (or, in observe mode, that would be) and why",
+        description="The GPUs capping caps (server.yaml's facility.capping), or would in observe mode: each "
+        "node's lever (power limit or locked clocks), its figures and the domain that asks it. -o json answers "
+        "as the API: {\"enabled\", \"lever\", \"nodes\"}.",
+    )
     output_option(cp)
     cp.set_defaults(handler=capping)
 
-    e = sub.add_parser("events", help="the timeline of condition changes, newest first (kept 30 days)")
+    e = sub.add_parser(
+        "events", help="the timeline of condition changes, newest first (kept 30 days)",
+        description="Every change of a domain's thermal condition (ok, warm, hot, unknown), newest first, with "
+        "the reading that moved it; kept 30 days. Times are UTC.",
+        epilog="example: llmgw ctl facility events --domain rack:r12-07 --limit 20",
+    )
     e.add_argument("--domain", default=None, help="only this domain (rack:r12-07)")
     e.add_argument("--limit", type=int, default=200, help="at most this many, the newest (default 200)")
     output_option(e)
@@ -113,8 +132,11 @@ def register(commands) -> None:
 
     b = sub.add_parser("budget", help="set or remove one domain's power budget")
     bsub = b.add_subparsers(dest="budget_command", metavar="COMMAND", required=True)
-    s = bsub.add_parser("set", help="set a domain's cap (what one feed carries alone, derated)")
-    s.add_argument("domain")
+    s = bsub.add_parser(
+        "set", help="set a domain's cap (what one feed carries alone, derated)",
+        epilog="example: llmgw ctl facility budget set rack:r12-07 --cap-watts 18400 --other-watts 800",
+    )
+    s.add_argument("domain", help="level:name (rack:r12-07, pdu:r12-07-a)")
     s.add_argument("--cap-watts", type=watts_arg, required=True,
                    help="the cap in watts (18400, not 18.4kW); the limit is the cap less the margin")
     s.add_argument(
@@ -122,8 +144,13 @@ def register(commands) -> None:
         help="switches, storage: what llmgw does not see (not given: kept as it is)",
     )
     s.set_defaults(handler=budget_set)
-    d = bsub.add_parser("delete", help="remove a domain's budget")
-    d.add_argument("domain")
+    d = bsub.add_parser(
+        "delete", help="remove a domain's budget",
+        description="Remove a domain's written budget. Where its feeds give it a cap, that cap holds again; "
+        "where none does, nothing refuses a replica there for power any more (said as a warning). A cap that "
+        "comes from the feeds alone is no written budget: change the feeds to change it.",
+    )
+    d.add_argument("domain", help="level:name (rack:r12-07)")
     d.set_defaults(handler=budget_delete)
 
 
@@ -286,7 +313,7 @@ def shed(args) -> int:
     data = read(args, "facility/shed", local, intervals=intervals)
     rows = data["moves"]
     if args.output == "json":
-        print_json(rows)
+        print_json(data)  # as the API answers it: `enabled` tells "off" from "nothing to move"
         return 0
     if not data["enabled"]:
         print("shedding is off (facility.shedding.enabled in server.yaml): nothing moves")
@@ -316,7 +343,7 @@ def capping(args) -> int:
     data = read(args, "facility/capping", local)
     rows = data["nodes"]
     if args.output == "json":
-        print_json(rows)
+        print_json(data)  # as the API answers it: `enabled` tells "off" from "nothing capped"
         return 0
     if not data["enabled"]:
         print("capping is off (facility.capping.enabled in server.yaml): every GPU holds its defaults")

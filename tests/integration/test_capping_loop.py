@@ -203,7 +203,7 @@ def test_observe_mode_says_what_clock_each_card_would_be_locked_to(join_node, ca
         "would cap gpu02 to 1386 MHz (rack r1 hot); no top SM clock reported: 1980 MHz assumed\n"
     )
     assert ctl(["facility", "capping", "-o", "json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["nodes"]
     assert [row["locked_clocks"] for row in rows] == [
         [{"gpus": list(range(8)), "max_sm_clock_mhz": 1410, "top_reported": True, "locked_clocks_mhz": [210, 987]}],
         [{"gpus": [], "max_sm_clock_mhz": 1980, "top_reported": False, "locked_clocks_mhz": [210, 1386]}],

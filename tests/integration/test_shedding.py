@@ -97,8 +97,8 @@ def test_a_hot_rack_loses_one_replica_per_interval_lowest_class_first_and_the_dr
     assert {name: rack_of(r) for name, r in by_model.items()} == {"crit": "r1", "std": "r2", "bat": "r2"}
     assert ready_counts() == {"crit": 1, "std": 1, "bat": 1}
     assert ctl(["facility", "shed", "--dry-run", "-o", "json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["action"] for r in rows] == ["stays"]
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["enabled"] is True and [r["action"] for r in answer["moves"]] == ["stays"]
 
 
 def test_a_wrong_shedding_block_names_file_line_and_path_and_applies_nothing():

@@ -127,10 +127,15 @@ def ensure_free(addrport: str) -> None:
 
 
 class Command(LlmgwCommand):
-    help = "Load the demo facility (2 rooms, 8 racks, 32 nodes) and serve the console at http://127.0.0.1:8000"
+    help = (
+        "Load the demo facility (2 rooms, 8 racks, 32 nodes) and serve the console at http://127.0.0.1:8000 "
+        "(another address: --addr)"
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument(
+            "addrport", nargs="?", default="127.0.0.1:8000", help="ADDR:PORT to serve at (default 127.0.0.1:8000)"
+        )
         parser.add_argument("--addr", help="ADDR:PORT to serve at (the same as the argument; make demo ADDR=…)")
         parser.add_argument("--no-serve", action="store_true", help="load the demo and exit")
         parser.add_argument("--no-sim", action="store_true", help="serve without the simulated agents")
