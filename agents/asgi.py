@@ -26,7 +26,7 @@ from agents import readings
 from agents.authentication import TOKEN_CACHE_SECONDS, cached_node_for, node_tokens_learn, node_tokens_recheck
 from agents.node.protocol import HeartbeatError, validate_heartbeat
 from llmgw.bodies import HEARTBEAT_PATH, bounded_body, send_json, whole
-from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
+from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds, unique_keys
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class HeartbeatFastLane:
         if json_depth_exceeds(body, MAX_JSON_DEPTH):
             return None
         try:
-            heartbeat = validate_heartbeat(json.loads(body))
+            heartbeat = validate_heartbeat(json.loads(body, object_pairs_hook=unique_keys))
         except (ValueError, HeartbeatError):  # HeartbeatError is a ValueError too
             return None
         if heartbeat["node"] != node_name:

@@ -24,7 +24,7 @@ from agents.events import NODES_GROUP, PLACEMENT_GROUP
 from agents.models import Node
 from agents.node.protocol import is_node_name
 from llmgw.api import text_fault
-from llmgw.jsonguard import json_depth_exceeds
+from llmgw.jsonguard import json_depth_exceeds, unique_keys
 from llmgw.permissions import can_read
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def page_message(text_data: str | None) -> dict:
     if not text_data or len(text_data) > settings.LLMGW_WS_MAX_BYTES or json_depth_exceeds(text_data, MAX_DEPTH):
         return {}
     try:
-        message = json.loads(text_data)
+        message = json.loads(text_data, object_pairs_hook=unique_keys)
     except ValueError:
         return {}
     if not isinstance(message, dict):

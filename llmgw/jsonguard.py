@@ -62,3 +62,26 @@ def check_json_depth(data: bytes | str, limit: int = MAX_JSON_DEPTH) -> None:
     """Raise TooDeep if `data` nests deeper than `limit`."""
     if json_depth_exceeds(data, limit):
         raise TooDeep(limit)
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice: json keeps the last, so the first would be dropped unseen
+    (YAML documents refuse the same, llmgw.yamldoc)."""
+
+    def __init__(self, key: str):
+        from llmgw.errors import value_shown
+
+        super().__init__(f"{value_shown(key)} is given twice in one object")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' object_pairs_hook: the object, or DuplicateKey for a key given twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj

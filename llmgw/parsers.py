@@ -1,4 +1,5 @@
-"""The API's JSON parser: DRF's, but JSON nested deeper than MAX_JSON_DEPTH is a 400 before parsing."""
+"""The API's JSON parser: DRF's, but JSON nested deeper than MAX_JSON_DEPTH is a 400 before parsing, and an
+object that gives a key twice is a 400 naming it (json would keep the last unseen)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.utils import json
 
-from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds
+from llmgw.jsonguard import MAX_JSON_DEPTH, json_depth_exceeds, unique_keys
 
 
 class BoundedJSONParser(JSONParser):
@@ -20,7 +21,9 @@ class BoundedJSONParser(JSONParser):
             raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels")
         try:
             text = raw.decode(encoding)
-            return json.loads(text, parse_constant=json.strict_constant if self.strict else None)
+            return json.loads(
+                text, parse_constant=json.strict_constant if self.strict else None, object_pairs_hook=unique_keys
+            )
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise ParseError(f"JSON parse error - {_words(exc)}") from exc
 

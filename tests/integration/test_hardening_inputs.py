@@ -264,6 +264,9 @@ def test_a_node_holds_at_most_256_store_labels_whatever_the_requests(api):
         (b'{"labels": {"a": "b"}, "n": ' + b"9" * 5000 + b"}", "a number of more than 4,300 digits"),
         (b'{"labels": {"a": "b"}, "n": NaN}', "NaN and Infinity are not JSON numbers"),
         (b'{"labels": {"a": "b"}, "n": -Infinity}', "NaN and Infinity are not JSON numbers"),
+        # json keeps the last of a key given twice: the first (a label set, then removed) would go unseen.
+        (b'{"labels": {"a": "b", "a": null}}', "'a' is given twice in one object"),
+        (b'{"labels": {"a": "b"}, "labels": {}}', "'labels' is given twice in one object"),
     ],
 )
 def test_a_body_json_cannot_hold_is_refused_in_the_senders_words(api, raw, words):

@@ -78,6 +78,26 @@ def test_a_bad_heartbeat_is_refused_by_django_with_the_field_even_for_a_known_no
     assert body["detail"] == "sensors.cpu_power_watts: must be between 0 and 20000 W, got -1"
 
 
+def test_a_heartbeat_that_gives_a_key_twice_is_refused_by_django_naming_it_even_for_a_known_node(monkeypatch):
+    from llmgw.asgi import application
+
+    answered_here = spy_on_lane(monkeypatch)
+    token = node_token_create(node_name="gpu01")
+    node = SimNode(node_spec("gpu01", rack="r1"))
+    assert post(node.heartbeat(1.0), token)[0] == 200
+    # The node's name twice: json would keep the second; neither the lane nor Django takes it.
+    raw = json.dumps(node.heartbeat(2.0)).encode().replace(b'"node": "gpu01"', b'"node": "gpu01", "node": "gpu01"', 1)
+    communicator = HttpCommunicator(
+        application, "POST", "/api/v1/agents/heartbeat", body=raw,
+        headers=[(b"authorization", f"Token {token}".encode()), (b"content-type", b"application/json"),
+                 (b"content-length", str(len(raw)).encode()), (b"host", b"127.0.0.1")],
+    )
+    response = async_to_sync(communicator.get_response)(timeout=10)
+    assert response["status"] == 400
+    assert json.loads(response["body"])["detail"] == "JSON parse error - 'node' is given twice in one object"
+    assert answered_here == [False, False]
+
+
 def test_a_heartbeat_not_sent_as_json_is_refused_as_django_refuses_it(monkeypatch):
     answered_here = spy_on_lane(monkeypatch)
     token = node_token_create(node_name="gpu01")
