@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from facility.domains import LEVELS, MAX_VALUE_LENGTH
 from facility.services import WATTS_MAX
-from llmgw.api import NumberField, TextField, WordsField
+from llmgw.api import CountedDictField, CountedListField, NumberField, TextField, WordsField
 
 
 class StrictSerializer(serializers.Serializer):
@@ -440,8 +440,9 @@ class FacilityApplySerializer(StrictSerializer):
         max_length=MAX_FILENAME, required=False, default="server.yaml",
         help_text="named in refusals: `FILENAME line N: facility.margin: …`",
     )
-    files = serializers.DictField(
+    files = CountedDictField(
         child=TextField(max_length=MAX_FILE_CHARS, allow_blank=True), required=False, default=dict,
+        max_items=MAX_FILES, items="files",
         help_text="the files it names, by the name it gives (facility.sources.simulated.file: the scenario); "
         "nothing is read from the server's disk",
     )
@@ -452,8 +453,6 @@ class FacilityApplySerializer(StrictSerializer):
     )
 
     def validate_files(self, value: dict) -> dict:
-        if len(value) > MAX_FILES:
-            raise serializers.ValidationError(f"at most {MAX_FILES} files")
         for name in value:
             if not 0 < len(name) <= MAX_FILENAME:
                 raise serializers.ValidationError(f"a file's name is 1 to {MAX_FILENAME} characters")
@@ -494,7 +493,7 @@ class NetboxImportSerializer(StrictSerializer):
     site = TextField(max_length=100, required=False, allow_null=True, default=None,
                      help_text="only this site's slug (with url)")
     dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")
-    roles = serializers.ListField(
+    roles = CountedListField(
         child=TextField(max_length=100), required=False, default=list, max_length=50,
         help_text="label devices of these role slugs as nodes (default: the roles of devices known as nodes)",
     )

@@ -71,6 +71,44 @@ class NumberField(serializers.FloatField):
         return super().to_internal_value(data)
 
 
+class CountedListField(serializers.ListField):
+    """A ListField whose length is checked before its items: a million bad items cost one short refusal, not
+    a million checks and a million messages (DRF checks ``max_length`` after every item)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, list | tuple) and self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return super().to_internal_value(data)
+
+
+class CountedDictField(serializers.DictField):
+    """A DictField of at most ``max_items`` entries (``items``: what they are, for the refusal), counted
+    before they are checked."""
+
+    def __init__(self, *, max_items: int, items: str, **kwargs):
+        self.max_items = max_items
+        self.items = items
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and len(data) > self.max_items:
+            raise serializers.ValidationError(f"at most {self.max_items} {self.items}")
+        return super().to_internal_value(data)
+
+
+# An error body lists at most this many entries at each level (one bad item in a million is named, not all).
+ERRORS_LISTED = 20
+
+
+def _errors_cut(errors: Any) -> Any:
+    """DRF's per-field errors with at most ERRORS_LISTED entries of each list and dict, level by level."""
+    if isinstance(errors, dict):
+        return {key: _errors_cut(value) for key, value in list(errors.items())[:ERRORS_LISTED]}
+    if isinstance(errors, list):
+        return [_errors_cut(value) for value in errors[:ERRORS_LISTED]]
+    return errors
+
+
 ERROR_TEXT = {
     400: "Bad input: nothing of it was applied; `field` names what is wrong.",
     401: "No credentials, or a token that is not known.",
@@ -119,7 +157,7 @@ def exception_handler(exc, context):
         field, messages = next(iter(response.data.items()), (None, None))
         first = _first_message(messages)
         response.data = {"detail": f"{field}: {first}" if field else first, "field": field or None,
-                         "errors": response.data}
+                         "errors": _errors_cut(response.data)}
     response.data.setdefault("field", None)
     return response
 

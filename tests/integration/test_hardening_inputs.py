@@ -454,3 +454,27 @@ def test_a_prompt_request_with_a_large_body_on_the_limited_server_is_answered(li
         conn.sendall(b"POST /api/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                      b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         assert _answer(conn).startswith(b"HTTP/1.1 401")
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "detail"),
+    [
+        # 100,000 files that are no text: counted first, one short refusal (it checked and named each).
+        ("/api/v1/facility/apply", '{"text": "facility: {}", "files": {' + ", ".join(f'"f{i}": [1]' for i in range(100_000)) + "}}",
+         "files: at most 8 files"),
+        ("/api/v1/facility/import/netbox", '{"url": "http://x", "token": "t", "roles": [' + ", ".join(["[]"] * 100_000) + "]}",
+         "roles: Ensure this field has no more than 50 elements."),
+    ],
+)
+def test_a_list_or_map_past_its_count_is_refused_short_before_its_items_are_read(api, path, raw, detail):
+    response = api.post(path, raw, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["detail"] == detail
+    assert len(response.content) < 500
+
+
+def test_an_error_body_names_at_most_twenty_of_a_fields_bad_items(api):
+    raw = '{"url": "http://x", "token": "t", "roles": [' + ", ".join(["[]"] * 50) + "]}"
+    response = api.post("/api/v1/facility/import/netbox", raw, content_type="application/json")
+    assert response.status_code == 400 and response.json()["detail"] == "roles: 0: Not a valid string."
+    assert len(response.json()["errors"]["roles"]) == 20
