@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-from urllib.parse import quote
 
 from agents.node.protocol import value_shown
 from facility.domains import parse_label_args
 from llmgw.output import print_json, print_table
-from llmgw.remote import SUGGESTIONS_HEADER, lazy, listing, read, write
+from llmgw.remote import SUGGESTIONS_HEADER, lazy, listing, path_part, read, write
 
 # A node's states, as the API's filter takes them (agents.filtersets.STATES: not imported by ctl's parser).
 NODE_STATES = ("ready", "not-ready", "cordoned", "held")
@@ -146,7 +145,7 @@ def label(args) -> int:
         changed = placement_services.labels_change(node_name=args.node, changes=changes, set_by="ctl")
         return {"node": args.node, "labels": changed.value, "warning": "; ".join(changed.warnings) or None}
 
-    result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/labels", {"labels": changes}, local)
+    result = write(args, "POST", f"nodes/{path_part(args.node, 'node')}/labels", {"labels": changes}, local)
     shown = " ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "(no labels)"
     print(f"{args.node}: {shown}")
     if result.get("warning"):
@@ -181,7 +180,7 @@ def node_show(args) -> int:
             raise NotFound(f"node {value_shown(args.node)} is not known", field="name")
         return node_detail(node)
 
-    detail = read(args, f"nodes/{quote(args.node, safe='')}", local)
+    detail = read(args, f"nodes/{path_part(args.node, 'node')}", local)
     if args.output == "json":
         print_json(detail)
         return 0
@@ -242,7 +241,7 @@ def node_token(args) -> int:
     def local() -> dict:
         return {"node": args.node, "token": services.node_token_create(node_name=args.node)}
 
-    data = write(args, "POST", f"nodes/{quote(args.node, safe='')}/token", None, local)
+    data = write(args, "POST", f"nodes/{path_part(args.node, 'node')}/token", None, local)
     print(data["token"])
     return 0
 
@@ -259,7 +258,7 @@ def cordon(args) -> int:
                 "warning": "; ".join(changed.warnings) or None}
 
     body = {"cordoned": args.cordoned, "drain": args.drain, "reason": reason}
-    result = write(args, "POST", f"nodes/{quote(args.node, safe='')}/cordon", body, local)
+    result = write(args, "POST", f"nodes/{path_part(args.node, 'node')}/cordon", body, local)
     state = "draining" if result["draining"] else "cordoned" if result["cordoned"] else "uncordoned"
     print(f"{result['node']} {state}")
     if result.get("warning"):  # an older server's answer has none

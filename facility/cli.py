@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from urllib.parse import quote
 
 from llmgw.errors import Conflict, InvalidInput
 from llmgw.output import kw, print_json, print_table
-from llmgw.remote import lazy, listing, read, write
+from llmgw.remote import lazy, listing, path_part, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
 feed_selectors = lazy("facility.feed_selectors")
@@ -263,7 +262,7 @@ MAX_CONDITION_SECONDS = 366 * 86_400
 
 
 def condition_clear(args) -> int:
-    write(args, "DELETE", f"facility/conditions/{quote(args.domain, safe=':')}", None,
+    write(args, "DELETE", f"facility/conditions/{path_part(args.domain, 'domain', safe=':')}", None,
           lambda: services.condition_override_clear(domain=args.domain))
     print(f"{args.domain}: condition set by hand cleared")
     return 0
@@ -439,7 +438,7 @@ def hold(args) -> int:
 
 
 def release(args) -> int:
-    write(args, "DELETE", f"facility/holds/{quote(args.domain, safe=':')}", None,
+    write(args, "DELETE", f"facility/holds/{path_part(args.domain, 'domain', safe=':')}", None,
           lambda: placement_services.hold_release(domain=args.domain))
     print(f"{args.domain} released")
     return 0
@@ -467,7 +466,7 @@ def budget_delete(args) -> int:
         changed = placement_services.budget_remove(domain=args.domain)
         return {"domain": args.domain, "warning": "; ".join(changed.warnings) or None}
 
-    result = write(args, "DELETE", f"facility/budgets/{quote(args.domain, safe=':')}", None, local) or {}
+    result = write(args, "DELETE", f"facility/budgets/{path_part(args.domain, 'domain', safe=':')}", None, local) or {}
     print(f"{args.domain}: budget removed")
     if result.get("warning"):  # an older server answers 204, without one
         print(f"warning: {result['warning']}")

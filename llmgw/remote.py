@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import quote
 
 from llmgw.errors import Conflict, InvalidInput, LlmgwError, NotFound
 
@@ -147,6 +148,15 @@ def _decoded(raw: bytes) -> Any:
         return json.loads(raw)
     except RecursionError:
         raise ValueError("nested too deep") from None
+
+
+def path_part(value: str, field: str, *, safe: str = "") -> str:
+    """A name given on the command line as one part of an API path, %-escaped; InvalidInput naming ``field``
+    for text no path carries (a lone surrogate: a byte the shell passed that is not UTF-8), in either mode."""
+    try:
+        return quote(value, safe=safe)
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{field}: must not contain lone surrogates (not valid Unicode)", field=field) from None
 
 
 def remote_from(server: str | None) -> Remote | None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
-from urllib.parse import quote
 
 from llmgw.output import print_json, print_table
-from llmgw.remote import PAGE, lazy, listing, read, read_pages, write
+from llmgw.remote import PAGE, lazy, listing, path_part, read, read_pages, write
 from placement.planner import efficiency_text, gpus_text, profile_text
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -168,7 +167,7 @@ def replicas(args) -> int:
 
 @listing
 def explain(args) -> int:
-    path = f"models/{quote(args.model, safe='')}/explain"
+    path = f"models/{path_part(args.model, 'model')}/explain"
     data = read(args, path, lambda: selectors.model_explain(args.model), limit=PAGE)
     # Remote, the API explains a page at a time: the rest of the replicas, page by page.
     while len(data["replicas"]) < data["replicas_total"]:
@@ -209,7 +208,7 @@ def explain(args) -> int:
 
 @listing
 def headroom(args) -> int:
-    data = read(args, f"models/{quote(args.model, safe='')}/headroom", lambda: selectors.model_headroom(args.model))
+    data = read(args, f"models/{path_part(args.model, 'model')}/headroom", lambda: selectors.model_headroom(args.model))
     if args.output == "json":
         print_json(data)
         return 0
@@ -225,7 +224,7 @@ def delete_model(args) -> int:
     def local() -> dict:
         return {"name": args.name, "replicas_removed": services.model_delete(name=args.name)}
 
-    data = write(args, "DELETE", f"models/{quote(args.name, safe='')}", None, local)
+    data = write(args, "DELETE", f"models/{path_part(args.name, 'name')}", None, local)
     removed = data["replicas_removed"]
     print(f"model {data['name']} deleted ({removed} replica{'' if removed == 1 else 's'} removed)")
     return 0

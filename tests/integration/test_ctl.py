@@ -186,3 +186,22 @@ def test_the_states_ctl_offers_are_the_apis():
     from agents.filtersets import STATES
 
     assert NODE_STATES == STATES
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (("headroom", "llama\udcff"), "model"),
+        (("explain-placement", "llama\udcff"), "model"),
+        (("delete", "model", "llama\udcff"), "name"),
+        (("node", "show", "gpu\udcff"), "node"),
+        (("label", "gpu\udcff", "a=b"), "node"),
+        (("cordon", "gpu\udcff", "--reason", "x"), "node"),
+        (("facility", "release", "rack:r1\udcff"), "domain"),
+        (("facility", "budget", "delete", "rack:r1\udcff"), "domain"),
+    ],
+)
+def test_a_name_with_a_byte_that_is_not_utf_8_is_refused_naming_its_field_not_a_traceback(capsys, argv, field):
+    # A shell passes such a byte as a lone surrogate ($'llama\xff'): no path and no database takes it.
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (1, "", f"error: {field}: must not contain lone surrogates (not valid Unicode)\n")
