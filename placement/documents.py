@@ -59,6 +59,9 @@ MAX_REPLICAS = 10_000
 # many models cannot make them without end. Twice the largest model; a fleet of 10,000 eight-GPU nodes
 # running four- and eight-GPU replicas holds about 11,000.
 MAX_REPLICAS_TOTAL = 20_000
+# Models, placed or not: every reconcile walks each, so a file of models without replicas cannot make them
+# without end either. A catalogue of a few hundred models is large.
+MAX_MODELS = 1_000
 MAX_GPUS_PER_NODE = MAX_GPUS  # 64
 MAX_NODES_PER_REPLICA = 1024
 MAX_CPU_CORES = CPU_CORES_MAX  # 16,384

@@ -49,9 +49,9 @@ PLACED_WITH = ("gpus", "nodes", "cpu_cores", "memory_gib", "power_watts", "topol
 MODELS_APPLY_LOCK = 0x6C6C6D6D  # "llmm"
 
 
-def _replicas_total_check(values: list[dict[str, Any]]) -> None:
-    """Refuse a change that would take every model's replicas together past documents.MAX_REPLICAS_TOTAL,
-    naming the model that asks the most.
+def _totals_check(values: list[dict[str, Any]]) -> None:
+    """Refuse a change that would take the models past documents.MAX_MODELS, or every model's replicas
+    together past documents.MAX_REPLICAS_TOTAL, naming the model that asks the most.
 
     On PostgreSQL the applies take turns from here to their commit: two at once would each count the
     other's models as they were before and could together go past the bound. (SQLite's writers take
@@ -60,6 +60,14 @@ def _replicas_total_check(values: list[dict[str, Any]]) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [MODELS_APPLY_LOCK])
     asked = {v["name"]: v["replicas"] for v in values}
+    known = Model.objects.count()
+    new = len(asked) - Model.objects.filter(name__in=list(asked)).count()
+    if known + new > documents.MAX_MODELS:
+        raise InvalidInput(
+            f"name: at most {documents.MAX_MODELS:,} models; this adds {new:,} where {known:,} are known "
+            "(delete the ones no longer served: llmgw ctl delete model NAME)",
+            field="name",
+        )
     others = Model.objects.exclude(name__in=list(asked)).aggregate(total=Sum("replicas"))["total"] or 0
     total = others + sum(asked.values())
     if total <= documents.MAX_REPLICAS_TOTAL:
@@ -74,7 +82,7 @@ def _replicas_total_check(values: list[dict[str, Any]]) -> None:
 
 
 def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
-    _replicas_total_check(documents)
+    _totals_check(documents)
     results = []
     for values in documents:
         name = values["name"]

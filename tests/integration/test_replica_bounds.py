@@ -116,12 +116,12 @@ APPLY_AND_WAIT = """
 import sys, django
 django.setup()
 from placement import services
-check = services._replicas_total_check
+check = services._totals_check
 def counted_then_wait(values):
     check(values)
     print("counted", flush=True)
     sys.stdin.readline()
-services._replicas_total_check = counted_then_wait
+services._totals_check = counted_then_wait
 services._request_reconcile = lambda: None
 services.model_apply(data={"kind": "Model", "name": "a", "replicas": 10_000, "profile": {"gpus": 8}})
 print("applied", flush=True)
@@ -183,3 +183,23 @@ def test_two_applies_at_once_cannot_together_go_past_the_bound(monkeypatch):
     assert isinstance(refused, InvalidInput) and refused.field == "replicas", refused
     assert "this asks 5,001 ('b': 5,001) where the other models hold 15,000" in refused.message
     assert sorted(Model.objects.values_list("name", flat=True)) == ["a", "m0"]
+
+
+def test_models_past_their_count_are_refused_whole_naming_name(api, monkeypatch):
+    from placement import documents
+
+    monkeypatch.setattr(documents, "MAX_MODELS", 3)
+    Model.objects.create(name="a", replicas=0, gpus=8)
+    text = "---\n".join(doc(f"m{i}", 0) for i in range(3))
+    response = api.post("/api/v1/apply", {"text": text}, format="json")
+    assert response.status_code == 400 and response.json()["field"] == "name"
+    assert response.json()["detail"] == (
+        "name: at most 3 models; this adds 3 where 1 are known (delete the ones no longer served: llmgw ctl "
+        "delete model NAME)"
+    )
+    assert list(Model.objects.values_list("name", flat=True)) == ["a"]
+    # A model changed is no new one: a file of the known ones and two new is exactly the bound.
+    text = "---\n".join(doc(name, 0) for name in ("a", "m0", "m1"))
+    assert api.post("/api/v1/apply", {"text": text}, format="json").status_code == 200
+    assert api.post("/api/v1/models", {"kind": "Model", "name": "m2", "replicas": 0, "profile": {"gpus": 8}},
+                    format="json").status_code == 400
