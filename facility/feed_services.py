@@ -36,6 +36,8 @@ AMPERAGE_MAX = 4000
 # budgets locked and counted by every facility read (100,000 held placement off for a minute, then cost
 # every read of the facility seconds).
 MAX_FEED_NAMES = 1000
+# Feeds in one file (two to a rack: a 10,000-node site has some 800); each derives the caps of its PDUs and racks.
+MAX_FEEDS = 5_000
 
 
 def _number(value: Any, field: str, low: float, high: float, what: str) -> float:
@@ -116,6 +118,8 @@ def feeds_parse(doc: Document, raw: Any) -> list[pure.Feed]:
     """server.yaml's ``facility.feeds`` checked whole, or the file's line/field error."""
     if not isinstance(raw, list):
         raise doc.error(("facility", "feeds"), "must be a list of {name, voltage, amperage, phase, pdus}")
+    if len(raw) > MAX_FEEDS:
+        raise doc.error(("facility", "feeds"), f"at most {MAX_FEEDS:,} feeds, not {len(raw):,}")
     found: list[pure.Feed] = []
     names: set[str] = set()
     for i, item in enumerate(raw):

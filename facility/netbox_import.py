@@ -260,6 +260,11 @@ def change_count(diff: dict[str, Any]) -> int:
 
 def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
     """Apply a plan all-or-nothing (``dry_run``: only its diff). Returns the diff."""
+    if len(plan.feeds) > feed_services.MAX_FEEDS:
+        raise InvalidInput(
+            f"feeds: at most {feed_services.MAX_FEEDS:,} feeds, and NetBox gave {len(plan.feeds):,} (import one "
+            "site at a time: site)", field="feeds",
+        )
     diff = plan_diff(plan)
     if dry_run:
         return {**diff, "applied": False}

@@ -185,6 +185,8 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
     budgets_raw = block.get("budgets") or []
     if not isinstance(budgets_raw, list):
         raise doc.error(("facility", "budgets"), "must be a list of {domain, cap_watts, other_watts}")
+    if len(budgets_raw) > MAX_BUDGETS:
+        raise doc.error(("facility", "budgets"), f"at most {MAX_BUDGETS:,} budgets, not {len(budgets_raw):,}")
     budgets: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, item in enumerate(budgets_raw):
@@ -365,6 +367,26 @@ def budget_check(*, domain: Any, cap_watts: Any, other_watts: Any = None) -> dic
     }
 
 
+# How many of each the facility keeps. A domain no node is in yet may be budgeted, held or set by hand ahead
+# of its nodes, so no count of nodes bounds them, and every listing and the console's facility page shows
+# each: a 10,000-node site has some 400 racks, 800 PDUs and 2,400 legs to budget, and far fewer to hold.
+MAX_BUDGETS = 10_000
+MAX_HOLDS = 1_000
+MAX_CONDITION_OVERRIDES = 1_000
+
+
+def _one_more_check(model: Any, domain: str, bound: int, what: str) -> None:
+    """InvalidInput naming ``domain`` when a new row for it would take ``model``'s past ``bound``."""
+    if model.objects.filter(domain=domain).exists():
+        return  # a change of one there is, not one more
+    known = model.objects.count()
+    if known >= bound:
+        raise InvalidInput(
+            f"domain: at most {bound:,} {what}, and {known:,} are set; remove one no longer needed first",
+            field="domain",
+        )
+
+
 @transaction.atomic
 def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: str = Source.API) -> Budget:
     """Create or change one domain's budget; other_watts not given keeps its value (0 for a new one)."""
@@ -374,6 +396,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
     feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
+    _one_more_check(Budget, domain, MAX_BUDGETS, "budgets")
     budget, _ = Budget.objects.update_or_create(
         domain=domain,
         defaults={"cap_watts": cap, "other_watts": other, "source": source, "derived_from": "", "feed_cap_watts": None},
@@ -470,6 +493,7 @@ def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_
     _lock_members(domain)
     if not isinstance(drain, bool):
         raise InvalidInput("drain: must be true or false", field="drain")
+    _one_more_check(Hold, domain, MAX_HOLDS, "holds")
     hold, _ = Hold.objects.update_or_create(
         domain=domain, defaults={"reason": reason, "drain": drain, "created_by": created_by}
     )
@@ -655,6 +679,7 @@ def condition_override_set(
     now = timezone.now()
     until = now + timezone.timedelta(seconds=seconds) if seconds else None
     with transaction.atomic():
+        _one_more_check(ConditionOverride, values["domain"], MAX_CONDITION_OVERRIDES, "conditions set by hand")
         override, _ = ConditionOverride.objects.update_or_create(
             domain=values["domain"],
             defaults={"condition": condition, "reason": values["reason"], "until": until, "created_by": created_by},

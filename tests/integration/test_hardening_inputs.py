@@ -478,3 +478,31 @@ def test_an_error_body_names_at_most_twenty_of_a_fields_bad_items(api):
     response = api.post("/api/v1/facility/import/netbox", raw, content_type="application/json")
     assert response.status_code == 400 and response.json()["detail"] == "roles: 0: Not a valid string."
     assert len(response.json()["errors"]["roles"]) == 20
+
+
+def test_budgets_holds_and_conditions_by_hand_are_bounded_in_count_not_in_changes(api, monkeypatch):
+    from facility import feed_services
+    from facility import services as facility_services
+    from facility.models import ConditionOverride
+
+    monkeypatch.setattr(facility_services, "MAX_BUDGETS", 2)
+    monkeypatch.setattr(facility_services, "MAX_HOLDS", 2)
+    monkeypatch.setattr(facility_services, "MAX_CONDITION_OVERRIDES", 2)
+    monkeypatch.setattr(feed_services, "MAX_FEEDS", 2)
+    for path, body, count in (
+        ("/api/v1/facility/budgets", {"cap_watts": 1000}, lambda: Budget.objects.count()),
+        ("/api/v1/facility/holds", {"reason": "x"}, lambda: Hold.objects.count()),
+        ("/api/v1/facility/conditions", {"condition": "ok", "reason": "x"}, lambda: ConditionOverride.objects.count()),
+    ):
+        for rack in ("rack:z1", "rack:z2", "rack:z1"):  # the third changes one there is: no new one
+            assert api.post(path, {"domain": rack, **body}, format="json").status_code in (200, 201)
+        response = api.post(path, {"domain": "rack:z3", **body}, format="json")
+        assert response.status_code == 400 and response.json()["field"] == "domain"
+        assert response.json()["detail"].startswith("domain: at most 2 ") and ", and 2 are set" in response.json()["detail"]
+        assert count() == 2
+    three = "".join(f"    - {{domain: 'rack:y{i}', cap_watts: 1000}}\n" for i in range(3))
+    with pytest.raises(InvalidInput, match=r"facility.budgets: at most 2 budgets, not 3"):
+        facility_apply(text="facility:\n  budgets:\n" + three)
+    feeds = "".join(f"    - {{name: F{i}, voltage: 230, amperage: 16, phase: single, pdus: [p{i}]}}\n" for i in range(3))
+    with pytest.raises(InvalidInput, match=r"facility.feeds: at most 2 feeds, not 3"):
+        facility_apply(text="facility:\n  feeds:\n" + feeds)
