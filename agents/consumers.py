@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 MAX_SHOWN = 500
 # How deep a message from the page may nest ({"shown": …, "HEADERS": {…}} is 2).
 MAX_DEPTH = 8
+# What a page's own messages ask (a filter, an open detail) is worked out at most this often on one socket.
+PAGE_SECONDS = 0.25
 
 
 def page_message(text_data: str | None) -> dict:
@@ -124,6 +126,7 @@ class NodesConsumer(ReaderConsumer):
         self.shown = set()
         self.filter = ""
         self.summary_at = 0.0
+        self.filter_read_at = 0.0
         self.summary: str | None = None  # as the page shows it: set when the page says its filter
         return [NODES_GROUP]
 
@@ -133,7 +136,14 @@ class NodesConsumer(ReaderConsumer):
             self.shown = set(message["shown"].split()[:MAX_SHOWN])
         if isinstance(message.get("filter"), str):
             self.filter = message["filter"][:1000]
-            self.summary = self.summary_html()
+            # The summary as the page shows it, counted at most every PAGE_SECONDS (a script sending filters
+            # without pause costs a count a quarter second, not one a message): else the next one counts.
+            now = time.monotonic()
+            if now - self.filter_read_at >= PAGE_SECONDS:
+                self.filter_read_at = now
+                self.summary = self.summary_html()
+            else:
+                self.summary = None
 
     def node_changed(self, event: dict) -> None:
         if event.get("node") in self.shown:
@@ -223,7 +233,33 @@ READINGS_RENDER_SECONDS = 5.0
 
 
 class FilteredPageConsumer(ReaderConsumer):
-    """A page that renders one body for the filter the page reports (a `ws-send` of `filter`, a query string)."""
+    """A page that renders one body for the filter the page reports (a `ws-send` of `filter`, a query string).
+
+    What the page asks renders at once, but at most every PAGE_SECONDS: messages sent without pause (a
+    script's) render their last state once, at the socket's own tick, not once each. A render owed for
+    later is never dropped: the tick sends it once its time has come."""
+
+    TICK_SECONDS = 1.0
+
+    async def __call__(self, scope, receive, send):
+        self.due_at: float | None = None  # when a render is owed; the tick asks for it then
+        ticker = asyncio.ensure_future(self.tick_forever())
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            ticker.cancel()
+
+    async def tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.TICK_SECONDS)
+            due = self.due_at
+            name = getattr(self, "channel_name", None)
+            if due is not None and name and time.monotonic() >= due:
+                self.due_at = None
+                try:
+                    await self.channel_layer.send(name, {"type": "page.tick"})
+                except Exception:  # the layer is down: the next change asks again
+                    log.warning("page socket %s: tick not sent", name, exc_info=True)
 
     def groups_to_join(self) -> list[str]:
         self.filter = ""
@@ -238,7 +274,18 @@ class FilteredPageConsumer(ReaderConsumer):
             if changed and self.last_render:
                 # A live render for the old filter may have landed after the page's filtered swap: the
                 # page shows this filter's body again, so it never stays on the old one.
-                self.render()
+                self.owe(PAGE_SECONDS)
+
+    def owe(self, seconds: float) -> None:
+        """A render is owed within `seconds` of the last one: now if that has passed, else at the tick."""
+        due = self.last_render + seconds
+        if time.monotonic() >= due:
+            self.render()
+        elif getattr(self, "due_at", None) is None or due < self.due_at:
+            self.due_at = due
+
+    def page_tick(self, event: dict) -> None:
+        self.render()
 
     def params(self) -> dict[str, str]:
         return dict(parse_qsl(self.filter))
@@ -248,6 +295,7 @@ class FilteredPageConsumer(ReaderConsumer):
 
     def render(self) -> None:
         self.last_render = time.monotonic()
+        self.due_at = None
         self.send(text_data=self.html())
 
     def html(self) -> str:
@@ -287,27 +335,6 @@ class FacilityConsumer(FilteredPageConsumer):
     """
 
     RENDER_SECONDS = 1.0
-    TICK_SECONDS = 1.0
-
-    async def __call__(self, scope, receive, send):
-        self.due_at: float | None = None  # when a render is owed; the tick asks for it then
-        ticker = asyncio.ensure_future(self.tick_forever())
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            ticker.cancel()
-
-    async def tick_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.TICK_SECONDS)
-            due = self.due_at
-            name = getattr(self, "channel_name", None)
-            if due is not None and name and time.monotonic() >= due:
-                self.due_at = None
-                try:
-                    await self.channel_layer.send(name, {"type": "facility.tick"})
-                except Exception:  # the layer is down: the next change asks again
-                    log.warning("facility socket %s: tick not sent", name, exc_info=True)
 
     # Sent with the first render for a page: the page then knows the socket has caught up (facility.js).
     SYNCED = '<span id="socket-synced" hidden hx-swap-oob="true"></span>'
@@ -315,6 +342,7 @@ class FacilityConsumer(FilteredPageConsumer):
     def groups_to_join(self) -> list[str]:
         self.sent: dict = {}  # what the page shows, by fingerprints (facility.views.fragment_hashes)
         self.greeted = False
+        self.sync_owed = False  # the next render starts with SYNCED: the page said what it shows
         self.detail = ""
         self.csrf_token = scope_csrf_token(self.scope)
         return [*super().groups_to_join(), NODES_GROUP]
@@ -330,18 +358,11 @@ class FacilityConsumer(FilteredPageConsumer):
             cards = message.get("cards") if isinstance(message.get("cards"), str) else None
             self.sent = hashes_of_page(body, cards, self.sent if self.greeted else None)
             self.greeted = True
-            self.render(synced=True)
+            self.sync_owed = True
+            self.owe(PAGE_SECONDS)
         if isinstance(message.get("detail"), str) and message["detail"][:300] != self.detail:
             self.detail = message["detail"][:300]
-            self.render()
-
-    def owe(self, seconds: float) -> None:
-        """A render is owed within `seconds` of the last one: now if that has passed, else at the tick."""
-        due = self.last_render + seconds
-        if time.monotonic() >= due:
-            self.render()
-        elif self.due_at is None or due < self.due_at:
-            self.due_at = due
+            self.owe(PAGE_SECONDS)
 
     def placement_changed(self, event: dict) -> None:
         self.owe(self.RENDER_SECONDS)
@@ -353,9 +374,6 @@ class FacilityConsumer(FilteredPageConsumer):
 
     def nodes_changed(self, event: dict) -> None:
         pass  # a hold or a budget: placement.changed follows it
-
-    def facility_tick(self, event: dict) -> None:
-        self.render()
 
     def fragments(self) -> dict:
         from facility.views import facility_fragments
@@ -380,7 +398,8 @@ class FacilityConsumer(FilteredPageConsumer):
         fragments = self.fragments()
         messages = fragments_changed(self.sent, fragments)
         self.sent = fragment_hashes(fragments)
-        if synced:
+        if synced or self.sync_owed:
+            self.sync_owed = False
             messages = [self.SYNCED, *messages]
         for html in messages:
             self.send(text_data=html)

@@ -278,3 +278,32 @@ def test_history_keeps_each_domains_inlet_and_a_quarter_its_highest(pinned):
     history_record(now=at + timedelta(seconds=5))
     assert DomainSample.objects.get(domain="rack:r2", resolution=Resolution.MINUTE, at=at).inlet_celsius is None
     assert DomainSample.objects.get(domain="rack:r1", resolution=Resolution.MINUTE, at=at).inlet_celsius == 25.0
+
+
+def test_a_page_that_sends_without_pause_gets_its_last_state_rendered_not_a_render_each(pinned, make_user, monkeypatch):
+    from agents.consumers import FacilityConsumer
+    from tests.integration.test_console import communicate
+
+    user, _ = make_user("viewer1", "viewer")
+    rendered: list[str] = []
+    render = FacilityConsumer.render
+
+    def counted(self, **kwargs):
+        rendered.append(self.detail)
+        return render(self, **kwargs)
+
+    monkeypatch.setattr(FacilityConsumer, "render", counted)
+
+    async def run() -> None:
+        socket = communicate("/ws/facility/", user, FacilityConsumer)
+        assert (await socket.connect())[0]
+        await socket.send_to(text_data='{"filter": ""}')
+        for i in range(60):  # a script flipping the open detail: 60 asks in a moment
+            await socket.send_to(text_data='{"detail": "%s"}' % ("rack:r1" if i % 2 else "rack:r2"))
+        while not await socket.receive_nothing(timeout=2.5):
+            await socket.receive_from(timeout=5)
+        await socket.disconnect()
+
+    async_to_sync(run)()
+    # The page's greeting at once, then the last state it asked, at the tick: not 61 renders.
+    assert len(rendered) <= 3 and rendered[0] == "" and rendered[-1] == "rack:r1"
