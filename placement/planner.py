@@ -711,12 +711,19 @@ def _step_of(key: tuple) -> int:
 
 
 def reasons_grouped(rejections: Mapping[str, str], counts: Mapping[str, int] | None = None) -> str:
-    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups.
-    ``counts``: each reason's count, where already known (they are the rejections', counted)."""
+    """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups, and
+    how many more nodes were turned down for how many other reasons (each rack's power refusal has its own
+    figures, so racks are what the five leave out). ``counts``: each reason's count, where already known
+    (they are the rejections', counted)."""
     if counts is None:
         counts = Counter(rejections.values())
-    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUMMARY_GROUPS]
-    return "; ".join(f"{count} × {reason}" for reason, count in groups)
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    text = "; ".join(f"{count} × {reason}" for reason, count in ordered[:SUMMARY_GROUPS])
+    rest = ordered[SUMMARY_GROUPS:]
+    if rest:
+        nodes = sum(count for _, count in rest)
+        text += f"; {_plural(nodes, 'more node')} for {_plural(len(rest), 'other reason')}"
+    return text
 
 
 def nofit_summary(rejections: Mapping[str, str]) -> str:

@@ -400,11 +400,14 @@ def test_nofit_summary_most_common_first_at_most_five_groups():
     assert len(result.rejections) == 12
 
 
-def test_nofit_summary_keeps_five_groups():
+def test_nofit_summary_keeps_five_groups_and_counts_the_rest():
     rejections = {f"n{i}": f"reason {i}" for i in range(7)}
     assert nofit_summary(rejections) == (
-        "no node fits (7 nodes): 1 × reason 0; 1 × reason 1; 1 × reason 2; 1 × reason 3; 1 × reason 4"
+        "no node fits (7 nodes): 1 × reason 0; 1 × reason 1; 1 × reason 2; 1 × reason 3; 1 × reason 4; "
+        "2 more nodes for 2 other reasons"
     )
+    assert nofit_summary({**rejections, "n7": "reason 9"}).endswith("; 3 more nodes for 3 other reasons")
+    assert nofit_summary(dict(list(rejections.items())[:6])).endswith("; 1 more node for 1 other reason")
     assert nofit_summary({"a": "cordoned"}) == "no node fits (1 node): 1 × cordoned"
 
 
