@@ -310,7 +310,8 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
     """
     if not isinstance(reason, str | None):
         raise InvalidInput("reason: must be text", field="reason")
-    if len(reason or "") > 500:
+    reason = (reason or "").strip()  # as a hold's: blanks alone (a no-break space) are no reason
+    if len(reason) > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
     problem = control_character_problem(reason or "")
     if problem is not None:

@@ -261,4 +261,7 @@ def api_not_found(request, *args, **kwargs):
     an HTML page."""
     from django.http import JsonResponse
 
-    return JsonResponse({"detail": f"{request.path} is not an API endpoint", "field": None}, status=404)
+    from llmgw.errors import SHOWN_CHARS, cut_short
+
+    path = cut_short(request.path, SHOWN_CHARS)  # a path of any length is said back in a few words
+    return JsonResponse({"detail": f"{path} is not an API endpoint", "field": None}, status=404)

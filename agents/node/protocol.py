@@ -57,14 +57,20 @@ PID_MAX = 2**31 - 1
 # The bidirectional controls as a character class's ranges, written as re and JSON Schema both read them
 # (llmgw.api refuses them in every API body and query too).
 BIDI_CONTROLS = r"\u202a-\u202e\u2066-\u2069"
-_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f" + BIDI_CONTROLS + "\ud800-\udfff]")
-_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI_CONTROLS + "\ud800-\udfff]")
+# U+2028 and U+2029 end a line where a console's text or a script reads one: a reason with one is two lines.
+_SEPARATORS = "\u2028\u2029"
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f" + _SEPARATORS + BIDI_CONTROLS + "\ud800-\udfff]")
+_CONTROL_BUT_TAB_NEWLINE_OR_SURROGATE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f" + _SEPARATORS + BIDI_CONTROLS + "\ud800-\udfff]"
+)
 
 
 def _kind_of(char: str) -> str:
     """What a character the patterns above found is, in a refusal's words."""
     if "\ud800" <= char <= "\udfff":
         return "a lone surrogate"
+    if char in _SEPARATORS:
+        return "a line or paragraph separator"
     if "\u202a" <= char <= "\u2069":
         return "a bidirectional control"
     return "a control character"

@@ -229,6 +229,9 @@ def test_a_path_naming_no_endpoint_is_a_json_404_whatever_the_method(make_user, 
     answer = getattr(client, method)("/api/v1/nonexistent", HTTP_AUTHORIZATION=f"Token {key}")
     assert answer.status_code == 404
     assert answer.json() == {"detail": "/api/v1/nonexistent is not an API endpoint", "field": None}
+    # A path of any length is said back cut short: the answer is no echo of what was sent.
+    answer = getattr(client, method)("/api/v1/" + "x" * 12_000, HTTP_AUTHORIZATION=f"Token {key}")
+    assert answer.json() == {"detail": "/api/v1/" + "x" * 31 + "… is not an API endpoint", "field": None}
 
 
 @pytest.mark.parametrize(
@@ -242,3 +245,17 @@ def test_a_file_that_is_not_yaml_is_refused_naming_the_body_field_that_held_it(a
     answer = admin_client.post(url, {"text": text}, content_type="application/json")
     assert answer.status_code == 400
     assert answer.json()["field"] == "text" and answer.json()["detail"].startswith(detail)
+
+
+def test_a_reason_that_ends_a_line_or_holds_only_blanks_is_refused_for_a_cordon_as_for_a_hold(api, join_node):
+    join_node("gpu01", rack="r1")
+    for path, body in (("/api/v1/facility/holds", {"domain": "rack:r1"}), ("/api/v1/nodes/gpu01/cordon", {"cordoned": True})):
+        # U+2028 ends a line where a console's text or a script reads one: the reason would be two lines.
+        answer = api.post(path, {**body, "reason": "PDU\u2028swap"}, format="json")
+        assert answer.status_code == 400 and answer.json()["field"] == "reason"
+        assert "holds a line or paragraph separator ('\\u2028') at character 3" in answer.json()["detail"]
+    from agents.models import Node
+
+    # A no-break space alone is no reason: none is kept.
+    assert api.post("/api/v1/nodes/gpu01/cordon", {"cordoned": True, "reason": "\u00a0"}, format="json").status_code == 200
+    assert Node.objects.get(name="gpu01").cordon_reason == ""
