@@ -101,17 +101,29 @@ def _spanning(replica_ids: list[int], keep_within: dict[int, str]) -> dict[int, 
 
 
 def moving_reasons(replicas: Iterable[Replica], models: Mapping[int, Model]) -> dict[int, str]:
-    """Why each of these replicas (``models``: theirs, by id) is to move because it spans what its model
-    keeps one within, by id: for listings (the drain moves it while nothing else of its model moves).
-    One query, over the listed multi-node replicas that serve (placed, starting, ready)."""
+    """Why each of these replicas (``models``: theirs, by id) that serves (placed, starting, ready) is to
+    move, by id, for listings: a node of it drains (itself, in a domain held with drain, or silent),
+    shedding moves it, or it spans what its model keeps one within. Each is replaced first."""
+    replicas = [r for r in replicas if r.replaces_id is None and r.state in SERVING]
+    out: dict[int, str] = {r.pk: f"shed ({r.shed_reason}): to be replaced" for r in replicas if r.shed_reason}
+    draining = draining_nodes() if replicas else {}
+    if draining:
+        on = Shard.objects.filter(replica_id__in=[r.pk for r in replicas], node_id__in=any_of(set(draining)))
+        for replica_id, node_id, node in on.order_by("node__name").values_list("replica_id", "node_id", "node__name"):
+            why = draining[node_id]
+            if why == "node":
+                text = f"{node} drains"
+            elif why == "not ready":
+                text = f"{node} is not ready (no heartbeat)"
+            else:
+                text = f"{why.replace(':', ' ', 1)} is held with drain"
+            out.setdefault(replica_id, f"{text}: to be replaced, the replacement up first")
     kept = {
-        r.pk: models[r.model_id].keep_within
-        for r in replicas
-        if models[r.model_id].nodes > 1 and r.replaces_id is None and r.state in SERVING
+        r.pk: models[r.model_id].keep_within for r in replicas if models[r.model_id].nodes > 1 and r.pk not in out
     }
-    if not kept:
-        return {}
-    return {pk: f"spans {words}: to be replaced within one" for pk, words in _spanning(list(kept), kept).items()}
+    if kept:
+        out.update({pk: f"spans {words}: to be replaced within one" for pk, words in _spanning(list(kept), kept).items()})
+    return out
 
 
 def replicas_drain(*, model: Model, run, draining: dict[int, str] | None = None) -> None:

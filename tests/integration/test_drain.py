@@ -85,6 +85,9 @@ def test_a_replacement_is_placed_before_the_old_replica_stops():
     replacement = Replica.objects.get(replaces=old)
     assert Replica.objects.filter(pk=old.pk).exists()  # still running while its replacement starts
     assert replacement.state in ("placed", "starting")
+    # The listing says why the old one is going: the hold that drains its node.
+    reasons = {row["id"]: row["reason"] for row in replica_rows()}
+    assert reasons[old.pk] == f"rack {rack} is held with drain: to be replaced, the replacement up first"
     run_until_ready(cluster, {"llama": 1})
     for _ in range(5):
         cluster.tick()
@@ -161,6 +164,8 @@ def test_drain_a_single_node_and_uncordon():
     run_until_ready(cluster, {"llama": 2})
     busy = Shard.objects.values_list("node__name", flat=True).first()
     node_cordon(node_name=busy, cordoned=True, drain=True)
+    on_it = set(Shard.objects.filter(node__name=busy).values_list("replica_id", flat=True))
+    assert {r["reason"] for r in replica_rows() if r["id"] in on_it} == {f"{busy} drains: to be replaced, the replacement up first"}
     for _ in range(10):
         cluster.tick()
     assert not Shard.objects.filter(node__name=busy).exists()
