@@ -21,7 +21,14 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from agents.node.protocol import BIDI_CONTROLS
 from llmgw.dependencies import not_queued_warnings, warning_added
-from llmgw.errors import WRITE_CONFLICT_TEXT, InvalidInput, LlmgwError, is_write_conflict
+from llmgw.errors import (
+    SHOWN_CHARS,
+    WRITE_CONFLICT_TEXT,
+    InvalidInput,
+    LlmgwError,
+    cut_short,
+    is_write_conflict,
+)
 from llmgw.jsonguard import MAX_JSON_DEPTH
 from llmgw.parsers import BoundedJSONParser
 
@@ -244,6 +251,13 @@ class ApiView(APIView):
             check_text(name, "query")
             for value in values:
                 check_text(value, name)
+            if len(values) > 1:  # every parameter takes one value: the last would win, the others unread
+                shown = cut_short(name, SHOWN_CHARS)
+                raise InvalidInput(
+                    f"{shown}: given {len(values)} times; give it once (a filter takes several terms in one "
+                    "value, separated by spaces)",
+                    field=shown,
+                )
         if request.method in ("POST", "PUT", "PATCH"):
             check_body(request.data)
 
@@ -260,8 +274,6 @@ def api_not_found(request, *args, **kwargs):
     """Any path under /api/v1/ that names no endpoint, whatever the method: a JSON 404 like the others, not
     an HTML page."""
     from django.http import JsonResponse
-
-    from llmgw.errors import SHOWN_CHARS, cut_short
 
     path = cut_short(request.path, SHOWN_CHARS)  # a path of any length is said back in a few words
     return JsonResponse({"detail": f"{path} is not an API endpoint", "field": None}, status=404)

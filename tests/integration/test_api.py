@@ -259,3 +259,14 @@ def test_a_reason_that_ends_a_line_or_holds_only_blanks_is_refused_for_a_cordon_
     # A no-break space alone is no reason: none is kept.
     assert api.post("/api/v1/nodes/gpu01/cordon", {"cordoned": True, "reason": "\u00a0"}, format="json").status_code == 200
     assert Node.objects.get(name="gpu01").cordon_reason == ""
+
+
+def test_a_query_parameter_given_twice_is_refused_naming_it(viewer_api):
+    # `domain=r1 &domain=r2` read as the last alone would answer for r2 as if r1 had been asked too.
+    answer = viewer_api.get("/api/v1/nodes?domain=rack:r1-01&domain=rack:r1-02")
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "detail": "domain: given 2 times; give it once (a filter takes several terms in one value, separated by spaces)",
+        "field": "domain",
+    }
+    assert viewer_api.get("/api/v1/replicas?limit=1&limit=2000").json()["field"] == "limit"
