@@ -252,7 +252,7 @@ def condition_set(args) -> int:
 
     body = {"domain": args.domain, "condition": args.condition, "reason": args.reason, "for_seconds": seconds}
     o = write(args, "POST", "facility/conditions", body, local)
-    until = f" until {datetime.fromisoformat(o['until']):%Y-%m-%d %H:%M}" if o["until"] else " until cleared"
+    until = f" until {datetime.fromisoformat(o['until']):%Y-%m-%d %H:%M} UTC" if o["until"] else " until cleared"
     print(f"{o['domain']} set {o['condition']}{until}: {o['reason']}")
     return 0
 
@@ -292,7 +292,7 @@ def events(args) -> int:
         print_json(rows)
         return 0
     print_table(
-        ["AT", "DOMAIN", "FROM", "TO", "REASON"],
+        ["AT (UTC)", "DOMAIN", "FROM", "TO", "REASON"],
         [[e["at"][:19].replace("T", " "), e["domain"], e["from"], e["to"], e["reason"] or "-"] for e in rows],
     )
     for warning in warnings:
@@ -321,7 +321,7 @@ def shed(args) -> int:
         print("nothing to shed: no domain is hot (enforce mode) or past its power limit")
         return 0
     print_table(
-        ["AT", "DOMAIN", "ACTION", "REPLICA", "CLASS", "TO", "REASON"],
+        ["AT (UTC)", "DOMAIN", "ACTION", "REPLICA", "CLASS", "TO", "REASON"],
         [[r["at"][:19].replace("T", " "), r["domain"], r["action"], r["replica"] or "-", r["class"] or "-",
           ",".join(r["to"]) or "-", r["reason"]] for r in rows],
     )

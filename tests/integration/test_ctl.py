@@ -67,11 +67,11 @@ def test_events_of_a_domain_no_node_is_in_says_so_with_the_nearest_names(capsys,
     join_node("gpu02", rack="r1-02")
     code, out, _ = run(capsys, "facility", "events", "--domain", "rack:r1-1")
     assert (code, out.splitlines()) == (0, [
-        "AT  DOMAIN  FROM  TO  REASON",
+        "AT (UTC)  DOMAIN  FROM  TO  REASON",
         "warning: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02",
     ])
     # A domain nodes are in, with no change yet, is no typo; -o json stays the list alone.
-    assert run(capsys, "facility", "events", "--domain", "rack:r1-01")[1] == "AT  DOMAIN  FROM  TO  REASON\n"
+    assert run(capsys, "facility", "events", "--domain", "rack:r1-01")[1] == "AT (UTC)  DOMAIN  FROM  TO  REASON\n"
     assert run(capsys, "facility", "events", "--domain", "rack:r1-1", "-o", "json")[1] == "[]\n"
 
 

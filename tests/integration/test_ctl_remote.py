@@ -214,7 +214,7 @@ def test_budgets_conditions_and_model_deletes_print_the_same_remote(live_server,
     assert same(capsys, url, key, tmp_path, *hand) == "rack:r1-01 set ok until cleared: probe fault\n"
     got = remote(url, key, *hand, "--for", "2h", home=tmp_path)
     assert got.returncode == 0, got.stderr
-    until = datetime.strptime(got.stdout.split(" until ")[1].split(": ")[0], "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+    until = datetime.strptime(got.stdout.split(" until ")[1].split(": ")[0], "%Y-%m-%d %H:%M UTC").replace(tzinfo=UTC)
     assert abs(until - (datetime.now(UTC) + timedelta(hours=2))) < timedelta(minutes=2)
     code, out, _ = local(capsys, *hand, "--for", "2h")
     assert code == 0 and out.split(" until ")[0] == got.stdout.split(" until ")[0]
