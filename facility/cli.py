@@ -187,7 +187,7 @@ def overview(args) -> int:
                 kw(d["limit_watts"]),
                 kw(d["reserved_watts"]),
                 kw(d["measured_watts"]),
-                condition_text(d["condition"]),
+                rolled_condition_text(d),
                 hold_text,
                 d["cap_source"] or "-",
             ]
@@ -214,6 +214,15 @@ def overview(args) -> int:
 
 SHOWN_SIGNALS = (("inlet_temp_c", "inlet {:.1f} °C"), ("thermal_throttle_share", "{:.0%} throttling"),
                  ("cooling_alarm", "alarm {:g}"))
+
+
+def rolled_condition_text(d: dict) -> str:
+    """A domain's condition as the console's facility page says it: a row, room or site at its worst rack's
+    where that is worse (``hot from rack r1-01; its own: ok (inlet 24.5 °C, 20 s old)``)."""
+    rolled = d.get("rolled_up")
+    if not rolled:
+        return condition_text(d["condition"])
+    return f"{rolled['condition']} from {rolled['from']}; its own: {condition_text(d['condition'])}"
 
 
 def condition_text(c: dict) -> str:

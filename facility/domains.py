@@ -225,6 +225,15 @@ def nearest_names(name: str, known: Iterable[str], *, count: int) -> list[str]:
     return [known_name for *_, known_name in sorted(scored)[:count]]
 
 
+def natural_key(text: str) -> tuple:
+    """``r2`` before ``r10``: digits compared as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+# A row's, room's and site's condition rolls up its racks': the worst of its own and theirs.
+ROLLED_LEVELS = ("row", "room", "site")
+
+
 def location_text(labels: Mapping[str, str], levels: Iterable[str] = LEVELS) -> str:
     """``site=sto1 room=hall-b rack=r12-07 pdu=r12-07-a,r12-07-b``, or ``-`` when nowhere."""
     parts = [

@@ -10,7 +10,8 @@ from django.utils import timezone
 from agents import bookings
 from agents.models import Node, NodeDomain, measured_window_seconds
 from facility import power
-from facility.domains import LEVELS, Domain, parse_domain
+from facility.conditions import SEVERITY
+from facility.domains import LEVELS, ROLLED_LEVELS, Domain, natural_key, parse_domain
 from facility.evaluation import effective_conditions
 from facility.feed_services import feed_cap_warning
 from facility.models import Budget, ConditionEvent, FacilitySettings, Hold, SourceStatus
@@ -29,6 +30,24 @@ def budgets(rows: list[Budget] | None = None) -> dict[Domain, power.Budget]:
         parse_domain(b.domain): power.Budget(parse_domain(b.domain), b.effective_cap_watts, b.other_watts)
         for b in (Budget.objects.all() if rows is None else rows)
     }
+
+
+def _roll_up(rows: list[dict[str, Any]]) -> None:
+    """Each row's, room's and site's ``rolled_up``: its worst rack's condition where that is worse than its
+    own (a row with a hot rack is not ok), ``{"condition", "from": "rack r1-01"}``; else None. The first
+    rack in name order of the worst condition gives it."""
+    rack_of = {node: row["name"] for row in rows if row["level"] == "rack" for node in row["nodes"]}
+    racks = {row["name"]: row for row in rows if row["level"] == "rack"}
+    for row in rows:
+        row["rolled_up"] = None
+        if row["level"] not in ROLLED_LEVELS:
+            continue
+        worst = row["condition"]["condition"]
+        for name in sorted({rack_of[n] for n in row["nodes"] if n in rack_of}, key=natural_key):
+            condition = racks[name]["condition"]["condition"]
+            if SEVERITY[condition] > SEVERITY[worst]:
+                worst = condition
+                row["rolled_up"] = {"condition": condition, "from": f"rack {name}"}
 
 
 def facility_overview() -> dict[str, Any]:
@@ -101,6 +120,7 @@ def facility_overview() -> dict[str, Any]:
                 ),
             }
         )
+    _roll_up(rows)
     return {
         "settings": {
             "margin": settings.margin,

@@ -169,6 +169,16 @@ class ConditionOverrideBodySerializer(serializers.Serializer):
     created_by = serializers.CharField(allow_blank=True)
 
 
+class RolledUpSerializer(serializers.Serializer):
+    condition = serializers.ChoiceField(choices=["ok", "warm", "hot", "unknown"])
+    from_ = serializers.CharField(help_text="the rack that gives it: `rack r1-01`")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+
 class DomainRowSerializer(serializers.Serializer):
     domain = serializers.CharField(help_text="level:name")
     level = serializers.ChoiceField(choices=LEVELS)
@@ -188,6 +198,10 @@ class DomainRowSerializer(serializers.Serializer):
     other_watts = serializers.FloatField(allow_null=True)
     over_limit = serializers.BooleanField()
     condition = ConditionStateSerializer()
+    rolled_up = RolledUpSerializer(
+        allow_null=True,
+        help_text="a row's, room's or site's: its worst rack's condition where that is worse than its own",
+    )
     hold = DomainHoldSerializer(allow_null=True)
 
 

@@ -36,6 +36,7 @@ from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
 from facility import feed_selectors, selectors
 from facility.conditions import SEVERITY
+from facility.domains import ROLLED_LEVELS, natural_key
 from facility.feeds import rating_text
 from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
@@ -53,7 +54,6 @@ TIGHT = 0.25
 # One scale of trouble for power and heat together: worst first.
 STATE_ORDER = {"hot": 0, "over": 1, "warm": 2, "near": 3, "tight": 4, "ok": 5, "none": 6, "unknown": 6}
 # Levels a condition rolls up to (a row with a hot rack is not ok); the most specific level first on a tie.
-ROLLED_LEVELS = ("row", "room", "site")
 LEVEL_RANK = {"rack": 0, "pdu": 1, "leg": 2, "row": 3, "room": 4, "site": 5}
 # The worst-first list shows this many domains a page.
 WORST_PAGE = 15
@@ -107,11 +107,6 @@ def power_bar(domain: Mapping[str, Any]) -> dict[str, Any]:
         "left_share": left / limit if limit else 0.0,
         "class": headroom_class(domain),
     }
-
-
-def natural_key(text: str) -> tuple:
-    """``r2`` before ``r10``: digits compared as numbers."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def slug(text: str) -> str:
@@ -290,20 +285,17 @@ def worst_key(domain: Mapping[str, Any]) -> tuple:
 
 def roll_up(domains: list[dict[str, Any]], node_racks: Mapping[str, str]) -> None:
     """A row's, room's and site's condition is the worst of its own and its racks' (a row with a hot rack is
-    not ok), with the rack that gives it (``rolled_from``)."""
+    not ok), with the rack that gives it (``rolled_from``), as the overview rolled it up (``rolled_up``);
+    and its racks' worst (``racks_worst``)."""
     racks = {d["name"]: d for d in domains if d["level"] == "rack"}
     for domain in domains:
         if domain["level"] not in ROLLED_LEVELS:
             continue
-        inside = [racks[name] for name in sorted({node_racks[n] for n in domain["nodes"] if n in node_racks},
-                                                 key=natural_key) if name in racks]
-        worst = domain["cond"]
+        inside = [racks[name] for name in {node_racks[n] for n in domain["nodes"] if n in node_racks} if name in racks]
         domain["racks_worst"] = max((r["cond"] for r in inside), key=lambda c: SEVERITY.get(c, 0), default="unknown")
-        for rack in inside:
-            if SEVERITY.get(rack["cond"], 0) > SEVERITY.get(worst, 0):
-                worst = rack["cond"]
-                domain["rolled_from"] = f"rack {rack['name']}"
-        domain["rolled"] = worst
+        rolled = domain.get("rolled_up")
+        if rolled is not None:
+            domain["rolled"], domain["rolled_from"] = rolled["condition"], rolled["from"]
 
 
 def facility_filters(params: Mapping[str, str]) -> dict[str, str]:

@@ -150,12 +150,18 @@ def test_a_wrong_block_names_file_line_and_path_and_applies_nothing(block, messa
 
 
 def test_ctl_shows_conditions_events_and_sets_an_override(capsys, join_node):
-    join_node("gpu01", rack="r1-01")
+    join_node("gpu01", rack="r1-01", labels={"llmgw.io/row": "1"})
     apply_mode("enforce")
     replay(15)
     code, out = run(capsys, "facility")
     row = next(line for line in out.splitlines() if line.startswith("rack:r1-01"))
     assert "hot (inlet 35.0 °C, " in row and " s old)" in row
+    # Row 1 at its hot rack's condition, its own beside it, as the console's facility page says it.
+    row = next(line for line in out.splitlines() if line.startswith("row:1 "))
+    assert " hot from rack r1-01; its own: unknown " in row  # the scenario reads racks only
+    code, out = run(capsys, "facility", "-o", "json")
+    rows = {d["domain"]: d for d in json.loads(out)["domains"]}
+    assert rows["row:1"]["rolled_up"] == {"condition": "hot", "from": "rack r1-01"} and rows["rack:r1-01"]["rolled_up"] is None
     code, out = run(capsys, "nodes")
     assert out.splitlines()[1].split()[3] == "hot"
     code, out = run(capsys, "facility", "events", "--domain", "rack:r1-01")
