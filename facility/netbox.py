@@ -324,6 +324,9 @@ def plan_from_csv(text: str, *, default_utilization: float | None = None) -> Net
         if header is None:
             raise InvalidInput("csv: empty; export NetBox's power feeds (Export → All data)", field="csv")
         columns = [h.strip().lower().replace(" ", "_") for h in header]
+        twice = sorted({c for c in columns if c and columns.count(c) > 1})
+        if twice:  # the last column of a name would be read alone, the other unseen
+            raise InvalidInput(f"csv line 1: column {twice[0]} is given twice", field="csv")
         for need in ("name", "voltage", "amperage", "phase"):
             if need not in columns:
                 raise InvalidInput(f"csv line 1: column {need} is missing (NetBox's header: {need.replace('_', ' ').title()})", field="csv")

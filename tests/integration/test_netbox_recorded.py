@@ -228,6 +228,12 @@ def test_a_malformed_csv_is_a_400_naming_the_line(admin_client):
     answer = admin_client.post("/api/v1/facility/import/netbox", {"csv": "\n".join(text)}, content_type="application/json")
     assert answer.status_code == 400
     assert "csv line 4: 27 fields where the header has 26" in json.dumps(answer.json())
+    # A column given twice: the last would be read alone, the first unseen.
+    text = (CSV_DIR / "power-feeds.all-data.csv").read_text().splitlines()
+    text = [line + ",x" for line in text]
+    text[0] = text[0][:-2] + ",Voltage"
+    answer = admin_client.post("/api/v1/facility/import/netbox", {"csv": "\n".join(text)}, content_type="application/json")
+    assert answer.status_code == 400 and answer.json()["detail"] == "csv line 1: column voltage is given twice"
 
 
 def test_a_url_ending_in_api_is_told_in_one_line(tmp_path, capsys, joined):
