@@ -620,6 +620,10 @@ def feed_loss(args) -> int:
         print(f"{head}: {count} violation{'s' if count != 1 else ''}")
         for v in item["violations"]:
             print(f"  {v['text']}")
+        for c in item.get("carried") or ():  # an older server answers without it
+            share = f" ({100 * c['load_watts'] / c['capacity_watts']:.0f} %)" if c["capacity_watts"] else ""
+            verb = "carries" if item.get("failed") else "would carry"
+            print(f"  {c['feed']} {verb} {kw(c['load_watts'])} of {kw(c['capacity_watts'])}{share}")
     print(data["text"])
     return VIOLATIONS_EXIT if data["violations"] else 0
 
@@ -655,6 +659,9 @@ def what_if_lines(data: dict) -> list[str]:
     if data["feed_loss"]:
         lines.append(f"feed loss ({len(data['feed_loss'])} violations):")
         lines += [f"  {v['text']}" for v in data["feed_loss"]]
+    if data.get("feed_carried"):  # an older server sends none
+        lines.append("feeds left (load after, of capacity):")
+        lines += [f"  {c['feed']}: {kw(c['load_watts'])} of {kw(c['capacity_watts'])}" for c in data["feed_carried"]]
     lines.append("domains (use before -> after, of limit):")
     lines += [
         f"  {d['domain']}: {kw(d['use_watts_before'])} -> {kw(d['use_watts_after'])} of {kw(d['limit_watts'])}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.utils import timezone
@@ -186,12 +187,21 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
             continue
         if feed is None and lost.status in ("planned", "offline"):
             continue  # carries nothing: its loss changes nothing
-        found = pure.feed_loss(lost, feeds, loads, pdu_caps=pdu_caps, pdu_other_watts=pdu_other)
+        found, carried = pure.feed_loss_carried(lost, feeds, loads, pdu_caps=pdu_caps, pdu_other_watts=pdu_other)
+        capacity = {f.name: f.capacity_watts for f in feeds}
         out.append({
             "feed": lost.name,
             "status": lost.status,
             "failed": lost.status == "failed",
             "violations": [violation_row(v) for v in found],
+            # What the feeds left would carry, the fullest first: N−1's headroom, violated or not.
+            "carried": sorted(
+                (
+                    {"feed": name, "load_watts": round(load, 1), "capacity_watts": round(capacity[name], 1)}
+                    for name, load in carried.items()
+                ),
+                key=lambda c: (-(c["load_watts"] / c["capacity_watts"]) if c["capacity_watts"] else -math.inf, c["feed"]),
+            ),
         })
     total = sum(len(f["violations"]) for f in out)
     failed = [f["feed"] for f in out if f["failed"]]

@@ -301,6 +301,19 @@ def feed_loss(
     Feeds that are not live are lost already. ``pdu_caps`` lowers a PDU's cap below its feed's (an
     explicit budget); it never raises it: N−1 judges by the feed.
     """
+    return feed_loss_carried(lost, feeds, nodes, pdu_caps=pdu_caps, pdu_other_watts=pdu_other_watts)[0]
+
+
+def feed_loss_carried(
+    lost: Feed,
+    feeds: Iterable[Feed],
+    nodes: Iterable[NodeLoad],
+    *,
+    pdu_caps: Mapping[str, float] | None = None,
+    pdu_other_watts: Mapping[str, float] | None = None,
+) -> tuple[list[Violation], dict[str, float]]:
+    """:func:`feed_loss`'s violations, and the load (use, W) each surviving feed the loss moves load onto
+    would carry: the N−1 headroom left where nothing is violated."""
     feeds, nodes, outlets = _with_rack_outlets(list(feeds), nodes)
     lost = next((f for f in feeds if f.name == lost.name), lost)
     by_pdu = feed_of_pdu(f for f in feeds if f.is_live and f.name != lost.name)
@@ -376,7 +389,7 @@ def feed_loss(
         if rack in touched_racks:
             judge(Domain("rack", rack), name, load, by_name[name].capacity_watts)
     violations.sort(key=lambda v: (-(len(v.dark_nodes) > 0), -v.over_watts))
-    return violations
+    return violations, {name: feed_total.get(name, _Sum()).use for name in sorted(touched_feeds)}
 
 
 def feed_loads(

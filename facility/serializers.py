@@ -357,11 +357,18 @@ class ViolationSerializer(serializers.Serializer):
     text = serializers.CharField()
 
 
+class CarriedSerializer(serializers.Serializer):
+    feed = serializers.CharField()
+    load_watts = serializers.FloatField(help_text="its load once the other feed is lost")
+    capacity_watts = serializers.FloatField()
+
+
 class FeedLossItemSerializer(serializers.Serializer):
     feed = serializers.CharField(help_text="the feed lost")
     status = serializers.ChoiceField(choices=["active", "planned", "offline", "failed"])
     failed = serializers.BooleanField(help_text="lost already: its violations are the present")
     violations = ViolationSerializer(many=True)
+    carried = CarriedSerializer(many=True, help_text="what each feed left would carry, the fullest first")
 
 
 class FeedLossSerializer(serializers.Serializer):
@@ -434,6 +441,7 @@ class WhatIfResultSerializer(serializers.Serializer):
         "`llmgw ctl facility what-if` prints); every other domain stays as it is",
     )
     feed_loss = ViolationSerializer(many=True)
+    feed_carried = CarriedSerializer(many=True, help_text="a feed's loss: what each feed left would carry")
     warnings = serializers.ListField(
         child=serializers.CharField(),
         help_text="a hold's: what holding the domain would warn of (no node is in it; with drain, a domain "

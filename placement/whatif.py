@@ -179,7 +179,8 @@ def what_if(
         leaving_nodes = {n for v in dark for n in v.dark_nodes}
         drain = True  # a node without power runs nothing: its replicas must go
         out["scenario"] = f"feed-loss {feed}"
-        out["feed_loss"] = feed_loss_report(feed=feed)["feeds"][0]["violations"]
+        report = feed_loss_report(feed=feed)["feeds"][0]
+        out["feed_loss"], out["feed_carried"] = report["violations"], report["carried"]
     index = PlacementIndex(views, facility)
     if feed is not None:
         for name in leaving_nodes:
@@ -207,6 +208,7 @@ def what_if(
         }
     )
     out.setdefault("feed_loss", [])
+    out.setdefault("feed_carried", [])
     # A hold's dry run says what the hold itself would warn of (a name no node is in, a drain's trouble).
     out["warnings"] = [] if hold is None else hold_warnings(domain=str(domain), drain=drain, result=out)
     return out

@@ -161,7 +161,14 @@ def test_feed_loss_zero_violations_and_unknown_feed(capsys, join_node):
     join_node("gpu01", rack="r1", pdu="r1-a,r1-b")
     services.facility_apply(text=PAIR)
     code, out, _ = run(capsys, "facility", "feed-loss")
-    assert out.splitlines() == ["without feed A1: 0 violations", "without feed B1: 0 violations", "0 violations"]
+    # Each loss says what the feed left would carry: N−1's headroom where nothing is violated.
+    assert out.splitlines() == [
+        "without feed A1: 0 violations", "  B1 would carry 0.3 kW of 18.4 kW (2 %)",
+        "without feed B1: 0 violations", "  A1 would carry 0.3 kW of 18.4 kW (2 %)",
+        "0 violations",
+    ]
+    code, out, _ = run(capsys, "facility", "feed-loss", "A1", "-o", "json")
+    assert json.loads(out)["feeds"][0]["carried"] == [{"feed": "B1", "load_watts": 350.0, "capacity_watts": 18401.3}]
     assert code == 0
     code, _, err = run(capsys, "facility", "feed-loss", "Z9")
     assert code == 1 and err == "error: feed 'Z9' is not known; the feeds: A1, B1\n"
