@@ -220,7 +220,7 @@ def rolled_condition_text(d: dict) -> str:
     """A domain's condition as the console's facility page says it: a row, room or site at its worst rack's
     where that is worse (``hot from rack r1-01; its own: ok (inlet 24.5 °C, 20 s old)``)."""
     rolled = d.get("rolled_up")
-    if not rolled:
+    if not rolled or rolled["condition"] not in ("warm", "hot"):  # an ok rack under an unknown row: its own
         return condition_text(d["condition"])
     return f"{rolled['condition']} from {rolled['from']}; its own: {condition_text(d['condition'])}"
 
