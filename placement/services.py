@@ -338,12 +338,17 @@ def hold_create(*, domain: Any, reason: Any, drain: bool | None = None, created_
     every interface shows: the hold and the preview's warnings. The console asks for a confirmation of
     those warnings before calling this; the API and ctl say them with the answer."""
     from facility import services as facility_services
+    from facility.models import Hold
 
     preview = hold_preview(domain=domain, reason=reason, drain=drain)
+    before = Hold.objects.filter(domain=preview.domain).values_list("reason", flat=True).first()
     hold = facility_services.hold_create(
         domain=preview.domain, reason=preview.reason, drain=drain, created_by=created_by
     )
-    return HoldCreated(hold, preview.warnings)
+    warnings = list(preview.warnings)
+    if before is not None and before != preview.reason:  # one hold a domain: the new reason replaces the old
+        warnings.append(f"{preview.domain} was held already ({before}): its reason is now {preview.reason}")
+    return HoldCreated(hold, warnings)
 
 
 def release_preview(*, domain: Any) -> str:
@@ -476,6 +481,6 @@ def cordon_change(*, node_name: Any, cordoned: bool, reason: Any = "", drain: bo
     starts_drain = cordoned and drain and not was[1]
     warnings = cordon_preview(node_name=node_name, drain=True) if starts_drain else []
     node = agents_services.node_cordon(node_name=node_name, cordoned=cordoned, reason=reason or "", drain=drain)
-    if not cordoned and was[1]:
+    if not cordoned and was[1] and Shard.objects.filter(node=node).exists():  # a drain done stops nothing
         warnings.append(f"{node.name}'s drain stops: the replicas moved so far stay where they are")
     return Changed(node, warnings)

@@ -97,5 +97,9 @@ def test_a_drain_with_nowhere_to_go_is_warned_before_and_its_stop_after(site, ap
     assert answer["warning"] == f"{placed_on}'s drain stops: the replicas moved so far stay where they are"
     assert said(capsys, "drain", placed_on) == [warning]
     assert said(capsys, "uncordon", placed_on) == [answer["warning"]]
+    # A drain that is done (nothing left on the node) stops nothing: uncordoning it says nothing of one.
+    Node.objects.filter(name=other).update(cordoned=True, draining=True)
+    answer = api.post(f"/api/v1/nodes/{other}/cordon", {"cordoned": False}, format="json").json()
+    assert answer.get("warning") is None and not answer["draining"]
     # Cordoning alone moves nothing: nothing to warn of.
     assert said(capsys, "cordon", placed_on) == []

@@ -66,3 +66,12 @@ def test_a_replica_that_cannot_move_is_said_everywhere_and_the_console_asks_firs
 
     assert ctl(["facility", "hold", "rack:r1", "--reason", "swap", "--drain"]) == 0
     assert capsys.readouterr().out.strip() == f"rack:r1 held and draining: swap ({warnings[0]})"
+
+
+def test_holding_a_held_domain_again_says_its_reason_was_replaced(pinned, api):
+    assert api.post("/api/v1/facility/holds", {"domain": "rack:r2", "reason": "PDU swap"}, format="json").status_code == 201
+    answer = api.post("/api/v1/facility/holds", {"domain": "rack:r2", "reason": "breaker test"}, format="json")
+    assert answer.json()["warning"] == "rack:r2 was held already (PDU swap): its reason is now breaker test"
+    assert Hold.objects.get(domain="rack:r2").reason == "breaker test"
+    # The same reason again replaces nothing: nothing to say.
+    assert api.post("/api/v1/facility/holds", {"domain": "rack:r2", "reason": "breaker test"}, format="json").json().get("warning") is None
