@@ -313,7 +313,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
     reason = (reason or "").strip()  # as a hold's: blanks alone (a no-break space) are no reason
     if len(reason) > 500:
         raise InvalidInput("reason: at most 500 characters", field="reason")
-    problem = control_character_problem(reason or "")
+    problem = control_character_problem(reason)
     if problem is not None:
         raise InvalidInput(f"reason: {problem}", field="reason")
     node = Node.objects.select_for_update().filter(name=node_name).first()

@@ -213,7 +213,7 @@ def nearest_names(name: str, known: Iterable[str], *, count: int) -> list[str]:
     """The known names nearest ``name``, at most ``count``, closest first: the same characters in
     another order (``r1-10`` for ``r1-01``: a swap is the likeliest slip) before any other, then by
     difflib's ratio (0.6 and over, as ``get_close_matches``), ties by name. The one rule for every "did
-    you mean" about a place: a hold's or budget's warning and a node filter's suggestions."""
+    you mean": a hold's or budget's warning, a node filter's suggestions of places and of labels."""
     letters = sorted(name)
     scored = []
     for known_name in set(known):

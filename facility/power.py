@@ -171,14 +171,17 @@ def node_use_watts(placed_watts: float, measured_watts: float | None, settings: 
 
 
 def node_use_added_watts(
-    placed_watts: float, measured_watts: float | None, draw_watts: float | None, settings: FacilitySettings
+    placed_watts: float, measured_watts: float | None, draw_watts: float | None, settings: FacilitySettings,
+    *, before: float | None = None,
 ) -> float:
     """What placing ``draw_watts`` more on a node adds to the use of each of its domains.
 
     The node's term after less its term before, both by :func:`node_use_watts`: a shard on a node
-    whose sensors already read more than it has placed adds only what passes the reading.
+    whose sensors already read more than it has placed adds only what passes the reading. ``before``: the
+    term now, where the caller keeps it (the placement index, per node).
     """
-    before = node_use_watts(placed_watts, measured_watts, settings)
+    if before is None:
+        before = node_use_watts(placed_watts, measured_watts, settings)
     return node_use_watts(placed_watts + (draw_watts or 0), measured_watts, settings) - before
 
 

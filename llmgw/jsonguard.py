@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from llmgw.errors import value_shown
+
 MAX_JSON_DEPTH = 64
 
 # Only what changes the depth or string state matters: quotes, backslashes and brackets.
@@ -69,8 +71,6 @@ class DuplicateKey(ValueError):
     (YAML documents refuse the same, llmgw.yamldoc)."""
 
     def __init__(self, key: str):
-        from llmgw.errors import value_shown
-
         super().__init__(f"{value_shown(key)} is given twice in one object")
         self.key = key
 

@@ -63,6 +63,7 @@ from facility.power import (
     Budget,
     kw,
     limit_text,
+    node_use_added_watts,
     node_use_watts,
     power_refusal_at,
     would_pass_limit,
@@ -867,10 +868,11 @@ class PlacementIndex:
         if draw in adds:
             added = adds[draw]
         elif draw is None:
-            added = adds[draw] = None
+            added = adds[draw] = None  # added_of's: a draw nobody knows adds nothing known
         else:
-            # added_of's: the node's term with the shard, less its term now (kept in the entry).
-            added = adds[draw] = node_use_watts(node.placed_watts + draw, node.measured_watts, self._facility.settings) - entry.term
+            added = adds[draw] = node_use_added_watts(
+                node.placed_watts, node.measured_watts, draw, self._facility.settings, before=entry.term
+            )
         pack = free - gpus if gpus > 0 else node.replicas  # pack_value
         return (pack, node.name), draw, added, unavailable_reason(node, entry.held)
 

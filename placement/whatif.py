@@ -16,10 +16,8 @@ from typing import Any
 from django.utils import timezone
 
 from agents.node.protocol import value_shown
-from facility import feeds as pure_feeds
 from facility.domains import parse_domain
-from facility.feed_selectors import feed_loss_report, node_loads
-from facility.feed_services import stored_feeds
+from facility.feed_selectors import feed_loss_report
 from facility.power import kw
 from facility.services import clean_domain, domain_warning
 from llmgw.errors import InvalidInput, NotFound
@@ -171,15 +169,10 @@ def what_if(
         leaving_nodes = {node}
         out["scenario"] = f"cordon {node}{' --drain' if drain else ''}"
     else:
-        feeds = stored_feeds()
-        lost = next((f for f in feeds if f.name == feed), None)
-        if lost is None:
-            raise NotFound(f"feed {value_shown(feed)} is not known", field="feed")
-        dark = pure_feeds.feed_loss(lost, feeds, node_loads(now))
-        leaving_nodes = {n for v in dark for n in v.dark_nodes}
+        report = feed_loss_report(feed=feed)["feeds"][0]  # NotFound, naming the feeds, for one not known
+        leaving_nodes = {n for v in report["violations"] for n in v["dark_nodes"]}
         drain = True  # a node without power runs nothing: its replicas must go
         out["scenario"] = f"feed-loss {feed}"
-        report = feed_loss_report(feed=feed)["feeds"][0]
         out["feed_loss"], out["feed_carried"] = report["violations"], report["carried"]
     index = PlacementIndex(views, facility)
     if feed is not None:

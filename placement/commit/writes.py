@@ -27,10 +27,9 @@ from placement.planner import Plan, ReplicaRequest
 # not left to the server's default — the read under the locks takes its snapshot once they are held.
 BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 # Sent right after BEGIN: the commit's statements (and the booking triggers' own) run on their prepared
-# generic plans. Left to the server (plan_cache_mode auto), the lock of the budgeted domains' members was
-# planned afresh on every execution (its generic plan costed above its custom ones: pg_prepared_statements
-# counted a custom plan for each of 1,644 commits), the others after their first five. Their arrays and
-# ids are alike from one commit to the next: one plan suits them all.
+# generic plans. Left to the server (plan_cache_mode auto), the lock of the budgeted domains' members is
+# planned afresh on every execution (its generic plan is costed above its custom ones, so auto never
+# switches). Their arrays and ids are alike from one commit to the next: one plan suits them all.
 GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
