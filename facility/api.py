@@ -7,7 +7,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, netbox, netbox_import, selectors, services
+from facility import feed_selectors, netbox_import, selectors, services
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -254,7 +254,7 @@ class NetboxImportView(ApiView):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         if "csv" in values:
-            plan = netbox.plan_from_csv(values["csv"], default_utilization=values["default_utilization"])
+            plan = netbox_import.plan_from_export(values["csv"], default_utilization=values["default_utilization"])
         else:
             url = values["url"].rstrip("/")
             # The server reaches out only to a NetBox its admins named: a client's body picks no address.
@@ -266,6 +266,6 @@ class NetboxImportView(ApiView):
                 )
             api = netbox_import.netbox_api(url=url, token=values["token"])
             plan = netbox_import.plan_from_api(
-                api, site=values["site"], roles=values["roles"], row_from=values["row_from"]
+                api, site=values["site"], roles=values["roles"], row_from=values["row_from"], device_map=values["map"]
             )
-        return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"]))
+        return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"], confirm=values["confirm"]))

@@ -541,6 +541,15 @@ def register_feeds(sub) -> None:
         help="with --csv: the max utilization of feeds whose export has no such column (NetBox's current view)",
     )
     nb.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    nb.add_argument(
+        "--yes", action="store_true",
+        help="apply what waits for a person too: caps that rise or vanish, feeds removed, nodes taken out of a rack "
+        "or PDU (without it they are held back and listed, and the rest is applied)",
+    )
+    nb.add_argument(
+        "--map", action="append", metavar="SITE/DEVICE=NODE",
+        help="which node a device is whose name two sites share (repeat for more; with --url)",
+    )
     output_option(nb)
     nb.set_defaults(handler=import_netbox)
 
@@ -601,6 +610,11 @@ def feeds(args) -> int:
     if legs:
         print()
         print_table(["PDU", "LEG", "LOAD", "LIMIT", "IMBALANCE"], legs)
+    unfed = data.get("unfed_pdus") or []  # an older server sends none
+    if unfed:
+        print()
+        for row in unfed:
+            print(f"! {row['text']}")
     return 0
 
 
@@ -673,15 +687,16 @@ def what_if_lines(data: dict) -> list[str]:
 
 def import_netbox(args) -> int:
     if args.csv:
-        if args.role or args.site:
-            raise InvalidInput("--role, --site: only with --url (a CSV export of feeds names no device)", field="role")
+        if args.role or args.site or args.map:
+            raise InvalidInput("--role, --site, --map: only with --url (a CSV export of feeds names no device)", field="role")
         from facility.feeds import utilization_problem  # pure: a remote ctl loads no Django
 
         problem = utilization_problem(args.default_utilization)  # before the file is read, as the server would
         if problem:
             raise InvalidInput(f"--default-utilization: {problem}", field="default_utilization")
         text = _read_utf8(args.csv, "csv")
-        body = {"csv": text, "dry_run": args.dry_run, "default_utilization": args.default_utilization}
+        body = {"csv": text, "dry_run": args.dry_run, "default_utilization": args.default_utilization,
+                "confirm": args.yes}
     else:
         if not args.token_file:
             raise InvalidInput("--token-file: required with --url (a file holding the NetBox API token)", field="token_file")
@@ -689,17 +704,18 @@ def import_netbox(args) -> int:
             raise InvalidInput("--default-utilization: only with --csv (the API gives every feed's)", field="default_utilization")
         token = _read_utf8(args.token_file, "token_file").strip()
         body = {"url": args.url, "token": token, "site": args.site, "dry_run": args.dry_run,
-                "roles": args.role or [], "row_from": args.row_from}
+                "roles": args.role or [], "row_from": args.row_from, "confirm": args.yes, "map": args.map or []}
 
     def local() -> dict:
-        from facility import netbox, netbox_import
+        from facility import netbox_import
 
         if args.csv:
-            plan = netbox.plan_from_csv(text, default_utilization=args.default_utilization)
+            plan = netbox_import.plan_from_export(text, default_utilization=args.default_utilization)
         else:
             api = netbox_import.netbox_api(url=args.url, token=token)
-            plan = netbox_import.plan_from_api(api, site=args.site, roles=args.role, row_from=args.row_from)
-        return netbox_import.netbox_import(plan=plan, dry_run=args.dry_run)
+            plan = netbox_import.plan_from_api(api, site=args.site, roles=args.role, row_from=args.row_from,
+                                               device_map=args.map)
+        return netbox_import.netbox_import(plan=plan, dry_run=args.dry_run, confirm=args.yes)
 
     # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
     result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
@@ -712,12 +728,15 @@ def import_netbox(args) -> int:
 
 
 def netbox_diff_lines(result: dict) -> list[str]:
-    """An import's diff as ctl prints it: feeds, labels, caps, then what was skipped or kept."""
-    lines = []
+    """An import's diff as ctl prints it: what matters first, then feeds, labels, caps, then what was
+    skipped or kept, and what waits for --yes."""
+    lines = [f"! {text}" for text in result.get("first", [])]
     for f in result["feeds_added"]:
         lines.append(f"+ {f['text']} -> {', '.join(f['pdus'] + f['racks'])}")
     for f in result["feeds_changed"]:
         lines.append(f"~ {f['from']['text']} => {f['to']['text']}")
+    for r in result.get("feeds_renamed", []):
+        lines.append(f"~ feed {r['from']} => {r['to']}")
     for name in result["feeds_removed"]:
         lines.append(f"- feed {name}")
     for node, changes in result["labels"].items():
@@ -731,12 +750,21 @@ def netbox_diff_lines(result: dict) -> list[str]:
         lines.append(f"! skipped {text}")
     for text in result.get("notes", []):
         lines.append(f"note: {text}")
-    changed = sum(len(result[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels")) + len(
-        result.get("caps", []))
-    lines.append(
-        f"{changed} change{'s' if changed != 1 else ''}"
-        f"{' (dry run: nothing written)' if not result['applied'] else ' applied'}"
-    )
+    changed = sum(len(result.get(k, [])) for k in (
+        "feeds_added", "feeds_changed", "feeds_renamed", "feeds_removed", "labels", "renamed", "caps"))
+    held = result.get("held_back", [])
+    if result.get("dry_run", not result["applied"] and not held):
+        lines.append(f"{changed} change{'s' if changed != 1 else ''} (dry run: nothing written)")
+        waiting = result.get("needs_yes", [])
+        if waiting:
+            lines.append(f"{len(waiting)} of them wait for a yes (--yes): " + "; ".join(waiting[:5])
+                         + (" …" if len(waiting) > 5 else ""))
+    elif not result["applied"]:
+        lines.append(f"nothing applied: every change waits for a yes ({len(held)}); give --yes to apply them")
+    else:
+        lines.append(f"{changed} change{'s' if changed != 1 else ''} applied")
+        if held:
+            lines.append(f"{len(held)} held back, waiting for --yes: " + "; ".join(held[:5]) + (" …" if len(held) > 5 else ""))
     return lines
 
 

@@ -13,7 +13,7 @@ from agents.node.protocol import value_shown
 from facility import feeds as pure
 from facility import power
 from facility.domains import LABEL_PREFIX, LEG_KEY, PDU_KEY, Domain, parse_domain
-from facility.feed_services import rack_pdus, stored_feeds
+from facility.feed_services import rack_pdus, stored_feeds, unfed_pdus
 from facility.models import Budget
 from facility.selectors import domain_uses, facility_settings
 from llmgw.errors import NotFound
@@ -135,14 +135,37 @@ def feeds_overview() -> dict[str, Any]:
         row = feed_row(feed, sorted(racks), loads.get(feed.name, (0.0, 0.0, 0.0)))
         for pdu in feed.pdus:
             if pdu in legs:
-                imbalance = pure.leg_imbalance(leg["use_watts"] for leg in legs[pdu])
+                imbalance = pure.leg_imbalance(
+                    [leg["use_watts"] for leg in legs[pdu]], sum(leg["cap_watts"] for leg in legs[pdu]))
                 row["legs"].append({
                     "pdu": pdu,
                     "legs": legs[pdu],
                     "imbalance": None if imbalance is None else round(imbalance, 3),
                 })
         rows.append(row)
-    return {"feeds": rows}
+    return {"feeds": rows, "unfed_pdus": unfed_rows(feeds)}
+
+
+def unfed_rows(feeds: list[pure.Feed]) -> list[dict[str, Any]]:
+    """Each PDU the DCIM says no feed reaches, with its racks and nodes: they run on their other PDUs alone."""
+    fed = set(pure.feed_of_pdu(feeds))
+    unfed = [p for p in unfed_pdus() if p not in fed]
+    if not unfed:
+        return []
+    nodes: dict[str, list[str]] = {p: [] for p in unfed}
+    racks: dict[str, set[str]] = {p: set() for p in unfed}
+    for load in node_loads():
+        for pdu in load.pdus:
+            if pdu in nodes:
+                nodes[pdu].append(load.name)
+                if load.rack:
+                    racks[pdu].add(load.rack)
+    return [
+        {"pdu": p, "racks": sorted(racks[p]), "nodes": nodes[p],
+         "text": f"PDU {p}: no live feed reaches its input; "
+                 + (f"{len(nodes[p])} node(s) on it run on their other PDU alone" if nodes[p] else "no node is on it")}
+        for p in unfed
+    ]
 
 
 def violation_row(v: pure.Violation) -> dict[str, Any]:
@@ -181,13 +204,15 @@ def feed_loss_report(*, feed: str | None = None) -> dict[str, Any]:
         raise NotFound(f"feed {value_shown(feed)} is not known{known}", field="feed")
     loads = node_loads() + equipment_loads()
     pdu_caps, pdu_other = _pdu_budgets()
+    unfed = unfed_pdus()
     out = []
     for lost in feeds:
         if feed is not None and lost.name != feed:
             continue
         if feed is None and lost.status in ("planned", "offline"):
             continue  # carries nothing: its loss changes nothing
-        found, carried = pure.feed_loss_carried(lost, feeds, loads, pdu_caps=pdu_caps, pdu_other_watts=pdu_other)
+        found, carried = pure.feed_loss_carried(
+            lost, feeds, loads, pdu_caps=pdu_caps, pdu_other_watts=pdu_other, unfed=unfed)
         capacity = {f.name: f.capacity_watts for f in feeds}
         out.append({
             "feed": lost.name,

@@ -20,7 +20,7 @@ from agents.models import NodeDomain
 from agents.node.protocol import value_shown
 from facility import feeds as pure
 from facility.domains import _NAME_RE
-from facility.models import Budget, Feed, Source
+from facility.models import Budget, DcimObject, Feed, Source
 from facility.power import kw
 from facility.signals import facility_changed
 from llmgw.errors import InvalidInput
@@ -205,10 +205,16 @@ def node_legs() -> set[str]:
     return {d.split(":", 1)[1] for d in NodeDomain.objects.filter(level="leg").values_list("domain", flat=True)}
 
 
-def caps_derived(feeds: list[pure.Feed] | None = None) -> dict[str, pure.DerivedCap]:
-    """The caps the stored feeds (or ``feeds``) give, by domain text."""
+def unfed_pdus() -> list[str]:
+    """The PDUs a DCIM import found no live feed reaching: they carry nothing (facility.feeds.derived_caps)."""
+    return sorted(DcimObject.objects.filter(kind=DcimObject.Kind.PDU, fed=False).values_list("name", flat=True))
+
+
+def caps_derived(feeds: list[pure.Feed] | None = None, unfed: list[str] | None = None) -> dict[str, pure.DerivedCap]:
+    """The caps the stored feeds (or ``feeds``) and unfed PDUs give, by domain text."""
     feeds = stored_feeds() if feeds is None else feeds
-    caps = pure.derived_caps(feeds, rack_pdus(), node_legs()) if feeds else {}
+    unfed = unfed_pdus() if unfed is None else unfed
+    caps = pure.derived_caps(feeds, rack_pdus(), node_legs(), unfed) if feeds or unfed else {}
     return {str(d): c for d, c in caps.items()}
 
 
@@ -301,7 +307,8 @@ def refresh_after_labels(**_: Any) -> None:
 
 
 def _refresh_and_signal() -> None:
-    if not Feed.objects.exists() and not Budget.objects.filter(source=Source.FEED).exists():
+    if (not Feed.objects.exists() and not Budget.objects.filter(source=Source.FEED).exists()
+            and not DcimObject.objects.filter(kind=DcimObject.Kind.PDU, fed=False).exists()):
         return
     if feed_caps_refresh():
         facility_changed.send(sender=Feed)

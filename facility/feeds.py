@@ -181,19 +181,27 @@ def _not_live_source(feeds: Iterable[Feed]) -> str:
     return "no live feed (" + ", ".join(f"{f.name} {f.status}" for f in sorted(feeds, key=lambda f: f.name)) + ")"
 
 
+UNFED_SOURCE = "no live feed (none reaches its input)"
+
+
 def derived_caps(
-    feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]], legs: Iterable[str] = ()
+    feeds: Iterable[Feed], rack_pdus: Mapping[str, Iterable[str]], legs: Iterable[str] = (),
+    unfed: Iterable[str] = (),
 ) -> dict[Domain, DerivedCap]:
     """Caps implied by the feeds: each fed PDU's feed capacity, each leg's share of it, each rack's
     smallest live feed capacity.
 
     ``rack_pdus`` maps a rack's name to the PDUs its nodes are plugged into; ``legs`` names the legs
     nodes draw from (``pdu.A``). A feed naming a rack in ``racks`` reaches it whether or not a node is
-    there yet. A domain reached only by feeds that are not live gets a cap of 0: nothing powers it.
+    there yet. A domain reached only by feeds that are not live gets a cap of 0: nothing powers it, and
+    so does a PDU the DCIM says no feed reaches (``unfed``) and each of its legs.
     """
     feeds = list(feeds)
     by_pdu = feed_of_pdu(feeds)
     caps: dict[Domain, DerivedCap] = {}
+    unfed = set(unfed) - set(by_pdu)
+    for pdu in sorted(unfed):
+        caps[Domain("pdu", pdu)] = DerivedCap(Domain("pdu", pdu), 0.0, UNFED_SOURCE)
     for pdu, feed in sorted(by_pdu.items()):
         domain = Domain("pdu", pdu)
         if feed.is_live:
@@ -203,9 +211,11 @@ def derived_caps(
     for name in sorted(set(legs)):
         parsed = leg_pdu(name)
         feed = by_pdu.get(parsed[0]) if parsed else None
+        domain = Domain("leg", name)
+        if parsed and parsed[0] in unfed:
+            caps[domain] = DerivedCap(domain, 0.0, UNFED_SOURCE)
         if feed is None:
             continue
-        domain = Domain("leg", name)
         if not feed.is_live:
             caps[domain] = DerivedCap(domain, 0.0, _not_live_source([feed]))
         elif feed.phase == "three":
@@ -281,11 +291,12 @@ class _Sum:
         self.measured += node.measured_watts * share + other
 
 
-def _down_pdus(feeds: list[Feed], down: set[str]) -> set[str]:
-    """PDUs that have a feed, none of which is up once the feeds named ``down`` are lost."""
+def _down_pdus(feeds: list[Feed], down: set[str], unfed: Iterable[str] = ()) -> set[str]:
+    """PDUs that have a feed, none of which is up once the feeds named ``down`` are lost, and the PDUs
+    no feed reaches at all (``unfed``: a node on one is carried by its other PDUs alone)."""
     fed = feed_of_pdu(feeds)
     up = feed_of_pdu(f for f in feeds if f.is_live and f.name not in down)
-    return set(fed) - set(up)
+    return (set(fed) - set(up)) | (set(unfed) - set(fed))
 
 
 def feed_loss(
@@ -295,13 +306,15 @@ def feed_loss(
     *,
     pdu_caps: Mapping[str, float] | None = None,
     pdu_other_watts: Mapping[str, float] | None = None,
+    unfed: Iterable[str] = (),
 ) -> list[Violation]:
     """Every PDU, leg, feed and rack that would pass what carries it if ``lost`` failed, worst first.
 
     Feeds that are not live are lost already. ``pdu_caps`` lowers a PDU's cap below its feed's (an
-    explicit budget); it never raises it: N−1 judges by the feed.
+    explicit budget); it never raises it: N−1 judges by the feed. ``unfed``: PDUs no feed reaches, which
+    carry nothing (a node on one and a fed PDU is single-fed).
     """
-    return feed_loss_carried(lost, feeds, nodes, pdu_caps=pdu_caps, pdu_other_watts=pdu_other_watts)[0]
+    return feed_loss_carried(lost, feeds, nodes, pdu_caps=pdu_caps, pdu_other_watts=pdu_other_watts, unfed=unfed)[0]
 
 
 def feed_loss_carried(
@@ -311,6 +324,7 @@ def feed_loss_carried(
     *,
     pdu_caps: Mapping[str, float] | None = None,
     pdu_other_watts: Mapping[str, float] | None = None,
+    unfed: Iterable[str] = (),
 ) -> tuple[list[Violation], dict[str, float]]:
     """:func:`feed_loss`'s violations, and the load (use, W) each surviving feed the loss moves load onto
     would carry: the N−1 headroom left where nothing is violated."""
@@ -321,7 +335,7 @@ def feed_loss_carried(
     pdu_caps = dict(pdu_caps or {})
     other = dict(pdu_other_watts or {})
     lost_pdus = set(lost.pdus)
-    down_pdus = _down_pdus(feeds, {lost.name})
+    down_pdus = _down_pdus(feeds, {lost.name}, unfed)
 
     pdu_load: dict[str, _Sum] = {}
     leg_load: dict[str, _Sum] = {}
@@ -417,14 +431,22 @@ def feed_loads(
     return {name: (s.use, s.reserved, s.measured) for name, s in loads.items()}
 
 
-def leg_imbalance(loads: Iterable[float]) -> float | None:
+# Below this share of its legs' capacity a PDU's imbalance is not reported: two idle nodes on one leg read
+# 100 % unbalanced while nothing is near a breaker.
+IMBALANCE_MIN_LOAD_SHARE = 0.1
+
+
+def leg_imbalance(loads: Iterable[float], capacity_watts: float | None = None) -> float | None:
     """How far a PDU's busiest or idlest leg is from the legs' mean, as a share of it (NEMA's unbalance);
-    None with fewer than two legs or no load."""
+    None with fewer than two legs, no load, or a load under IMBALANCE_MIN_LOAD_SHARE of the legs'
+    ``capacity_watts`` together."""
     loads = list(loads)
     if len(loads) < 2:
         return None
     mean = sum(loads) / len(loads)
     if mean <= EPSILON_WATTS:
+        return None
+    if capacity_watts is not None and sum(loads) < IMBALANCE_MIN_LOAD_SHARE * capacity_watts:
         return None
     return max(abs(x - mean) for x in loads) / mean
 

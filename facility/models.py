@@ -64,6 +64,8 @@ class FacilitySettings(models.Model):
     # facility.shedding and facility.capping (facility.response parses them again when read).
     shedding = models.JSONField(default=dict, blank=True)
     capping = models.JSONField(default=dict, blank=True)
+    # facility.netbox: the NetBox a scheduled sync reads (facility.netbox_sync parses it again when read).
+    netbox = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -300,6 +302,9 @@ class Feed(models.Model):
     pdus = models.JSONField(default=list, blank=True, help_text="Names of the PDUs it supplies.")
     racks = models.JSONField(default=list, blank=True, help_text="Names of racks it supplies directly.")
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.FILE)
+    # The DCIM site the feed was imported from (its slug): an import of one site replaces that site's feeds
+    # alone. Blank for feeds written by hand and for a DCIM that names no site.
+    site = models.CharField(max_length=100, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -307,3 +312,60 @@ class Feed(models.Model):
 
     def __str__(self) -> str:
         return f"feed {self.name}"
+
+
+class DcimObject(models.Model):
+    """An object a DCIM import brought in, known by the DCIM's own id: the name llmgw gives it follows it.
+
+    A rack renamed in NetBox keeps its id, so the import renames the domain (its budget, hold, conditions
+    and history follow) instead of removing one rack and adding another; a name two sites share is told
+    apart by the site; a PDU whose input no live feed reaches is recorded as unfed (it carries nothing).
+    """
+
+    class Kind(models.TextChoices):
+        SITE = "site"
+        RACK = "rack"
+        FEED = "feed"
+        PDU = "pdu"
+        DEVICE = "device"
+
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.NETBOX)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    ext_id = models.BigIntegerField(help_text="The DCIM's id of the object.")
+    site = models.CharField(max_length=100, blank=True, default="")
+    name = models.CharField(max_length=300, help_text="llmgw's name for it (a domain's, a feed's or a node's).")
+    # What the name was made from (the DCIM's own names): a change of these is a rename.
+    named_from = models.CharField(max_length=600, blank=True, default="")
+    # PDUs: whether a live feed reaches its input (False: it carries nothing).
+    fed = models.BooleanField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "kind", "ext_id"], name="dcim_object_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.source} #{self.ext_id})"
+
+
+class DcimSync(models.Model):
+    """One site's import as it last ran: what it applied, and what waits for a person's yes."""
+
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.NETBOX)
+    site = models.CharField(max_length=100, blank=True, default="", help_text="blank: every site")
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_applied_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=2000, blank=True, default="")
+    # The changes held back for a person (caps that rise or vanish, feeds removed): their lines.
+    pending = models.JSONField(default=list, blank=True)
+    # Since when the DCIM and llmgw have differed by what waits (null: they agree).
+    differs_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["source", "site"]
+        constraints = [models.UniqueConstraint(fields=["source", "site"], name="dcim_sync_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.site or 'every site'}: {len(self.pending)} waiting"

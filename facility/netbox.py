@@ -50,6 +50,28 @@ def safe_name(text: Any) -> str:
     return _UNSAFE.sub("-", str(text or "")).strip("-")
 
 
+@dataclass(frozen=True, slots=True)
+class Known:
+    """An object an earlier import brought in (facility.models.DcimObject): the name it was given, its site,
+    and what the name was made from (a change of which is a rename)."""
+
+    name: str
+    site: str = ""
+    named_from: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """One object of this import, by the DCIM's id: the name it gets here."""
+
+    kind: str  # site, rack, feed, pdu, device
+    ext_id: int
+    site: str
+    name: str
+    named_from: str
+    fed: bool | None = None
+
+
 @dataclass
 class NetboxPlan:
     """What an import would set: feeds, each node's location labels, and what it could not take."""
@@ -63,6 +85,59 @@ class NetboxPlan:
     notes: list[str] = field(default_factory=list)
     # The site imported (its slug), or None for every site: only its nodes lose labels NetBox no longer gives.
     site: str | None = None
+    # Each feed's site (its panel's), by the feed's name here: an import of one site replaces that site's.
+    feed_sites: dict[str, str] = field(default_factory=dict)
+    # Every object found, by its DCIM id (what the next import matches on).
+    objects: list[Imported] = field(default_factory=list)
+    # Feeds NetBox holds that this import could not take, by id: the feed as imported before stays.
+    kept_feeds: dict[int, str] = field(default_factory=dict)
+    # PDUs no live feed reaches (none cabled, the feed deleted): they carry nothing.
+    unfed_pdus: list[str] = field(default_factory=list)
+    # Devices named like a node in more than one site: no label is set from either until one is mapped.
+    ambiguous: list[str] = field(default_factory=list)
+    # Their names: a node of such a name keeps the labels it has.
+    ambiguous_nodes: set[str] = field(default_factory=set)
+    # The sites this import read (None: every site NetBox has).
+    sites_read: set[str] | None = None
+
+
+class _Names:
+    """Names for one kind of object: what earlier imports gave keeps, a rename takes a new one, and a
+    name two sites share is qualified by each new object's site (``got1.R-A01``)."""
+
+    def __init__(self, kind: str, known: Mapping[tuple[str, int], Known], ids: set[int],
+                 sites_read: set[str] | None) -> None:
+        self.kind = kind
+        self.known = known
+        # Names held by objects of sites this import does not read: they stay taken.
+        self.taken: dict[str, str] = {
+            k.name: k.site for (kind_, ext_id), k in known.items()
+            if kind_ == kind and ext_id not in ids and sites_read is not None and k.site not in sites_read
+        }
+        self.sites: dict[str, set[str]] = defaultdict(set)
+        for name, site in self.taken.items():
+            self.sites[name].add(site)
+
+    def seen(self, plain: str, site: str) -> None:
+        """An object of this import whose own name is ``plain``: counted before any name is given."""
+        self.sites[plain].add(site)
+
+    def shared_across_sites(self, plain: str) -> bool:
+        return len(self.sites.get(plain, ())) > 1
+
+    def kept(self, ext_id: int | None, named_from: str) -> str | None:
+        """The name an earlier import gave this object, when it was not renamed and is still free."""
+        k = self.known.get((self.kind, ext_id)) if ext_id is not None else None
+        if k is None or k.named_from != named_from or k.name in self.taken:
+            return None
+        return k.name
+
+    def take(self, candidates: Iterable[str], site: str) -> str | None:
+        for name in candidates:
+            if name and name not in self.taken:
+                self.taken[name] = site
+                return name
+        return None
 
 
 def _value(obj: Any, key: str = "value") -> Any:
@@ -122,33 +197,86 @@ def feed_from_netbox(name: str, raw: Mapping[str, Any], *, pdus: Iterable[str] =
     return feed_services.feed_check(item)
 
 
-def _feeds(found: list[tuple[str, str, Mapping[str, Any], list[str], list[str]]], plan: NetboxPlan,
-           default_utilization: float | None = None) -> None:
-    """Feeds named as in NetBox; a name two panels share is qualified by its panel (``panel.name``).
+@dataclass(frozen=True, slots=True)
+class _FoundFeed:
+    ext_id: int | None
+    site: str
+    panel: str
+    name: str
+    raw: Mapping[str, Any]
+    pdus: tuple[str, ...]
+    racks: tuple[str, ...]
 
-    ``found``: (panel, name, raw, pdus, racks). A feed llmgw cannot take is skipped and reported.
+    @property
+    def named_from(self) -> str:
+        return f"{self.site}/{self.panel}/{self.name}"
+
+
+def _feeds(found: list[_FoundFeed], plan: NetboxPlan, known: Mapping[tuple[str, int], Known],
+           default_utilization: float | None = None) -> None:
+    """Feeds named as in NetBox; a name two panels of a site share is qualified by its panel
+    (``panel.name``), one two sites share by its site (``got1.name``). An earlier import's name keeps.
+
+    A feed llmgw cannot take is skipped and reported; where an earlier import brought it in, that feed
+    stays as it was (``kept_feeds``): a feed that cannot be read never raises a cap.
     """
-    counts: dict[str, int] = defaultdict(int)
-    for _, name, *_ in found:
-        counts[name] += 1
-    taken: set[str] = set()
-    for panel, name, raw, pdus, racks in sorted(found, key=lambda f: (f[1], f[0])):
-        qualified = name if counts[name] == 1 else f"{panel}.{name}"
-        if qualified in taken:
-            # A row given twice, or names NetBox tells apart by characters a name here cannot hold (A 1, A/1):
-            # the feeds are stored by name, so a second would replace the first behind the diff's back.
-            plan.skipped.append(f"power feed {panel}/{name}: another feed of this import is named {qualified} already")
-            continue
+    names = _Names("feed", known, {f.ext_id for f in found if f.ext_id is not None}, plan.sites_read)
+    in_site: dict[tuple[str, str], int] = defaultdict(int)
+    for f in found:
+        in_site[(f.site, f.name)] += 1
+    bases = {id(f): (f.name if in_site[(f.site, f.name)] == 1 else f"{f.panel}.{f.name}") for f in found}
+    for f in found:
+        names.seen(bases[id(f)], f.site)
+    given: dict[int, str] = {}
+    ordered = sorted(found, key=lambda f: (f.name, f.site, f.panel, f.ext_id or 0))
+    for f in ordered:
+        kept = names.kept(f.ext_id, f.named_from)
+        if kept is not None:
+            given[id(f)] = names.take([kept], f.site) or kept
+    made: set[tuple[str, str, str]] = set()
+    for f in ordered:
+        base = bases[id(f)]
+        if id(f) not in given:
+            if (f.site, f.panel, f.name) in made and f.ext_id is None:
+                # A row given twice, or names NetBox tells apart by characters a name here cannot hold (A 1, A/1).
+                plan.skipped.append(f"power feed {f.panel}/{f.name}: another feed of this import is named {base} already")
+                continue
+            first = f"{f.site}.{base}" if f.site and names.shared_across_sites(base) else base
+            candidates = [first, f"{f.site}.{base}" if f.site else "", f"{first}.{f.ext_id}" if f.ext_id else ""]
+            name = names.take(candidates, f.site)
+            if name is None:
+                plan.skipped.append(f"power feed {f.panel}/{f.name}: another feed of this import is named {base} already")
+                continue
+            given[id(f)] = name
+        made.add((f.site, f.panel, f.name))
+        qualified = given[id(f)]
         try:
-            feed = feed_from_netbox(qualified, raw, pdus=pdus, racks=racks, default_utilization=default_utilization)
+            feed = feed_from_netbox(qualified, f.raw, pdus=f.pdus, racks=f.racks, default_utilization=default_utilization)
         except InvalidInput as exc:
-            if not pdus and not racks:
-                plan.skipped.append(f"power feed {panel}/{name}: supplies no PDU and no rack")
+            if not f.pdus and not f.racks:
+                plan.skipped.append(f"power feed {f.panel}/{f.name}: supplies no PDU and no rack")
+                continue
+            before = known.get(("feed", f.ext_id)) if f.ext_id is not None else None
+            if before is not None:
+                plan.kept_feeds[f.ext_id] = before.name
+                plan.skipped.append(
+                    f"power feed {f.panel}/{f.name}: {exc.message}; feed {before.name} stays as imported before"
+                )
+            elif f.pdus:
+                plan.skipped.append(
+                    f"power feed {f.panel}/{f.name}: {exc.message}; not counted: PDU {', '.join(f.pdus)} carries "
+                    "nothing until NetBox's figures are fixed"
+                )
             else:
-                plan.skipped.append(f"power feed {panel}/{name}: {exc.message}")
+                plan.skipped.append(
+                    f"power feed {f.panel}/{f.name}: {exc.message}; not counted: rack {', '.join(f.racks)} is capped "
+                    "by its other feeds"
+                )
             continue
-        taken.add(qualified)
         plan.feeds.append(feed)
+        plan.feed_sites[feed.name] = f.site
+        if f.ext_id is not None:
+            plan.objects.append(Imported("feed", f.ext_id, f.site, feed.name, f.named_from))
         if feed.status == "failed":
             plan.notes.append(f"feed {feed.name} has failed: what it fed runs on its other feeds now (N−1)")
         elif not feed.is_live:
@@ -161,29 +289,48 @@ def _feeds(found: list[tuple[str, str, Mapping[str, Any], list[str], list[str]]]
 ENDPOINTS = ("sites", "locations", "racks", "power-panels", "power-feeds", "power-ports", "power-outlets", "devices")
 
 
-def _rack_names(racks: Mapping[int, dict], locations: Mapping[int, dict]) -> dict[int, str]:
-    """Each rack's llmgw name: its own, qualified by its location (then site) where two racks share it."""
-    by_name: dict[str, list[int]] = defaultdict(list)
+def _slug(obj: Any) -> str:
+    return safe_name(obj.get("slug") or obj.get("name")) if isinstance(obj, dict) else ""
+
+
+def _rack_names(racks: Mapping[int, dict], locations: Mapping[int, dict], sites: Mapping[int, dict],
+                known: Mapping[tuple[str, int], Known], sites_read: set[str] | None) -> dict[int, str]:
+    """Each rack's llmgw name: its own; where two racks of one site share it, qualified by the location
+    (``hall-2.R-A01``) but for the one active rack among them; where two sites share it, by the site
+    (``got1.R-A01``). A rack an earlier import named keeps that name until NetBox renames it."""
+    names = _Names("rack", known, set(racks), sites_read)
+
+    def site_of(rack: dict) -> str:
+        return _slug(sites.get(_id(rack.get("site"))) or rack.get("site"))
+
+    by_site_name: dict[tuple[str, str], list[int]] = defaultdict(list)
     for rid, rack in racks.items():
-        by_name[safe_name(rack.get("name"))].append(rid)
-    names: dict[int, str] = {}
-    for name, ids in by_name.items():
-        if len(ids) == 1:
-            names[ids[0]] = name
+        plain = safe_name(rack.get("name"))
+        names.seen(plain, site_of(rack))
+        by_site_name[(site_of(rack), plain)].append(rid)
+    out: dict[int, str] = {}
+    named_from = {rid: f"{site_of(r)}/{r.get('name')}" for rid, r in racks.items()}
+    for rid in sorted(racks):
+        kept = names.kept(rid, named_from[rid])
+        if kept is not None:
+            out[rid] = names.take([kept], site_of(racks[rid])) or kept
+    order = sorted(racks, key=lambda i: (_value(racks[i].get("status")) not in (None, "active"), i))
+    for rid in order:
+        if rid in out:
             continue
-        active = [i for i in ids if _value(racks[i].get("status")) in (None, "active")]
-        for rid in ids:
-            if len(active) == 1 and rid == active[0]:
-                names[rid] = name
-                continue
-            location = locations.get(_id(racks[rid].get("location"))) or {}
-            where = safe_name(location.get("slug") or location.get("name") or _value(racks[rid].get("site"), "slug"))
-            names[rid] = f"{where}.{name}" if where else f"{name}.{rid}"
-    # Still shared (two racks of one name in one location of two sites): the NetBox id tells them apart.
-    seen: dict[str, int] = defaultdict(int)
-    for qualified in names.values():
-        seen[qualified] += 1
-    return {rid: (f"{n}.{rid}" if seen[n] > 1 else n) for rid, n in names.items()}
+        rack, site = racks[rid], site_of(racks[rid])
+        plain = safe_name(rack.get("name"))
+        location = locations.get(_id(rack.get("location"))) or {}
+        where = _slug(location)
+        crowded = len(by_site_name[(site, plain)]) > 1
+        active = [i for i in by_site_name[(site, plain)] if _value(racks[i].get("status")) in (None, "active")]
+        first = plain if not crowded or active == [rid] else (f"{where}.{plain}" if where else plain)
+        if site and names.shared_across_sites(plain):
+            first = f"{site}.{first}"
+        candidates = [first, f"{where}.{plain}" if where else "", f"{site}.{where}.{plain}" if site and where else "",
+                      f"{first}.{rid}"]
+        out[rid] = names.take(candidates, site) or f"{first}.{rid}"
+    return out
 
 
 def _room_and_row(rack: Mapping[str, Any], locations: Mapping[int, dict], row_from: str) -> tuple[str | None, str | None]:
@@ -202,6 +349,10 @@ def _room_and_row(rack: Mapping[str, Any], locations: Mapping[int, dict], row_fr
     return room or None, row or None
 
 
+def _by_id(objects: Mapping[str, list[dict]], key: str) -> dict[int, dict]:
+    return {o["id"]: o for o in objects.get(key, []) if isinstance(o, dict) and isinstance(o.get("id"), int)}
+
+
 def plan_from_objects(
     objects: Mapping[str, list[dict]],
     *,
@@ -209,18 +360,36 @@ def plan_from_objects(
     roles: set[str] | None = None,
     row_from: str = "location",
     site: str | None = None,
+    known: Mapping[tuple[str, int], Known] | None = None,
+    device_map: Mapping[str, str] | None = None,
 ) -> NetboxPlan:
     """The plan NetBox's objects (endpoint → its objects, as the API answers them) give.
 
     ``nodes`` are the names llmgw knows (joined or labelled); devices of the same role as one of them
-    are labelled in advance, before they join. ``roles`` (slugs) picks the roles instead.
+    are labelled in advance, before they join. ``roles`` (slugs) picks the roles instead. ``known``: what
+    earlier imports brought in, by (kind, NetBox id). ``device_map``: ``site/device`` → the node it is,
+    for a device name two sites share.
     """
-    plan = NetboxPlan(site=site)
-    get = lambda key: {o["id"]: o for o in objects.get(key, []) if isinstance(o, dict) and "id" in o}  # noqa: E731
-    sites, locations, racks = get("sites"), get("locations"), get("racks")
+    known = known or {}
+    device_map = device_map or {}
+    plan = NetboxPlan(site=site, sites_read={site} if site else None)
+    sites, locations, racks = _by_id(objects, "sites"), _by_id(objects, "locations"), _by_id(objects, "racks")
     panels, raw_feeds, ports, outlets, devices = (
-        get("power-panels"), get("power-feeds"), get("power-ports"), get("power-outlets"), get("devices"))
-    rack_name = _rack_names(racks, locations)
+        _by_id(objects, "power-panels"), _by_id(objects, "power-feeds"), _by_id(objects, "power-ports"),
+        _by_id(objects, "power-outlets"), _by_id(objects, "devices"))
+    for sid, s in sites.items():
+        plan.objects.append(Imported("site", sid, _slug(s), _slug(s), str(s.get("name") or s.get("slug"))))
+    rack_name = _rack_names(racks, locations, sites, known, plan.sites_read)
+    for rid, rack in racks.items():
+        rack_site = _slug(sites.get(_id(rack.get("site"))) or rack.get("site"))
+        plan.objects.append(Imported("rack", rid, rack_site, rack_name[rid], f"{rack_site}/{rack.get('name')}"))
+
+    def site_of_device(device: Mapping[str, Any]) -> str:
+        return _slug(sites.get(_id(device.get("site"))) or device.get("site"))
+
+    ports_of: dict[Any, list[dict]] = defaultdict(list)
+    for port in ports.values():
+        ports_of[_id(port.get("device"))].append(port)
 
     # The PDU inputs each feed is cabled to: from the feed's side and from the port's, cable by cable.
     inputs_of_feed: dict[int, set[int]] = defaultdict(set)
@@ -231,90 +400,151 @@ def plan_from_objects(
         if port.get("link_peers_type") == "dcim.powerfeed":
             for peer in port.get("link_peers") or []:
                 inputs_of_feed[_id(peer)].add(pid)
-    feed_of_input = {pid: fid for fid, pids in inputs_of_feed.items() for pid in pids if fid in raw_feeds}
 
-    def device_name(device_id: Any) -> str:
-        return safe_name((devices.get(device_id) or {}).get("name"))
-
-    # A PDU: a device whose outlets hang off an input cabled to a feed.
-    pdu_of_input = {pid: device_name(_id(ports[pid].get("device"))) for pid in feed_of_input if pid in ports}
-    pdu_devices = {_id(ports[pid].get("device")) for pid in pdu_of_input}
+    # A PDU: a device with power outlets, or one whose input is cabled to a feed. Its name as a node's.
+    pdu_devices = {_id(ports[pid].get("device")) for pids in inputs_of_feed.values() for pid in pids if pid in ports}
     pdu_devices |= {_id(o.get("device")) for o in outlets.values()}
+    pdu_devices = {d for d in pdu_devices if d in devices and devices[d].get("name")}
+    pdu_names = _Names("pdu", known, pdu_devices, plan.sites_read)
+    for did in pdu_devices:
+        pdu_names.seen(safe_name(devices[did]["name"]), site_of_device(devices[did]))
+    pdu_name: dict[Any, str] = {}
+    for did in sorted(pdu_devices):
+        device = devices[did]
+        kept = pdu_names.kept(did, f"{site_of_device(device)}/{device['name']}")
+        if kept is not None:
+            pdu_name[did] = pdu_names.take([kept], site_of_device(device)) or kept
+    for did in sorted(pdu_devices):
+        if did in pdu_name:
+            continue
+        plain, where = safe_name(devices[did]["name"]), site_of_device(devices[did])
+        first = f"{where}.{plain}" if where and pdu_names.shared_across_sites(plain) else plain
+        pdu_name[did] = pdu_names.take([first, f"{where}.{plain}" if where else "", f"{first}.{did}"], where) or f"{first}.{did}"
 
     found = []
-    for fid, raw in raw_feeds.items():
+    for fid, raw in sorted(raw_feeds.items()):
         panel = panels.get(_id(raw.get("power_panel"))) or raw.get("power_panel") or {}
-        pdus = sorted({pdu_of_input[p] for p in inputs_of_feed.get(fid, ()) if pdu_of_input.get(p)})
+        panel_site = _slug(sites.get(_id(panel.get("site"))) or panel.get("site"))
+        pdus = sorted({pdu_name[_id(ports[p].get("device"))] for p in inputs_of_feed.get(fid, ())
+                       if p in ports and _id(ports[p].get("device")) in pdu_name})
         rack = rack_name.get(_id(raw.get("rack")))
-        found.append((safe_name(panel.get("name")), safe_name(raw.get("name")), raw, pdus, [rack] if rack else []))
-    _feeds(found, plan)
+        found.append(_FoundFeed(fid, panel_site, safe_name(panel.get("name")), safe_name(raw.get("name")), raw,
+                                tuple(pdus), (rack,) if rack else ()))
+    _feeds(found, plan, known)
     feed_by_pdu = pure.feed_of_pdu(plan.feeds)
+    kept_pdus = {p for f in found if f.ext_id in plan.kept_feeds for p in f.pdus}
+    for did, name in sorted(pdu_name.items(), key=lambda kv: kv[1]):
+        device = devices[did]
+        feed = feed_by_pdu.get(name)
+        fed = (feed is not None and feed.is_live) or name in kept_pdus
+        plan.objects.append(Imported("pdu", did, site_of_device(device), name, f"{site_of_device(device)}/{device['name']}", fed))
+        if feed is None and name not in kept_pdus:
+            plan.unfed_pdus.append(name)
 
     # Which devices are nodes: those llmgw knows by name, and the devices sharing a role with one of them.
     if roles is None:
         roles = {_value(d.get("role"), "slug") for d in devices.values() if d.get("name") in nodes} - {None}
-    where_outlet = {oid: o for oid, o in outlets.items()}
-    for did, device in sorted(devices.items()):
-        name = device.get("name")
-        if did in pdu_devices or not isinstance(name, str):
+    candidates = {
+        did: d for did, d in devices.items()
+        if did not in pdu_devices and isinstance(d.get("name"), str)
+        and (d["name"] in nodes or _value(d.get("role"), "slug") in roles or f"{site_of_device(d)}/{d['name']}" in device_map)
+    }
+    # A device name two sites share (here, or in an import of another site) is no node's until mapped.
+    sites_of_name: dict[str, set[str]] = defaultdict(set)
+    for d in candidates.values():
+        sites_of_name[d["name"]].add(site_of_device(d))
+    for (kind, ext_id), k in known.items():
+        if kind == "device" and ext_id not in candidates and (plan.sites_read is not None and k.site not in plan.sites_read):
+            sites_of_name[k.name].add(k.site)
+    for did, device in sorted(candidates.items()):
+        where = site_of_device(device)
+        mapped = device_map.get(f"{where}/{device['name']}")
+        before = known.get(("device", did))
+        if mapped is not None:
+            name = mapped
+        elif before is not None and before.named_from == f"{where}/{device['name']}":
+            name = before.name
+        elif len(sites_of_name[device["name"]]) > 1:
+            others = ", ".join(sorted(sites_of_name[device["name"]] - {where}))
+            plan.ambiguous.append(
+                f"device {device['name']} of site {where}: a device of site {others} has that name too; neither labels "
+                f"node {device['name']} until one is mapped (--map {where}/{device['name']}={device['name']})"
+            )
+            plan.ambiguous_nodes.add(device["name"])
             continue
-        if name not in nodes and _value(device.get("role"), "slug") not in roles:
-            continue
+        else:
+            name = device["name"]
         if not is_node_name(name):
             plan.skipped.append(f"device {name!r}: not a node name")
             continue
-        labels: dict[str, str] = {}
-        device_site = sites.get(_id(device.get("site"))) or device.get("site") or {}
-        if device_site.get("slug"):
-            labels[LABEL_KEYS["site"]] = safe_name(device_site["slug"])
-        rack = racks.get(_id(device.get("rack")))
-        if rack is not None:
-            room, row = _room_and_row(rack, locations, row_from)
-            labels[LABEL_KEYS["rack"]] = rack_name[rack["id"]]
-            if row:
-                labels[LABEL_KEYS["row"]] = row
-        else:
-            room, _ = _room_and_row(device, locations, "none")
-        if room:
-            labels[LABEL_KEYS["room"]] = room
-        pdus, legs = set(), set()
-        for port in ports.values():
-            if _id(port.get("device")) != did or port.get("link_peers_type") != "dcim.poweroutlet":
-                continue
-            for peer in port.get("link_peers") or []:
-                outlet = where_outlet.get(_id(peer))
-                if outlet is None:
-                    continue
-                pdu = device_name(_id(outlet.get("device")))
-                if not pdu:
-                    continue
-                pdus.add(pdu)
-                leg = _value(outlet.get("feed_leg"))
-                feed = feed_by_pdu.get(pdu)
-                if leg in pure.LEGS and feed is not None and feed.phase == "three":
-                    legs.add(pure.leg_name(pdu, leg))
-        if pdus:
-            labels[PDU_KEY] = ",".join(sorted(pdus))
-        if legs:
-            labels[LEG_KEY] = ",".join(sorted(legs))
+        labels = _device_labels(device, did, where, racks, locations, rack_name, row_from, ports_of, outlets,
+                                pdu_name, feed_by_pdu)
         bad = [v for v in labels.values() if not all(_NAME_RE.fullmatch(p) for p in v.split(","))]
         if bad:
             plan.skipped.append(f"device {name}: {bad[0]!r} cannot be a label's value")
             continue
+        if name in plan.labels:
+            plan.ambiguous.append(f"device {device['name']} of site {where}: node {name} is another device's already")
+            continue
         plan.labels[name] = labels
+        plan.objects.append(Imported("device", did, where, name, f"{where}/{device['name']}"))
     return plan
+
+
+def _device_labels(device: Mapping[str, Any], did: Any, site: str, racks: Mapping[int, dict],
+                   locations: Mapping[int, dict], rack_name: Mapping[int, str], row_from: str,
+                   ports_of: Mapping[Any, list[dict]], outlets: Mapping[int, dict], pdu_name: Mapping[Any, str],
+                   feed_by_pdu: Mapping[str, pure.Feed]) -> dict[str, str]:
+    """A node's location labels from its device: site, room, row, rack, and the PDUs and legs its PSUs
+    are plugged into."""
+    labels: dict[str, str] = {}
+    if site:
+        labels[LABEL_KEYS["site"]] = site
+    rack = racks.get(_id(device.get("rack")))
+    if rack is not None:
+        room, row = _room_and_row(rack, locations, row_from)
+        labels[LABEL_KEYS["rack"]] = rack_name[rack["id"]]
+        if row:
+            labels[LABEL_KEYS["row"]] = row
+    else:
+        room, _ = _room_and_row(device, locations, "none")
+    if room:
+        labels[LABEL_KEYS["room"]] = room
+    pdus, legs = set(), set()
+    for port in ports_of.get(did, ()):
+        if port.get("link_peers_type") != "dcim.poweroutlet":
+            continue
+        for peer in port.get("link_peers") or []:
+            outlet = outlets.get(_id(peer))
+            pdu = pdu_name.get(_id(outlet.get("device"))) if outlet is not None else None
+            if not pdu:
+                continue
+            pdus.add(pdu)
+            leg = _value(outlet.get("feed_leg"))
+            feed = feed_by_pdu.get(pdu)
+            if leg in pure.LEGS and feed is not None and feed.phase == "three":
+                legs.add(pure.leg_name(pdu, leg))
+    if pdus:
+        labels[PDU_KEY] = ",".join(sorted(pdus))
+    if legs:
+        labels[LEG_KEY] = ",".join(sorted(legs))
+    return labels
 
 
 # -- NetBox's CSV export of power feeds ---------------------------------------------------------------------
 
 
-def plan_from_csv(text: str, *, default_utilization: float | None = None) -> NetboxPlan:
+def plan_from_csv(text: str, *, default_utilization: float | None = None,
+                  known: Mapping[tuple[str, int], Known] | None = None) -> NetboxPlan:
     """NetBox's CSV export of power feeds ("All data", or the current view with the needed columns).
 
     Each feed supplies the rack it names (the export has no cables, so no PDU and no node label). An
     export without a max utilization column is refused, unless ``default_utilization`` (%) is given:
-    NetBox's current-view export leaves that column out, and guessing 80 % would hide a 90 % feed.
+    NetBox's current-view export leaves that column out, and guessing 80 % would hide a 90 % feed. A
+    Site column tells two sites' racks and feeds apart as the API's objects do; an ID column is each
+    feed's identity across imports.
     """
+    known = known or {}
     problem = pure.utilization_problem(default_utilization)
     if problem:
         raise InvalidInput(f"default_utilization: {problem}", field="default_utilization")
@@ -335,18 +565,45 @@ def plan_from_csv(text: str, *, default_utilization: float | None = None) -> Net
                 "csv line 1: column max_utilization is missing (NetBox's current-view export leaves it out): "
                 "export All data, or give --default-utilization PERCENT", field="csv",
             )
-        plan = NetboxPlan()
-        found = []
+        rows = []
         for row in reader:
             line = reader.line_num
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) != len(columns):
                 raise InvalidInput(f"csv line {line}: {len(row)} fields where the header has {len(columns)}", field="csv")
-            values = {k: v.strip() for k, v in zip(columns, row, strict=True)}
-            rack = safe_name(values.get("rack"))
-            found.append((safe_name(values.get("power_panel")), safe_name(values.get("name")), values, [], [rack] if rack else []))
+            rows.append({k: v.strip() for k, v in zip(columns, row, strict=True)})
     except csv.Error as exc:
         raise InvalidInput(f"csv line {reader.line_num}: {exc}", field="csv") from exc
-    _feeds(found, plan, default_utilization=default_utilization)
+    plan = NetboxPlan()
+    # The export names a site by its name: its slug is what an import through the API recorded for it,
+    # else the name as NetBox makes a slug of it.
+    slug_of = {k.named_from: k.name for (kind, _), k in known.items() if kind == "site"}
+    for values in rows:
+        if values.get("site"):
+            values["site"] = slug_of.get(values["site"]) or re.sub(r"[^a-z0-9_]+", "-", values["site"].lower()).strip("-")
+    # Racks by (site, name): the export has no rack ids, so an earlier import's name is found by what it
+    # was made from; a name two sites share is qualified by the site, as the API's objects are.
+    # Two racks of one site and name (two locations) are one to the export: the one named plainly.
+    by_made: dict[str, str] = {}
+    for (kind, _), k in sorted(known.items(), key=lambda kv: (-len(kv[1].name), kv[1].name)):
+        if kind == "rack":
+            by_made[k.named_from] = k.name
+    rack_sites: dict[str, set[str]] = defaultdict(set)
+    for values in rows:
+        if values.get("rack"):
+            rack_sites[safe_name(values["rack"])].add(safe_name(values.get("site")))
+    for (kind, _), k in known.items():
+        if kind == "rack":
+            rack_sites[safe_name(k.named_from.split("/", 1)[-1])].add(k.site)
+    found = []
+    for values in rows:
+        site, rack = safe_name(values.get("site")), safe_name(values.get("rack"))
+        if rack:
+            made = f"{site}/{values['rack']}"
+            rack = by_made.get(made) or (f"{site}.{rack}" if site and len(rack_sites[rack]) > 1 else rack)
+        ext = values.get("id", "")
+        found.append(_FoundFeed(int(ext) if ext.isdigit() else None, site, safe_name(values.get("power_panel")),
+                                safe_name(values.get("name")), values, (), (rack,) if rack else ()))
+    _feeds(found, plan, known, default_utilization=default_utilization)
     return plan

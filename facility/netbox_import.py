@@ -1,13 +1,20 @@
 """Import from NetBox: read it (its REST API through pynetbox, or its CSV export), show the diff, apply it.
 
-The diff names every feed added, changed or removed, every node label the import adds, changes or
-removes (only labels it set itself: an operator's label wins and is listed as kept), and every cap
-that changes or disappears (``rack R-B02: no cap any more (was 5.9 kW)``). Applied all-or-nothing;
-``dry_run`` computes the same diff and writes nothing. Re-importing unchanged data changes nothing.
+The diff names every feed added, changed, renamed or removed, every node label the import adds, changes
+or removes (only labels it set itself: an operator's label wins and is listed as kept), every domain
+renamed (a rack renamed in NetBox keeps its id: its budget, hold, conditions and history follow it), and
+every cap that changes or disappears (``rack R-B02: no cap any more (was 5.9 kW)``).
+
+A cap only falls without a person: what lowers a cap, adds an object or touches nothing else is applied
+at once; a cap that would rise or vanish, a feed removed, a node taken out of a rack or PDU waits for
+``confirm`` (ctl's ``--yes``) and is listed as held back, the rest applied without it. ``dry_run``
+computes the same diff and writes nothing. Re-importing unchanged data changes nothing. An import of one
+site (``site``) adds, changes and removes that site's objects alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Any
@@ -19,9 +26,10 @@ from agents.services import labels_set
 from facility import feed_services
 from facility import feeds as pure
 from facility.domains import domains_of, effective_labels
-from facility.models import Budget, Feed, Source
-from facility.netbox import ENDPOINTS, MANAGED_KEYS, NetboxPlan, plan_from_objects
+from facility.models import Budget, DcimObject, DcimSync, Feed, Source
+from facility.netbox import ENDPOINTS, MANAGED_KEYS, Known, NetboxPlan, plan_from_csv, plan_from_objects
 from facility.power import kw
+from facility.renames import domains_rename
 from facility.signals import facility_changed
 from llmgw import outbound
 from llmgw.errors import InvalidInput
@@ -118,13 +126,43 @@ def known_nodes() -> set[str]:
     return set(Node.objects.values_list("name", flat=True)) | set(StoreLabel.objects.values_list("node_name", flat=True))
 
 
+def known_objects() -> dict[tuple[str, int], Known]:
+    """What earlier imports brought in, by (kind, NetBox id)."""
+    return {
+        (kind, ext_id): Known(name, site, named_from)
+        for kind, ext_id, name, site, named_from in DcimObject.objects.filter(source=Source.NETBOX).values_list(
+            "kind", "ext_id", "name", "site", "named_from")
+    }
+
+
+def device_map_parse(entries: list[str] | None) -> dict[str, str]:
+    """``site/device=node`` entries (ctl's ``--map``): which node a device two sites share by name is."""
+    from agents.node.protocol import is_node_name
+
+    out: dict[str, str] = {}
+    for entry in entries or []:
+        where, eq, node = str(entry).partition("=")
+        site, slash, device = where.partition("/")
+        if not (eq and slash and site and device and is_node_name(node)):
+            raise InvalidInput(f"map: {entry[:100]!r} is not SITE/DEVICE=NODE (got1/gpu01=gpu01-got1)", field="map")
+        out[where] = node
+    return out
+
+
 def plan_from_api(api: Any, *, site: str | None = None, roles: list[str] | None = None,
-                  row_from: str = "location") -> NetboxPlan:
+                  row_from: str = "location", device_map: list[str] | None = None) -> NetboxPlan:
     """Read NetBox through a pynetbox ``api`` and plan the import; NetBox refusing is an InvalidInput."""
+    mapping = device_map_parse(device_map)
     objects = objects_from_api(api, site=site)
     return plan_from_objects(
-        objects, nodes=known_nodes(), roles=set(roles) if roles else None, row_from=row_from, site=site
+        objects, nodes=known_nodes(), roles=set(roles) if roles else None, row_from=row_from, site=site,
+        known=known_objects(), device_map=mapping,
     )
+
+
+def plan_from_export(text: str, *, default_utilization: float | None = None) -> NetboxPlan:
+    """NetBox's CSV export of power feeds, named as earlier imports named its racks and feeds."""
+    return plan_from_csv(text, default_utilization=default_utilization, known=known_objects())
 
 
 # -- the diff -----------------------------------------------------------------------------------------------
@@ -132,6 +170,28 @@ def plan_from_api(api: Any, *, site: str | None = None, roles: list[str] | None 
 
 def _feed_dict(f: pure.Feed) -> dict[str, Any]:
     return {"text": f.text, "pdus": list(f.pdus), "racks": list(f.racks), "status": f.status}
+
+
+def renames_of(plan: NetboxPlan) -> dict[str, str]:
+    """Each domain NetBox renamed, old → new (``rack:R-B01`` → ``rack:R-B01-NEW``): the same id, another name."""
+    known = known_objects()
+    out = {}
+    for obj in plan.objects:
+        before = known.get((obj.kind, obj.ext_id))
+        if before is not None and before.name != obj.name and obj.kind in ("rack", "pdu"):
+            out[f"{obj.kind}:{before.name}"] = f"{obj.kind}:{obj.name}"
+            if obj.kind == "pdu":
+                for leg in pure.LEGS:
+                    out[f"leg:{pure.leg_name(before.name, leg)}"] = f"leg:{pure.leg_name(obj.name, leg)}"
+    return out
+
+
+def _feed_renames(plan: NetboxPlan) -> dict[str, str]:
+    known = known_objects()
+    return {
+        before.name: obj.name for obj in plan.objects
+        if obj.kind == "feed" and (before := known.get(("feed", obj.ext_id))) is not None and before.name != obj.name
+    }
 
 
 def _label_changes(plan: NetboxPlan) -> tuple[dict[str, dict[str, str | None]], list[str]]:
@@ -146,9 +206,12 @@ def _label_changes(plan: NetboxPlan) -> tuple[dict[str, dict[str, str | None]], 
         else:
             theirs[node][key] = (value, by)
     site_key = MANAGED_KEYS[0]
-    # Nodes whose NetBox labels NetBox no longer gives (a device gone): only within the site imported.
+    # Nodes whose NetBox labels NetBox no longer gives (a device gone): only within the site imported, and
+    # never a node of a device name two sites share (it waits for the operator's mapping).
+    held = plan.ambiguous_nodes
     scope = set(plan.labels) | {
-        n for n, labels in mine.items() if plan.site is None or labels.get(site_key) == plan.site
+        n for n, labels in mine.items()
+        if (plan.site is None or labels.get(site_key) == plan.site) and n not in held
     }
     changes: dict[str, dict[str, str | None]] = {}
     kept: list[str] = []
@@ -188,7 +251,7 @@ def _labels_after(changes: dict[str, dict[str, str | None]]) -> dict[str, dict[s
     return out
 
 
-def _caps(feeds: list[pure.Feed], labels: dict[str, dict[str, str]]) -> dict[str, pure.DerivedCap]:
+def _caps(feeds: list[pure.Feed], labels: dict[str, dict[str, str]], unfed: list[str]) -> dict[str, pure.DerivedCap]:
     by_node = []
     legs: set[str] = set()
     for node_labels in labels.values():
@@ -197,12 +260,14 @@ def _caps(feeds: list[pure.Feed], labels: dict[str, dict[str, str]]) -> dict[str
             levels[d.level].append(d.name)
         legs.update(levels.get("leg", []))
         by_node.append(levels)
-    caps = pure.derived_caps(feeds, feed_services.rack_pdus_of(by_node), legs) if feeds else {}
+    caps = pure.derived_caps(feeds, feed_services.rack_pdus_of(by_node), legs, unfed) if feeds or unfed else {}
     return {str(d): c for d, c in caps.items()}
 
 
-def _cap_changes(before: dict[str, pure.DerivedCap], after: dict[str, pure.DerivedCap]) -> list[dict[str, Any]]:
-    written = dict(Budget.objects.exclude(source=Source.FEED).values_list("domain", "cap_watts"))
+def _cap_changes(before: dict[str, pure.DerivedCap], after: dict[str, pure.DerivedCap],
+                 renamed: dict[str, str]) -> list[dict[str, Any]]:
+    written = {renamed.get(d, d): c for d, c in Budget.objects.exclude(source=Source.FEED).values_list("domain", "cap_watts")}
+    before = {renamed.get(d, d): c for d, c in before.items()}
     out = []
     for domain in sorted(set(before) | set(after)):
         old, new = before.get(domain), after.get(domain)
@@ -215,8 +280,8 @@ def _cap_changes(before: dict[str, pure.DerivedCap], after: dict[str, pure.Deriv
             text = f"{label}: cap {kw(new.cap_watts)} (none before), from {new.source}"
         else:
             text = f"{label}: cap {kw(old.cap_watts)} -> {kw(new.cap_watts)}, from {new.source}"
-        if domain in written and new is not None:
-            mine = written[domain]
+        mine = written.get(domain)
+        if mine is not None and new is not None:
             text += (f" (the written budget of {kw(mine)} holds: it is lower)" if mine < new.cap_watts
                      else f" (above it, the written budget of {kw(mine)} gives way)")
         out.append({
@@ -228,38 +293,168 @@ def _cap_changes(before: dict[str, pure.DerivedCap], after: dict[str, pure.Deriv
     return out
 
 
+def _in_scope(plan: NetboxPlan, name: str, site: str, new: set[str]) -> bool:
+    """Whether a stored NetBox feed is this import's to change or remove: every one when it reads every
+    site, else its site's (and a feed of no recorded site that the import names)."""
+    return plan.site is None or site == plan.site or (not site and name in new)
+
+
 def plan_diff(plan: NetboxPlan) -> dict[str, Any]:
-    """What applying the plan changes: feeds, node labels and the caps they give, and what was skipped."""
+    """What applying the plan changes: feeds, node labels and the caps they give, renames, what was skipped,
+    and what waits for a person (``needs_yes``) — the lines that matter first in ``first``."""
     stored = feed_services.stored_feeds()
     current = {f.name: f for f in stored}
-    sources = dict(Feed.objects.values_list("name", "source"))
+    rows = {name: (source, site) for name, source, site in Feed.objects.values_list("name", "source", "site")}
+    feed_renamed = _feed_renames(plan)
     new = {f.name: f for f in plan.feeds}
-    diff: dict[str, Any] = {"feeds_added": [], "feeds_changed": [], "feeds_removed": []}
+    kept = set(plan.kept_feeds.values())
+    diff: dict[str, Any] = {"feeds_added": [], "feeds_changed": [], "feeds_renamed": [], "feeds_removed": []}
     for name, feed in sorted(new.items()):
-        if name not in current:
+        was = next((old for old, now in feed_renamed.items() if now == name and old in current), None)
+        if was is not None:
+            diff["feeds_renamed"].append({"from": was, "to": name})
+            if current[was] != dataclasses.replace(feed, name=was):
+                diff["feeds_changed"].append({"name": name, "from": _feed_dict(current[was]), "to": _feed_dict(feed)})
+        elif name not in current:
             diff["feeds_added"].append({"name": name, **_feed_dict(feed)})
         elif current[name] != feed:
             diff["feeds_changed"].append({"name": name, "from": _feed_dict(current[name]), "to": _feed_dict(feed)})
-    diff["feeds_removed"] = sorted(n for n, s in sources.items() if s == Source.NETBOX and n not in new)
-    changes, kept = _label_changes(plan)
-    diff["labels"] = changes
-    feeds_after = [f for f in stored if sources.get(f.name) != Source.NETBOX] + plan.feeds
-    diff["caps"] = _cap_changes(
-        feed_services.caps_derived(stored), _caps(feeds_after, _labels_after(changes))
+    gone_by_rename = {old for old, now in feed_renamed.items() if now in new}
+    diff["feeds_removed"] = sorted(
+        n for n, (source, site) in rows.items()
+        if source == Source.NETBOX and n not in new and n not in kept and n not in gone_by_rename
+        and _in_scope(plan, n, site, set(new))
     )
-    diff["labels_kept"] = kept
+    changes, labels_kept = _label_changes(plan)
+    diff["labels"] = changes
+    renamed = renames_of(plan)
+    diff["renamed"] = [{"from": old, "to": now} for old, now in sorted(renamed.items()) if not old.startswith("leg:")]
+    feeds_after = _feeds_after(plan, stored, rows)
+    unfed_after = _unfed_after(plan)
+    diff["caps"] = _cap_changes(
+        feed_services.caps_derived(stored), _caps(feeds_after, _labels_after(changes), unfed_after), renamed
+    )
+    diff["labels_kept"] = labels_kept
     diff["skipped"] = list(plan.skipped)
+    diff["ambiguous"] = list(plan.ambiguous)
+    diff["unfed_pdus"] = sorted(unfed_after)
     diff["notes"] = list(plan.notes)
+    diff["needs_yes"] = needs_yes(diff)
+    diff["first"] = _first(diff)
     return diff
 
 
+def _feeds_after(plan: NetboxPlan, stored: list[pure.Feed], rows: dict[str, tuple[str, str]]) -> list[pure.Feed]:
+    """Every feed once the plan is applied: others' feeds, this import's out-of-scope and kept ones, and its own."""
+    new = {f.name for f in plan.feeds}
+    renamed_away = {old for old, now in _feed_renames(plan).items() if now in new}
+    kept = set(plan.kept_feeds.values())
+    out = []
+    for f in stored:
+        source, site = rows.get(f.name, ("", ""))
+        if f.name in new or f.name in renamed_away:
+            continue
+        if source != Source.NETBOX or f.name in kept or not _in_scope(plan, f.name, site, new):
+            out.append(f)
+    return out + plan.feeds
+
+
+def _unfed_after(plan: NetboxPlan) -> list[str]:
+    """The PDUs no feed reaches once the plan is applied: other sites' as recorded, this import's as found."""
+    others = []
+    if plan.site is not None:
+        others = list(DcimObject.objects.filter(source=Source.NETBOX, kind=DcimObject.Kind.PDU, fed=False).exclude(
+            site=plan.site).values_list("name", flat=True))
+    return sorted(set(others) | set(plan.unfed_pdus))
+
+
+def needs_yes(diff: dict[str, Any]) -> list[str]:
+    """What a person must say yes to: a cap that rises or vanishes, a feed removed, a node taken out of a
+    rack, row, room or PDU (its load leaves that domain's count)."""
+    out = []
+    for cap in diff["caps"]:
+        if cap["to_watts"] is None or (cap["from_watts"] is not None and cap["to_watts"] > cap["from_watts"] + 1e-6):
+            out.append(cap["text"])
+    out += [f"feed {name} removed" for name in diff["feeds_removed"]]
+    for node, changes in sorted(diff["labels"].items()):
+        gone = sorted(k for k, v in changes.items() if v is None)
+        if gone:
+            out.append(f"node {node}: NetBox no longer gives {', '.join(gone)}")
+    return out
+
+
+def _first(diff: dict[str, Any]) -> list[str]:
+    """The lines a person reads first: caps that fall below the use now, what waits for a yes, renames,
+    devices two sites share, PDUs left unfed."""
+    from facility.selectors import domain_uses, facility_settings
+
+    margin = facility_settings().margin
+    lines = []
+    by_level: dict[str, dict] = {}
+    for cap in diff["caps"]:
+        if cap["to_watts"] is None:
+            continue
+        level, _, name = cap["domain"].partition(":")
+        if level not in by_level:
+            by_level[level] = domain_uses(level=level)
+        figure = by_level[level].get(name)
+        limit = cap["to_watts"] * (1 - margin)
+        if figure is not None and figure.use_watts > limit + 1e-6:
+            lines.append(
+                f"{level} {name}: the new cap {kw(cap['to_watts'])} leaves a limit of {kw(limit)}, "
+                f"{kw(figure.use_watts - limit)} below its use now ({kw(figure.use_watts)})"
+            )
+    lines += [f"waits for a yes: {text}" for text in diff["needs_yes"]]
+    lines += [f"renamed: {r['from']} -> {r['to']} (its budget, hold, conditions and history follow)" for r in diff["renamed"]]
+    lines += [f"renamed: feed {r['from']} -> {r['to']}" for r in diff["feeds_renamed"]]
+    lines += [f"ambiguous: {text}" for text in diff["ambiguous"]]
+    lines += [f"unfed: PDU {p}: no live feed reaches its input; it carries nothing" for p in diff["unfed_pdus"]]
+    return lines
+
+
 def change_count(diff: dict[str, Any]) -> int:
-    """How many things an import changes: feeds, nodes relabelled and caps."""
-    return sum(len(diff[k]) for k in ("feeds_added", "feeds_changed", "feeds_removed", "labels", "caps"))
+    """How many things an import changes: feeds, nodes relabelled, domains renamed and caps."""
+    return sum(len(diff[k]) for k in ("feeds_added", "feeds_changed", "feeds_renamed", "feeds_removed", "labels",
+                                        "caps", "renamed"))
 
 
-def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
-    """Apply a plan all-or-nothing (``dry_run``: only its diff). Returns the diff."""
+def safe_plan(plan: NetboxPlan) -> NetboxPlan:
+    """The part of a plan that needs no yes: a feed it would remove stays, one whose capacity would rise
+    keeps its stored figures, and a node keeps every location label NetBox no longer gives."""
+    stored = {f.name: f for f in feed_services.stored_feeds()}
+    renamed = _feed_renames(plan)
+    feeds = []
+    for feed in plan.feeds:
+        before = stored.get(feed.name) or stored.get(next((o for o, n in renamed.items() if n == feed.name), ""))
+        if before is not None and feed.is_live and (not before.is_live or feed.capacity_watts > before.capacity_watts + 1e-6):
+            feed = dataclasses.replace(before, name=feed.name, pdus=feed.pdus, racks=feed.racks)
+        feeds.append(feed)
+    names = {f.name for f in feeds}
+    rows = dict(Feed.objects.filter(source=Source.NETBOX).values_list("name", "site"))
+    kept = dict(plan.kept_feeds)
+    for name, site in rows.items():
+        if name not in names and name not in renamed and _in_scope(plan, name, site, names):
+            kept[-len(kept) - 1] = name  # removed in NetBox: stays until a person says yes
+    out = dataclasses.replace(plan, feeds=feeds, kept_feeds=kept)
+    changes, _ = _label_changes(plan)
+    out.labels = {}
+    for node, labels in plan.labels.items():
+        out.labels[node] = dict(labels)
+    mine = defaultdict(dict)
+    for node, key, value in StoreLabel.objects.filter(key__in=MANAGED_KEYS, set_by=SET_BY).values_list(
+            "node_name", "key", "value"):
+        mine[node][key] = value
+    for node, change in changes.items():
+        for key, value in change.items():
+            if value is None and key in mine[node]:
+                out.labels.setdefault(node, {})[key] = mine[node][key]
+    return out
+
+
+def netbox_import(*, plan: NetboxPlan, dry_run: bool = False, confirm: bool = False) -> dict[str, Any]:
+    """Apply a plan (``dry_run``: only its diff). What needs no yes is applied all-or-nothing at once; what
+    does (``needs_yes``) with ``confirm`` only, else it is held back and listed. Returns the diff applied,
+    with ``held_back``: what waits for a yes."""
     if len(plan.feeds) > feed_services.MAX_FEEDS:
         raise InvalidInput(
             f"feeds: at most {feed_services.MAX_FEEDS:,} feeds, and NetBox gave {len(plan.feeds):,} (import one "
@@ -267,14 +462,91 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False) -> dict[str, Any]:
         )
     diff = plan_diff(plan)
     if dry_run:
-        return {**diff, "applied": False}
+        return {**diff, "held_back": [] if confirm else diff["needs_yes"], "applied": False, "dry_run": True}
+    held: list[str] = []
+    if diff["needs_yes"] and not confirm:
+        held = diff["needs_yes"]
+        plan = safe_plan(plan)
+        diff = plan_diff(plan)
+        if diff["needs_yes"]:  # what is left still moves a cap up: nothing is applied
+            _sync_record(plan, held, applied=False)
+            return {**diff, "held_back": held, "applied": False, "dry_run": False}
     with transaction.atomic():
         # The budgets first, then the nodes the labels lock: the guarded commit's lock order.
         feed_services.budgets_locked()
+        domains_rename(renames_of(plan))
         for node, changes in diff["labels"].items():
             # Devices named before they join are NetBox's own, as many as its site has.
             labels_set(node_name=node, changes=changes, set_by=SET_BY, waiting_bound=False)
-        feed_services.feeds_replace(feeds=plan.feeds, source=Source.NETBOX)
+        _feeds_write(plan)
+        _objects_write(plan)
         feed_services.feed_caps_refresh()
+        _sync_record(plan, held, applied=True)
         facility_changed.send(sender=Feed)
-    return {**diff, "applied": True}
+    return {**diff, "held_back": held, "applied": True, "dry_run": False}
+
+
+def _feeds_write(plan: NetboxPlan) -> None:
+    """This import's feeds written, the feeds of its scope it no longer names removed (kept ones stay)."""
+    keep = set(plan.kept_feeds.values())
+    names = [f.name for f in plan.feeds]
+    taken = dict(Feed.objects.filter(name__in=names).exclude(source=Source.NETBOX).values_list("name", "source"))
+    if taken:
+        name, other = sorted(taken.items())[0]
+        raise InvalidInput(f"feeds: feed {name} was set by {Source(other).label}; remove it there first", field="feeds")
+    gone = [n for n, site in Feed.objects.filter(source=Source.NETBOX).values_list("name", "site")
+            if n not in names and n not in keep and _in_scope(plan, n, site, set(names))]
+    Feed.objects.filter(name__in=gone).delete()
+    stored = {row[0]: row[1:] for row in Feed.objects.filter(name__in=names).values_list(
+        "name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks", "status", "supply", "site")}
+    for feed in plan.feeds:
+        values = (feed.voltage, feed.amperage, feed.phase, feed.max_utilization, list(feed.pdus), list(feed.racks),
+                  feed.status, feed.supply, plan.feed_sites.get(feed.name, ""))
+        if stored.get(feed.name) == values:
+            continue
+        Feed.objects.update_or_create(name=feed.name, defaults={
+            "voltage": values[0], "amperage": values[1], "phase": values[2], "max_utilization": values[3],
+            "pdus": values[4], "racks": values[5], "status": values[6], "supply": values[7], "site": values[8],
+            "source": Source.NETBOX,
+        })
+
+
+def _objects_write(plan: NetboxPlan) -> None:
+    """What the import found, by NetBox id, for the next import to match on; what its scope no longer has goes."""
+    found = {(o.kind, o.ext_id): o for o in plan.objects}
+    kinds = {o.kind for o in plan.objects} | {"pdu", "rack", "feed"}
+    scope = DcimObject.objects.filter(source=Source.NETBOX, kind__in=kinds)
+    if plan.site is not None:
+        scope = scope.filter(site=plan.site)
+    kept_ids = {(k, i) for k, i, n in scope.values_list("kind", "ext_id", "name")
+                if k == "feed" and n in set(plan.kept_feeds.values())}
+    stale = [pk for pk, k, i in scope.values_list("pk", "kind", "ext_id") if (k, i) not in found and (k, i) not in kept_ids]
+    DcimObject.objects.filter(pk__in=stale).delete()
+    if not plan.objects:
+        return
+    existing = {(o.kind, o.ext_id): o for o in DcimObject.objects.filter(source=Source.NETBOX, kind__in=kinds)}
+    for key, obj in found.items():
+        row = existing.get(key)
+        values = {"site": obj.site, "name": obj.name, "named_from": obj.named_from[:600], "fed": obj.fed}
+        if row is None:
+            DcimObject.objects.create(source=Source.NETBOX, kind=obj.kind, ext_id=obj.ext_id, **values)
+        elif any(getattr(row, k) != v for k, v in values.items()):
+            DcimObject.objects.filter(pk=row.pk).update(**values)
+
+
+def _sync_record(plan: NetboxPlan, held: list[str], *, applied: bool) -> None:
+    """The site's import as it ran: when, and what waits for a yes (shown by ctl and the Facility page)."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    row, _ = DcimSync.objects.get_or_create(source=Source.NETBOX, site=plan.site or "")
+    row.last_run_at = now
+    row.last_error = ""
+    if applied:
+        row.last_applied_at = now
+    row.pending = held[:1000]
+    if not held:
+        row.differs_since = None
+    elif row.differs_since is None:
+        row.differs_since = now
+    row.save()

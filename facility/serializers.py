@@ -340,8 +340,16 @@ class FeedRowSerializer(serializers.Serializer):
     legs = FeedPduLegsSerializer(many=True, help_text="its three-phase PDUs' legs, where outlets' legs are known")
 
 
+class UnfedPduSerializer(serializers.Serializer):
+    pdu = serializers.CharField()
+    racks = serializers.ListField(child=serializers.CharField())
+    nodes = serializers.ListField(child=serializers.CharField(), help_text="nodes on it: they run on their other PDU alone")
+    text = serializers.CharField()
+
+
 class FeedsSerializer(serializers.Serializer):
     feeds = FeedRowSerializer(many=True)
+    unfed_pdus = UnfedPduSerializer(many=True, help_text="PDUs a NetBox import found no live feed reaching: they carry nothing")
 
 
 class ViolationSerializer(serializers.Serializer):
@@ -515,9 +523,18 @@ class NetboxImportSerializer(StrictSerializer):
     site = TextField(max_length=100, required=False, allow_null=True, default=None,
                      help_text="only this site's slug (with url)")
     dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")
+    confirm = StrictBooleanField(
+        required=False, default=False,
+        help_text="apply what waits for a yes too: caps that rise or vanish, feeds removed, nodes taken out of a "
+        "rack or PDU (without it they are held back and listed; the rest is applied)",
+    )
     roles = CountedListField(
         child=TextField(max_length=100), required=False, default=list, max_length=50,
         help_text="label devices of these role slugs as nodes (default: the roles of devices known as nodes)",
+    )
+    map = CountedListField(
+        child=TextField(max_length=400), required=False, default=list, max_length=1000,
+        help_text="SITE/DEVICE=NODE: which node a device is whose name two sites share (got1/gpu01=gpu01-got1)",
     )
     row_from = serializers.ChoiceField(
         choices=["location", "group", "none"], required=False, default="location",
@@ -537,8 +554,9 @@ class NetboxImportSerializer(StrictSerializer):
         for key in ("token", "site"):
             if "csv" in attrs and attrs.get(key) is not None:
                 raise serializers.ValidationError({key: ["only with url: a CSV import reads no NetBox"]})
-        if "csv" in attrs and attrs.get("roles"):
-            raise serializers.ValidationError({"roles": ["only with url: a CSV export of feeds names no device"]})
+        for key in ("roles", "map"):
+            if "csv" in attrs and attrs.get(key):
+                raise serializers.ValidationError({key: ["only with url: a CSV export of feeds names no device"]})
         if "url" in attrs and attrs.get("default_utilization") is not None:
             raise serializers.ValidationError({"default_utilization": ["only with csv: the API gives every feed's"]})
         return attrs
@@ -572,9 +590,37 @@ class NetboxFeedChangeSerializer(serializers.Serializer):
         return fields
 
 
+class NetboxRenameSerializer(serializers.Serializer):
+    to = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField()
+        return fields
+
+
 class NetboxImportedSerializer(serializers.Serializer):
+    first = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="what to read first: caps falling below the use now, what waits for a yes, renames, devices two "
+        "sites share, PDUs no feed reaches",
+    )
+    needs_yes = serializers.ListField(
+        child=serializers.CharField(), help_text="caps that rise or vanish, feeds removed, nodes leaving a domain"
+    )
+    held_back = serializers.ListField(
+        child=serializers.CharField(), help_text="of needs_yes, what was not applied (no confirm)"
+    )
     feeds_added = NetboxFeedSerializer(many=True)
     feeds_changed = NetboxFeedChangeSerializer(many=True)
+    feeds_renamed = NetboxRenameSerializer(many=True, help_text="the same NetBox feed under another name")
+    renamed = NetboxRenameSerializer(
+        many=True, help_text="domains NetBox renamed (rack:R-B01 -> rack:R-B01-NEW): budget, hold, history follow"
+    )
+    ambiguous = serializers.ListField(
+        child=serializers.CharField(), help_text="devices named alike in two sites: no label set until mapped (map)"
+    )
+    unfed_pdus = serializers.ListField(child=serializers.CharField(), help_text="PDUs no live feed reaches")
     feeds_removed = serializers.ListField(child=serializers.CharField(), help_text="the import's own, no longer listed")
     labels = serializers.DictField(
         child=serializers.DictField(child=serializers.CharField(allow_null=True)),
@@ -586,4 +632,5 @@ class NetboxImportedSerializer(serializers.Serializer):
     )
     skipped = serializers.ListField(child=serializers.CharField(), help_text="NetBox objects not taken, and why")
     notes = serializers.ListField(child=serializers.CharField(), help_text="planned, offline and failed feeds")
-    applied = serializers.BooleanField(help_text="false: a dry run, nothing written")
+    applied = serializers.BooleanField(help_text="false: a dry run, or nothing could be applied without a yes")
+    dry_run = serializers.BooleanField()

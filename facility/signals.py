@@ -12,3 +12,7 @@ facility_changed = Signal()
 # A round of the periodic evaluation finished (conditions judged): placement sheds and caps from it.
 # Arguments: ``sender``, ``now`` (the round's time).
 conditions_evaluated = Signal()
+
+# Domains renamed where they are recorded (a NetBox rack renamed): placement moves its own rows keyed by
+# domain. Arguments: ``sender``, ``renames`` ({old: new}, ``rack:R-B01`` → ``rack:R-B01-NEW``).
+domains_renamed = Signal()

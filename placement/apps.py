@@ -9,8 +9,8 @@ class PlacementConfig(AppConfig):
         # Placement listens to the layers below it; they never import placement (README, Architecture).
         from agents import bookings, readings
         from agents.signals import node_reported, nodes_changed
-        from facility.signals import conditions_evaluated, facility_changed
-        from placement import receivers
+        from facility.signals import conditions_evaluated, domains_renamed, facility_changed
+        from placement import receivers, renames
         from placement.selectors import all_assignments, booked_gpus, placed_watts
         from placement.signals import placement_changed, reconcile_requested
 
@@ -28,6 +28,7 @@ class PlacementConfig(AppConfig):
         conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")
         reconcile_requested.connect(receivers.reconcile_on_request, dispatch_uid="placement-reconcile-on-request")
+        domains_renamed.connect(renames.domains_renamed, dispatch_uid="placement-domains-renamed")
         plugins_from_config()
         # (Its collector for /metrics is registered by llmgw.apps, with the other interfaces.)
 

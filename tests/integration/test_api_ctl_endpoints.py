@@ -168,7 +168,8 @@ def test_a_netbox_import_by_csv_and_its_dry_run(api, join_node):
     assert not Feed.objects.exists()
     # One bad feed is reported by name and skipped, never the whole import.
     response = api.post("/api/v1/facility/import/netbox", {"csv": csv.replace("415", "lots")}, format="json")
-    assert response.json()["skipped"] == ["power feed panel-1/A1: voltage: 'lots' is not a number"]
+    assert response.json()["skipped"] == [
+        "power feed panel-1/A1: voltage: 'lots' is not a number; not counted: rack r1 is capped by its other feeds"]
     assert not Feed.objects.exists()
     assert api.post("/api/v1/facility/import/netbox", {"csv": csv}, format="json").json()["applied"] is True
     assert list(Feed.objects.values_list("name", flat=True)) == ["A1"]

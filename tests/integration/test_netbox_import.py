@@ -188,7 +188,7 @@ def test_two_feeds_one_name_here_keeps_the_first_and_names_the_other_skipped(adm
         "/api/v1/facility/import/netbox", {"csv": csv, "dry_run": True}, content_type="application/json"
     ).json()
     applied = admin_client.post("/api/v1/facility/import/netbox", {"csv": csv}, content_type="application/json").json()
-    assert applied == {**dry, "applied": True}  # the diff said what was written
+    assert applied == {**dry, "applied": True, "dry_run": False}  # the diff said what was written
     assert [f["name"] for f in applied["feeds_added"]] == ["P1.A1", "P1.B-1"]
     assert applied["skipped"] == [
         "power feed P1/A1: another feed of this import is named P1.A1 already",

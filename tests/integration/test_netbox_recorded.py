@@ -156,8 +156,18 @@ def test_a_rack_deleted_in_netbox_is_named_in_the_diff(tmp_path, capsys, joined)
     assert "~ node gpu07: llmgw.io/pdu- llmgw.io/rack- llmgw.io/row-" in lines
     assert "~ rack R-B02: no cap any more (was 5.9 kW)" in lines
     assert "~ pdu R-B02-PDU-B: no cap any more (was 6.6 kW)" in lines
+    assert "! waits for a yes: rack R-B02: no cap any more (was 5.9 kW)" in lines  # said first
+    # Without a yes, the rack's cap and its nodes stay: a cap only vanishes when a person says so.
     with FakeNetbox(recorded("rack-deleted")) as nb:
         assert ctl(["facility", "import", "netbox", "--url", nb.url, "--token-file", str(token)]) == 0
+    out = capsys.readouterr().out
+    held = next(line for line in out.splitlines() if "held back, waiting for --yes:" in line)
+    assert "rack R-B02: no cap any more (was 5.9 kW)" in held and "feed A4 removed" in held
+    assert Node.objects.get(name="gpu07").labels["llmgw.io/rack"] == "R-B02"
+    assert rack_caps()["rack:R-B02"] == 5888.0
+    assert Feed.objects.filter(name="A4").exists()
+    with FakeNetbox(recorded("rack-deleted")) as nb:
+        assert ctl(["facility", "import", "netbox", "--url", nb.url, "--token-file", str(token), "--yes"]) == 0
     capsys.readouterr()
     assert "llmgw.io/rack" not in Node.objects.get(name="gpu07").labels
     assert "rack:R-B02" not in rack_caps()
@@ -249,14 +259,37 @@ def test_a_url_ending_in_api_is_told_in_one_line(tmp_path, capsys, joined):
     )
 
 
-def test_one_bad_object_is_skipped_by_name(tmp_path, capsys, joined):
+def _with_bad_b2() -> dict:
     data = copy.deepcopy(recorded("base"))
     for feed in data["power-feeds"]:
         if feed["name"] == "B2":
             feed["voltage"] = 99999
-    result = import_api(tmp_path, capsys, data)
-    assert "power feed MDB-B/B2: voltage: must be more than 0 and at most 1000 volts (got 99999)" in result["skipped"]
+    return data
+
+
+def test_one_bad_object_is_skipped_by_name_and_what_it_fed_carries_nothing(tmp_path, capsys, joined):
+    result = import_api(tmp_path, capsys, _with_bad_b2())
+    assert (
+        "power feed MDB-B/B2: voltage: must be more than 0 and at most 1000 volts (got 99999); not counted: "
+        "PDU R-A02-PDU-B carries nothing until NetBox's figures are fixed"
+    ) in result["skipped"]
     assert Feed.objects.filter(name="A2").exists() and not Feed.objects.filter(name="B2").exists()
+    # The PDU it fed is counted as fed by nothing: its nodes are single-fed, and losing A2 powers them off.
+    assert Budget.objects.get(domain="pdu:R-A02-PDU-B").cap_watts == 0
+    report = feed_loss_report(feed="A2")
+    assert any(v["dark_nodes"] == ["gpu03", "gpu04"] for v in report["feeds"][0]["violations"])
+
+
+def test_a_feed_that_turns_unreadable_keeps_its_last_figures(tmp_path, capsys, joined):
+    import_api(tmp_path, capsys, recorded("base"))
+    assert rack_caps()["rack:R-A02"] == 2944.0
+    result = import_api(tmp_path, capsys, _with_bad_b2())
+    assert (
+        "power feed MDB-B/B2: voltage: must be more than 0 and at most 1000 volts (got 99999); feed B2 stays as "
+        "imported before"
+    ) in result["skipped"]
+    assert result["feeds_removed"] == [] and not result["caps"]
+    assert rack_caps()["rack:R-A02"] == 2944.0 and Feed.objects.get(name="B2").voltage == 230
 
 
 def test_the_plan_is_the_same_read_through_pynetbox_as_from_the_files(tmp_path):

@@ -152,6 +152,9 @@ def test_imbalance_is_the_largest_distance_from_the_mean():
     assert leg_imbalance([3000, 3000, 3000]) == 0
     assert leg_imbalance([6000, 3000, 0]) == 1.0
     assert leg_imbalance([0, 0, 0]) is None and leg_imbalance([5]) is None
+    # Two idle nodes on one leg of an 18.4 kW PDU: nothing near a breaker, so no imbalance is reported.
+    assert leg_imbalance([700, 0, 0], 18401) is None
+    assert leg_imbalance([6000, 3000, 0], 18401) == 1.0
 
 
 feed_specs = st.tuples(
