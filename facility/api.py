@@ -28,6 +28,8 @@ from facility.serializers import (
     HoldSerializer,
     NetboxImportedSerializer,
     NetboxImportSerializer,
+    NetboxSyncBodySerializer,
+    NetboxSyncStatusSerializer,
     WhatIfResultSerializer,
     WhatIfSerializer,
 )
@@ -269,3 +271,27 @@ class NetboxImportView(ApiView):
                 api, site=values["site"], roles=values["roles"], row_from=values["row_from"], device_map=values["map"]
             )
         return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"], confirm=values["confirm"]))
+
+
+class NetboxSyncStatusView(ApiView):
+    @documented(
+        summary="The NetBox import of each site as it last ran: when, what it applied, what waits for a yes",
+        ok={200: NetboxSyncStatusSerializer(many=True)},
+    )
+    def get(self, request):
+        from facility.netbox_sync import sync_status
+
+        return Response(NetboxSyncStatusSerializer(sync_status(), many=True).data)
+
+
+class NetboxSyncView(ApiView):
+    @documented(
+        summary="Run the configured NetBox sync now (server.yaml facility.netbox); confirm: what waits for a yes too",
+        request=NetboxSyncBodySerializer, ok={200: NetboxImportedSerializer}, errors=(409,),
+    )
+    def post(self, request):
+        from facility.netbox_sync import netbox_sync
+
+        data = NetboxSyncBodySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(netbox_sync(confirm=data.validated_data["confirm"], dry_run=data.validated_data["dry_run"]))

@@ -552,6 +552,26 @@ def register_feeds(sub) -> None:
     )
     output_option(nb)
     nb.set_defaults(handler=import_netbox)
+    st = isub.add_parser(
+        "status",
+        help="each site's NetBox import as it last ran: when, what it applied, what waits for a yes and since when",
+        description="What the last import of each site applied and what it held back for a person (caps that would "
+        "rise or vanish, feeds removed, nodes leaving a rack or PDU), with the scheduled sync's interval "
+        "(server.yaml facility.netbox.sync_every). Approve with `ctl facility import sync --yes` (or an import "
+        "with --yes).",
+    )
+    output_option(st)
+    st.set_defaults(handler=import_status)
+    sy = isub.add_parser(
+        "sync",
+        help="run the configured NetBox sync now (server.yaml facility.netbox); --yes applies what waits too",
+        description="Reads the NetBox server.yaml's facility.netbox names, as the scheduled sync does: what lowers a "
+        "cap or adds an object is applied; what would raise or remove one waits, unless --yes.",
+    )
+    sy.add_argument("--yes", action="store_true", help="apply what waits for a person too")
+    sy.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    output_option(sy)
+    sy.set_defaults(handler=import_sync)
 
     w = sub.add_parser(
         "what-if",
@@ -719,6 +739,62 @@ def import_netbox(args) -> int:
 
     # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
     result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
+    if args.output == "json":
+        print_json(result)
+        return 0
+    for line in netbox_diff_lines(result):
+        print(line)
+    return 0
+
+
+def import_status(args) -> int:
+    def local() -> list:
+        from facility.netbox_sync import sync_status
+        from facility.serializers import NetboxSyncStatusSerializer
+
+        return NetboxSyncStatusSerializer(sync_status(), many=True).data
+
+    rows = read(args, "facility/import/status", local)
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no NetBox import has run (llmgw ctl facility import netbox --help)")
+        return 0
+    for row in rows:
+        when = _utc(row["last_run_at"]) or "never"
+        every = f", every {row['scheduled_every_seconds']:g} s" if row.get("scheduled_every_seconds") else ""
+        print(f"{row['source']} {row['site'] or 'every site'}: last run {when}{every}; last applied "
+              f"{_utc(row['last_applied_at']) or 'never'}")
+        if row.get("last_error"):
+            print(f"  error: {row['last_error']}")
+        if row["pending"]:
+            print(f"  {len(row['pending'])} waiting for a yes since {_utc(row['differs_since'])} "
+                  "(ctl facility import sync --yes):")
+            for text in row["pending"][:20]:
+                print(f"    {text}")
+            if len(row["pending"]) > 20:
+                print(f"    … {len(row['pending']) - 20} more (-o json)")
+        else:
+            print("  nothing waits: NetBox and llmgw agree")
+    return 0
+
+
+def _utc(value) -> str | None:
+    if not value:
+        return None
+    text = value if isinstance(value, str) else value.isoformat()
+    return text.replace("T", " ")[:19] + " UTC"
+
+
+def import_sync(args) -> int:
+    def local() -> dict:
+        from facility.netbox_sync import netbox_sync
+
+        return netbox_sync(confirm=args.yes, dry_run=args.dry_run)
+
+    result = write(args, "POST", "facility/import/sync", {"confirm": args.yes, "dry_run": args.dry_run}, local,
+                   timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
     if args.output == "json":
         print_json(result)
         return 0

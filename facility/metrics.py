@@ -41,8 +41,21 @@ class DomainPowerCollector(Collector):
         yield held
         yield from condition_families()
         yield self._feed_loss()
+        yield self._netbox()
         yield from self._feeds()
         yield shed_moves()
+
+    def _netbox(self) -> Metric:
+        from facility.models import DcimSync
+
+        family = GaugeMetricFamily(
+            "llmgw_netbox_pending_changes",
+            "Changes NetBox has that wait for a person's yes (caps that would rise or vanish, feeds removed), by site.",
+            labels=["site"],
+        )
+        for site, pending in DcimSync.objects.values_list("site", "pending"):
+            family.add_metric([site or "all"], float(len(pending or [])))
+        return family
 
     def _feed_loss(self) -> Metric:
         from facility.feed_selectors import feed_loss_report
@@ -82,6 +95,7 @@ class DomainPowerCollector(Collector):
             yield GaugeMetricFamily(name, "", labels=labels)
 
         yield GaugeMetricFamily("llmgw_feed_loss_violations", "", labels=["feed"])
+        yield GaugeMetricFamily("llmgw_netbox_pending_changes", "", labels=["site"])
         yield GaugeMetricFamily("llmgw_feed_failed", "", labels=["feed"])
         yield GaugeMetricFamily("llmgw_pdu_leg_imbalance_ratio", "", labels=["pdu", "feed"])
         yield CounterMetricFamily("llmgw_shed_moves", "", labels=["domain", "outcome"])

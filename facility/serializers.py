@@ -634,3 +634,20 @@ class NetboxImportedSerializer(serializers.Serializer):
     notes = serializers.ListField(child=serializers.CharField(), help_text="planned, offline and failed feeds")
     applied = serializers.BooleanField(help_text="false: a dry run, or nothing could be applied without a yes")
     dry_run = serializers.BooleanField()
+
+
+class NetboxSyncStatusSerializer(serializers.Serializer):
+    source = serializers.CharField()
+    site = serializers.CharField(allow_null=True, help_text="null: every site")
+    last_run_at = serializers.DateTimeField(allow_null=True)
+    last_applied_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField(allow_null=True)
+    pending = serializers.ListField(child=serializers.CharField(), help_text="what waits for a yes")
+    differs_since = serializers.DateTimeField(allow_null=True, help_text="since when something has waited")
+    differs_seconds = serializers.IntegerField(allow_null=True)
+    scheduled_every_seconds = serializers.FloatField(allow_null=True, help_text="facility.netbox.sync_every")
+
+
+class NetboxSyncBodySerializer(StrictSerializer):
+    confirm = StrictBooleanField(required=False, default=False, help_text="apply what waits for a yes too")
+    dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")

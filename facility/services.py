@@ -38,6 +38,7 @@ from facility.models import (
     ScenarioRun,
     Source,
 )
+from facility.netbox_sync import parse_netbox_config
 from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
 from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
@@ -164,7 +165,7 @@ def _parse_facility(doc: Document) -> tuple[dict[str, float | None], list[dict[s
         raise doc.error(("facility",), "must be a mapping")
     known = (
         *SETTINGS_KEYS, "measured_window", "location_from", "budgets", "conditions", "sources", "feeds", "shedding",
-        "capping",
+        "capping", "netbox",
     )
     for key in block:
         if key not in known:
@@ -261,6 +262,7 @@ def facility_apply(
         for key, parse in (
             ("conditions", parse_conditions_config), ("sources", parse_sources_config),
             ("shedding", parse_shedding_config), ("capping", parse_capping_config),
+            ("netbox", parse_netbox_config),
         ):
             if key in block:
                 parsed = _parse_block(doc, key, parse)

@@ -375,6 +375,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": CONDITIONS_INTERVAL_SECONDS,
         "options": {"expires": CONDITIONS_INTERVAL_SECONDS},
     },
+    # server.yaml's facility.netbox.sync_every: checked each minute, run when due (facility.netbox_sync).
+    "facility-netbox-sync": {
+        "task": "facility.tasks.netbox_sync",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
 }
 HISTORY_INTERVAL_SECONDS = 60.0
 

@@ -74,7 +74,7 @@ def test_the_file_owns_the_rows_it_names_and_leaves_others_alone():
             "node_watts: 350",
             "node_wats: 350",
             "server.yaml line 5: facility.node_wats: unknown key; facility takes: margin, gpu_watts, cpu_core_watts, "
-            "node_watts, measured_window, location_from, budgets, conditions, sources, feeds, shedding, capping",
+            "node_watts, measured_window, location_from, budgets, conditions, sources, feeds, shedding, capping, netbox",
         ),
         (
             "other_watts: 800",

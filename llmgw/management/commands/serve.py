@@ -26,10 +26,12 @@ def start_inprocess_reconcile(interval: float) -> threading.Thread | None:
     if settings.REDIS_URL:
         return None
     from facility.history import history_record
+    from facility.tasks import netbox_sync_tick
     from llmgw import inprocess
 
-    # Beat's other task: the minute's power history points.
+    # Beat's other tasks: the minute's power history points, and the NetBox sync when it is due.
     inprocess.start_periodic("history", settings.HISTORY_INTERVAL_SECONDS, history_record)
+    inprocess.start_periodic("netbox-sync", 60.0, netbox_sync_tick)
     return inprocess.start(interval, periodic_round)
 
 
