@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping
@@ -300,6 +301,27 @@ def labels_set(
     _nodes_changed(node.name)
     _notify(node.name)
     return node.labels
+
+
+def store_labels_waiting_set(*, changes: Mapping[str, Mapping[str, str | None]], set_by: str = "") -> list[str]:
+    """Set or remove the store labels of many names in one write where no node has joined under the name
+    (a DCIM import labels a site's devices before they join), inside the caller's transaction; the names
+    that have joined are returned, for :func:`labels_set` one by one (their rows and domains lock)."""
+    joined = set(Node.objects.filter(name__in=list(changes)).values_list("name", flat=True))
+    waiting = {name: change for name, change in changes.items() if name not in joined}
+    for name, change in waiting.items():
+        clean_node_name(name)
+        labels_check(changes=change)
+    gone = [(n, k) for n, change in waiting.items() for k, v in change.items() if v is None]
+    for name, keys in itertools.groupby(sorted(gone), key=lambda nk: nk[0]):
+        StoreLabel.objects.filter(node_name=name, key__in=[k for _, k in keys]).delete()
+    rows = [StoreLabel(node_name=n, key=k, value=v, set_by=set_by)
+            for n, change in sorted(waiting.items()) for k, v in sorted(change.items()) if v is not None]
+    StoreLabel.objects.bulk_create(
+        rows, batch_size=500, update_conflicts=True, unique_fields=["node_name", "key"],
+        update_fields=["value", "set_by", "updated_at"],
+    )
+    return sorted(joined)
 
 
 @transaction.atomic

@@ -269,6 +269,8 @@ def feed_caps_refresh() -> bool:
     existing = budgets_locked()
     caps = caps_derived()
     changed = False
+    made: list[Budget] = []
+    moved: list[Budget] = []
     for text, cap in sorted(caps.items()):  # by domain: a budget made takes its domain's lock in that order
         row = existing.get(text)
         if row is not None and row.source != Source.FEED:
@@ -280,12 +282,16 @@ def feed_caps_refresh() -> bool:
             continue
         if row is not None and abs(row.cap_watts - cap.cap_watts) < 1e-6 and row.derived_from == cap.source[:300]:
             continue
-        Budget.objects.update_or_create(
-            domain=text,
-            defaults={"cap_watts": cap.cap_watts, "source": Source.FEED, "derived_from": cap.source[:300],
-                      "feed_cap_watts": None},
-        )
+        if row is None:
+            made.append(Budget(domain=text, cap_watts=cap.cap_watts, source=Source.FEED,
+                               derived_from=cap.source[:300], feed_cap_watts=None))
+        else:
+            row.cap_watts, row.derived_from, row.feed_cap_watts = cap.cap_watts, cap.source[:300], None
+            moved.append(row)
         changed = True
+    # Written in the domains' order (each row its domain's lock, as a placement takes them), many a statement.
+    Budget.objects.bulk_update(moved, ["cap_watts", "derived_from", "feed_cap_watts", "updated_at"], batch_size=500)
+    Budget.objects.bulk_create(made, batch_size=500)
     stale = [d for d, b in existing.items() if b.source == Source.FEED and d not in caps]
     if stale:
         Budget.objects.filter(domain__in=stale).delete()

@@ -384,8 +384,14 @@ def plan_from_objects(
         rack_site = _slug(sites.get(_id(rack.get("site"))) or rack.get("site"))
         plan.objects.append(Imported("rack", rid, rack_site, rack_name[rid], f"{rack_site}/{rack.get('name')}"))
 
+    site_slugs: dict[Any, str] = {}
+
     def site_of_device(device: Mapping[str, Any]) -> str:
-        return _slug(sites.get(_id(device.get("site"))) or device.get("site"))
+        ref = device.get("site")
+        key = _id(ref)
+        if key not in site_slugs:
+            site_slugs[key] = _slug(sites.get(key) or ref)
+        return site_slugs[key]
 
     ports_of: dict[Any, list[dict]] = defaultdict(list)
     for port in ports.values():

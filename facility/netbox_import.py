@@ -22,7 +22,7 @@ from typing import Any
 from django.db import transaction
 
 from agents.models import Node, StoreLabel
-from agents.services import labels_set
+from agents.services import labels_set, store_labels_waiting_set
 from facility import feed_services
 from facility import feeds as pure
 from facility.domains import domains_of, effective_labels
@@ -475,9 +475,10 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False, confirm: bool = Fa
         # The budgets first, then the nodes the labels lock: the guarded commit's lock order.
         feed_services.budgets_locked()
         domains_rename(renames_of(plan))
-        for node, changes in diff["labels"].items():
-            # Devices named before they join are NetBox's own, as many as its site has.
-            labels_set(node_name=node, changes=changes, set_by=SET_BY, waiting_bound=False)
+        # Devices named before they join are NetBox's own, as many as its site has: written at once; the
+        # nodes that have joined one by one, their rows and domains locked.
+        for node in store_labels_waiting_set(changes=diff["labels"], set_by=SET_BY):
+            labels_set(node_name=node, changes=diff["labels"][node], set_by=SET_BY, waiting_bound=False)
         _feeds_write(plan)
         _objects_write(plan)
         feed_services.feed_caps_refresh()
@@ -497,18 +498,22 @@ def _feeds_write(plan: NetboxPlan) -> None:
     gone = [n for n, site in Feed.objects.filter(source=Source.NETBOX).values_list("name", "site")
             if n not in names and n not in keep and _in_scope(plan, n, site, set(names))]
     Feed.objects.filter(name__in=gone).delete()
-    stored = {row[0]: row[1:] for row in Feed.objects.filter(name__in=names).values_list(
-        "name", "voltage", "amperage", "phase", "max_utilization", "pdus", "racks", "status", "supply", "site")}
+    fields = ("voltage", "amperage", "phase", "max_utilization", "pdus", "racks", "status", "supply", "site")
+    stored = {f.name: f for f in Feed.objects.filter(name__in=names)}
+    new, changed = [], []
     for feed in plan.feeds:
-        values = (feed.voltage, feed.amperage, feed.phase, feed.max_utilization, list(feed.pdus), list(feed.racks),
-                  feed.status, feed.supply, plan.feed_sites.get(feed.name, ""))
-        if stored.get(feed.name) == values:
-            continue
-        Feed.objects.update_or_create(name=feed.name, defaults={
-            "voltage": values[0], "amperage": values[1], "phase": values[2], "max_utilization": values[3],
-            "pdus": values[4], "racks": values[5], "status": values[6], "supply": values[7], "site": values[8],
-            "source": Source.NETBOX,
-        })
+        values = dict(zip(fields, (feed.voltage, feed.amperage, feed.phase, feed.max_utilization, list(feed.pdus),
+                                   list(feed.racks), feed.status, feed.supply, plan.feed_sites.get(feed.name, "")),
+                          strict=True))
+        row = stored.get(feed.name)
+        if row is None:
+            new.append(Feed(name=feed.name, source=Source.NETBOX, **values))
+        elif any(getattr(row, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(row, k, v)
+            changed.append(row)
+    Feed.objects.bulk_create(new, batch_size=500)
+    Feed.objects.bulk_update(changed, [*fields, "updated_at"], batch_size=500)
 
 
 def _objects_write(plan: NetboxPlan) -> None:
@@ -518,20 +523,26 @@ def _objects_write(plan: NetboxPlan) -> None:
     scope = DcimObject.objects.filter(source=Source.NETBOX, kind__in=kinds)
     if plan.site is not None:
         scope = scope.filter(site=plan.site)
-    kept_ids = {(k, i) for k, i, n in scope.values_list("kind", "ext_id", "name")
-                if k == "feed" and n in set(plan.kept_feeds.values())}
-    stale = [pk for pk, k, i in scope.values_list("pk", "kind", "ext_id") if (k, i) not in found and (k, i) not in kept_ids]
+    kept_names = set(plan.kept_feeds.values())
+    stale = [pk for pk, k, i, n in scope.values_list("pk", "kind", "ext_id", "name")
+             if (k, i) not in found and not (k == "feed" and n in kept_names)]
     DcimObject.objects.filter(pk__in=stale).delete()
     if not plan.objects:
         return
     existing = {(o.kind, o.ext_id): o for o in DcimObject.objects.filter(source=Source.NETBOX, kind__in=kinds)}
+    fields = ("site", "name", "named_from", "fed")
+    new, changed = [], []
     for key, obj in found.items():
-        row = existing.get(key)
         values = {"site": obj.site, "name": obj.name, "named_from": obj.named_from[:600], "fed": obj.fed}
+        row = existing.get(key)
         if row is None:
-            DcimObject.objects.create(source=Source.NETBOX, kind=obj.kind, ext_id=obj.ext_id, **values)
+            new.append(DcimObject(source=Source.NETBOX, kind=obj.kind, ext_id=obj.ext_id, **values))
         elif any(getattr(row, k) != v for k, v in values.items()):
-            DcimObject.objects.filter(pk=row.pk).update(**values)
+            for k, v in values.items():
+                setattr(row, k, v)
+            changed.append(row)
+    DcimObject.objects.bulk_create(new, batch_size=500)
+    DcimObject.objects.bulk_update(changed, fields, batch_size=500)
 
 
 def _sync_record(plan: NetboxPlan, held: list[str], *, applied: bool) -> None:
