@@ -21,8 +21,13 @@ PAGE = 3
 
 def recorded(snapshot: str = "base", version: str | None = None) -> dict[str, Any]:
     """A recorded NetBox: endpoint (``power-feeds``) → its objects, ``status`` → /api/status/'s answer,
-    and ``_404`` → the HTML page it answers for a path that is not its API's."""
+    and ``_404`` → the HTML page it answers for a path that is not its API's.
+
+    ``snapshot`` is a directory under the version: ``base``, ``rack-deleted``, or a step of a series such
+    as ``sites/s1-two-sites`` (see ``series_steps``)."""
     root = FIXTURES / (version or newest_version())
+    if not (root / snapshot).is_dir():
+        raise FileNotFoundError(f"no recorded NetBox snapshot {root / snapshot}")
     out: dict[str, Any] = {}
     for path in sorted((root / snapshot).glob("*.json")):
         name = path.stem.removeprefix("dcim_")
@@ -31,6 +36,12 @@ def recorded(snapshot: str = "base", version: str | None = None) -> dict[str, An
     if page.exists():
         out["_404"] = page.read_text()
     return out
+
+
+def series_steps(series: str = "sites", version: str | None = None) -> list[str]:
+    """A recorded series' steps in the order they were recorded (``sites/s1-two-sites``, ...), from its meta.json."""
+    meta = json.loads((FIXTURES / (version or newest_version()) / series / "meta.json").read_text())
+    return [f"{series}/{step['step']}" for step in meta["steps"]]
 
 
 def newest_version() -> str:
