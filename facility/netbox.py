@@ -109,10 +109,10 @@ class _Names:
                  sites_read: set[str] | None) -> None:
         self.kind = kind
         self.known = known
-        # Names held by objects of sites this import does not read: they stay taken.
+        # Names held by objects this import does not name: another site's, or one gone from NetBox whose
+        # removal waits for a person's yes. A name is free again only once its object is removed.
         self.taken: dict[str, str] = {
-            k.name: k.site for (kind_, ext_id), k in known.items()
-            if kind_ == kind and ext_id not in ids and sites_read is not None and k.site not in sites_read
+            k.name: k.site for (kind_, ext_id), k in known.items() if kind_ == kind and ext_id not in ids
         }
         self.sites: dict[str, set[str]] = defaultdict(set)
         for name, site in self.taken.items():
@@ -209,7 +209,8 @@ class _FoundFeed:
 
     @property
     def named_from(self) -> str:
-        return f"{self.site}/{self.panel}/{self.name}"
+        # Its panel renamed, a feed keeps its name: a panel is not a domain, and the name people know stays.
+        return f"{self.site}/{self.name}"
 
 
 def _feeds(found: list[_FoundFeed], plan: NetboxPlan, known: Mapping[tuple[str, int], Known],
@@ -541,16 +542,19 @@ def _device_labels(device: Mapping[str, Any], did: Any, site: str, racks: Mappin
 
 
 def plan_from_csv(text: str, *, default_utilization: float | None = None,
-                  known: Mapping[tuple[str, int], Known] | None = None) -> NetboxPlan:
+                  known: Mapping[tuple[str, int], Known] | None = None,
+                  feed_racks: Mapping[int, Iterable[str]] | None = None) -> NetboxPlan:
     """NetBox's CSV export of power feeds ("All data", or the current view with the needed columns).
 
     Each feed supplies the rack it names (the export has no cables, so no PDU and no node label). An
     export without a max utilization column is refused, unless ``default_utilization`` (%) is given:
     NetBox's current-view export leaves that column out, and guessing 80 % would hide a 90 % feed. A
     Site column tells two sites' racks and feeds apart as the API's objects do; an ID column is each
-    feed's identity across imports.
+    feed's identity across imports, and ``feed_racks`` (each known feed's racks as stored, by its id) keeps
+    the name a rack had while the export still calls it the same.
     """
     known = known or {}
+    feed_racks = feed_racks or {}
     problem = pure.utilization_problem(default_utilization)
     if problem:
         raise InvalidInput(f"default_utilization: {problem}", field="default_utilization")
@@ -605,10 +609,12 @@ def plan_from_csv(text: str, *, default_utilization: float | None = None,
     found = []
     for values in rows:
         site, rack = safe_name(values.get("site")), safe_name(values.get("rack"))
+        ext = values.get("id", "")
         if rack:
             made = f"{site}/{values['rack']}"
-            rack = by_made.get(made) or (f"{site}.{rack}" if site and len(rack_sites[rack]) > 1 else rack)
-        ext = values.get("id", "")
+            before = [r for r in feed_racks.get(int(ext), ()) if r == rack or r.endswith(f".{rack}")] if ext.isdigit() else []
+            rack = by_made.get(made) or (before[0] if before else None) or (
+                f"{site}.{rack}" if site and len(rack_sites[rack]) > 1 else rack)
         found.append(_FoundFeed(int(ext) if ext.isdigit() else None, site, safe_name(values.get("power_panel")),
                                 safe_name(values.get("name")), values, (), (rack,) if rack else ()))
     _feeds(found, plan, known, default_utilization=default_utilization)

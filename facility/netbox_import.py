@@ -162,7 +162,10 @@ def plan_from_api(api: Any, *, site: str | None = None, roles: list[str] | None 
 
 def plan_from_export(text: str, *, default_utilization: float | None = None) -> NetboxPlan:
     """NetBox's CSV export of power feeds, named as earlier imports named its racks and feeds."""
-    return plan_from_csv(text, default_utilization=default_utilization, known=known_objects())
+    known = known_objects()
+    racks = dict(Feed.objects.filter(source=Source.NETBOX).values_list("name", "racks"))
+    feed_racks = {ext_id: racks[k.name] for (kind, ext_id), k in known.items() if kind == "feed" and k.name in racks}
+    return plan_from_csv(text, default_utilization=default_utilization, known=known, feed_racks=feed_racks)
 
 
 # -- the diff -----------------------------------------------------------------------------------------------
@@ -426,8 +429,14 @@ def safe_plan(plan: NetboxPlan) -> NetboxPlan:
     feeds = []
     for feed in plan.feeds:
         before = stored.get(feed.name) or stored.get(next((o for o, n in renamed.items() if n == feed.name), ""))
-        if before is not None and feed.is_live and (not before.is_live or feed.capacity_watts > before.capacity_watts + 1e-6):
-            feed = dataclasses.replace(before, name=feed.name, pdus=feed.pdus, racks=feed.racks)
+        if before is not None:
+            # What it reached before it still reaches (a rack it leaves keeps its cap until the yes).
+            reach = {"pdus": tuple(sorted(set(before.pdus) | set(feed.pdus))),
+                     "racks": tuple(sorted(set(before.racks) | set(feed.racks)))}
+            if feed.is_live and (not before.is_live or feed.capacity_watts > before.capacity_watts + 1e-6):
+                feed = dataclasses.replace(before, name=feed.name, **reach)
+            else:
+                feed = dataclasses.replace(feed, **reach)
         feeds.append(feed)
     names = {f.name for f in feeds}
     rows = dict(Feed.objects.filter(source=Source.NETBOX).values_list("name", "site"))
