@@ -18,8 +18,9 @@ one that raises (anything, SystemExit too), answers later than its time budget o
 filter and scores 0 if it is a scorer; it is counted (/metrics), logged once per plugin and error, and after
 PLUGIN_FAILURES_TO_SWITCH_OFF failures in a row switched off for PLUGIN_COOL_OFF_SECONDS (not called:
 its filter refuses every node, its scorer scores 0), then tried again. Its words are cut to
-PLUGIN_TEXT_CHARS. With a third-party plugin loaded the index plans through the plain path (it has no
-incremental form of another's rule), so the two stay equal.
+PLUGIN_TEXT_CHARS. With a third-party scorer loaded, or a filter that does not say which of a node's
+fields it reads (``reads``), the index plans through the plain path (it has no incremental form of
+another's rule), so the two stay equal; a filter reading only fields the index watches keeps its plans.
 
 Pure: no Django (the loader imports modules by name, nothing else).
 """
@@ -53,6 +54,9 @@ class Filter:
     doc: str = ""
     builtin: bool = False
     rechecked: bool = True
+    # The node's fields its answer rests on (with the request), e.g. ``frozenset({"labels"})``; None: not
+    # said. A filter whose fields the index watches (INDEX_WATCHED) keeps the index's incremental plans.
+    reads: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,13 @@ class Scorer:
     doc: str = ""
     builtin: bool = False
 
+
+# The node's fields (placement.planner.NodeView) whose change the index sees for what filters read (its
+# kept rejections are asked again when one moves): placement.planner.filter_inputs reads these.
+FILTER_INPUTS = ("labels", "fabric", "free_gpus", "gpu_topology", "cpu_cores_free", "memory_gib_free", "replicas")
+# The fields a loaded filter may read and keep the index: those, and what places the node (name, domains)
+# or turns it down before any plugin is asked (ready, cordoned).
+INDEX_WATCHED = frozenset({*FILTER_INPUTS, "name", "domains", "ready", "cordoned"})
 
 # A plugin's words kept (a refusal, a why, an error's message): a 5 MB reason is cut to this.
 PLUGIN_TEXT_CHARS = 200
@@ -137,6 +148,20 @@ class Registry:
     @property
     def external_scorers(self) -> list[Scorer]:
         return [s for s in self.scorers if not s.builtin]
+
+    @property
+    def index_keeps(self) -> bool:
+        """True while the index may plan with the loaded plugins: filters alone, each saying it reads only
+        fields the index watches (INDEX_WATCHED), and none failing now (a failure's words are not kept)."""
+        if self.external_scorers:
+            return False
+        for item in self.external_filters:
+            if item.reads is None or not item.reads <= INDEX_WATCHED:
+                return False
+            health = self.health.get(item.id)
+            if health is not None and (health.failures or health.off_until is not None):
+                return False
+        return True
 
     @property
     def has_external(self) -> bool:
