@@ -23,6 +23,10 @@ The placements run with Python's cyclic garbage collector paused, as the product
 (``placement.commit.collector_paused`` around ``reconcile_all`` and ``lanes_place``); ``--collector``
 leaves it on, to see what it would cost.
 
+Then the same with the example plugin's filter loaded (``placement.examples.rack_affinity``, one node in
+ten labelled for two models; ``--no-plugin`` leaves it out): it says it reads labels, so the index keeps
+its incremental plans, and the plain path with it is timed on a sample as before.
+
 Run: ``.venv/bin/python bench/planner.py`` (``--nodes 1000`` to pick one size). Prints figures, asserts
 nothing.
 """
@@ -44,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facility.domains import domains_of  # noqa: E402
 from facility.power import Budget, FacilitySettings  # noqa: E402
+from placement.examples import rack_affinity  # noqa: E402
 from placement.index import PlacementIndex  # noqa: E402
 from placement.planner import (  # noqa: E402
     DomainCondition,
@@ -54,6 +59,7 @@ from placement.planner import (  # noqa: E402
     ReplicaRequest,
     plan_replica,
 )
+from placement.plugins import REGISTRY  # noqa: E402
 from placement.selector import parse_selector  # noqa: E402
 
 NODES_PER_RACK = 25
@@ -86,6 +92,8 @@ def cluster(count: int) -> tuple[list[NodeView], FacilityView]:
             "gpu.model": "H200" if i % 3 else "H100",
             "gpu.memory_gib": "141" if i % 3 else "80",
         }
+        if i % 10 == 5:  # the example plugin's label: kept for two models (only read with it loaded)
+            labels[rack_affinity.LABEL] = f"model{i % 20:02},model{(i + 1) % 20:02}"
         node = NodeView(
             name=f"gpu{i:05}",
             ready=True,
@@ -243,9 +251,10 @@ def line(label: str, figures: Figures) -> str:
 
 def run(
     count: int, plain_sample: int, *, compare: str | None = None, rounds: int = 1, readings: int = 1,
-    collector: bool = False, warmups: int = 1,
+    collector: bool = False, warmups: int = 1, plugin: bool = True,
 ) -> None:
-    """Print the figures at ``count`` nodes; with ``compare``, that index's beside this one's, alternating."""
+    """Print the figures at ``count`` nodes; with ``compare``, that index's beside this one's, alternating;
+    with ``plugin`` (and no ``compare``), the index's and the plain path's with the example filter loaded."""
     _, facility = cluster(count)
     racks = sum(1 for d in facility.budgets if d.level == "rack")
     print(
@@ -295,6 +304,22 @@ def run(
             f"        plain plan_replica on a sample of {len(plain)}: "
             f"p50 {percentile(plain, 0.5) * 1e6:,.0f} µs, p99 {percentile(plain, 0.99) * 1e6:,.0f} µs"
         )
+    if compare or not plugin:
+        return
+    # The example plugin's filter (it says it reads labels: the index keeps its plans), one node in ten
+    # kept for two models; then the plain path with it on, as every plan went before a plugin could say so.
+    REGISTRY.add_filter(rack_affinity.FILTERS[0])
+    try:
+        with_plugin = run_once(count, plain_sample, ours, readings=readings, collector=collector)
+    finally:
+        REGISTRY.remove_external()
+    print(line("index, the example rack-affinity filter loaded", with_plugin))
+    if with_plugin.plain:
+        print(
+            f"        plain plan_replica with it, on a sample of {len(with_plugin.plain)}: "
+            f"p50 {percentile(with_plugin.plain, 0.5) * 1e6:,.0f} µs, "
+            f"p99 {percentile(with_plugin.plain, 0.99) * 1e6:,.0f} µs"
+        )
 
 
 def main() -> None:
@@ -307,6 +332,10 @@ def main() -> None:
     parser.add_argument(
         "--warmups", type=int, default=1,
         help="untimed runs first (a placer's process is long-lived and warm; 0 times a new process's first run)",
+    )
+    parser.add_argument(
+        "--no-plugin", action="store_true",
+        help="leave out the run with the example rack-affinity filter loaded",
     )
     parser.add_argument(
         "--collector", action="store_true",
@@ -322,7 +351,7 @@ def main() -> None:
     for count in args.nodes or [1000, 10000]:
         run(
             count, args.plain_sample, compare=args.index, rounds=args.rounds, readings=args.readings,
-            collector=args.collector, warmups=args.warmups,
+            collector=args.collector, warmups=args.warmups, plugin=not args.no_plugin,
         )
 
 

@@ -57,19 +57,35 @@ class ServiceForm(forms.ModelForm):
         self.validate_unique()
 
 
-class BudgetForm(ServiceForm):
+class KeyedForm(ServiceForm):
+    """A row the service keys by its domain: on a change the domain is read-only (the admin would save the
+    row under the new domain through the service, and leave the old one: both racks held or budgeted),
+    so its checks take the row's own."""
+
+    def domain(self, data: dict) -> object:
+        return data.get("domain") if "domain" in self.fields else self.instance.domain
+
+
+class KeyedAdmin(admin.ModelAdmin):
+    """Its rows' domain is set when a row is added, never changed: remove the row and add another."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("domain",) if obj is not None else ()
+
+
+class BudgetForm(KeyedForm):
     class Meta:
         model = Budget
         fields = ["domain", "cap_watts", "other_watts"]
 
     def service_check(self, data: dict) -> dict:
         return services.budget_check(
-            domain=data.get("domain"), cap_watts=data.get("cap_watts"), other_watts=data.get("other_watts")
+            domain=self.domain(data), cap_watts=data.get("cap_watts"), other_watts=data.get("other_watts")
         )
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
+class BudgetAdmin(KeyedAdmin):
     form = BudgetForm
     list_display = ["domain", "cap_watts", "other_watts", "source", "updated_at"]
     search_fields = ["domain"]
@@ -90,17 +106,17 @@ class BudgetAdmin(admin.ModelAdmin):
             say_warnings(request, placement_services.budget_remove(domain=obj.domain).warnings)
 
 
-class HoldForm(ServiceForm):
+class HoldForm(KeyedForm):
     class Meta:
         model = Hold
         fields = ["domain", "reason", "drain"]
 
     def service_check(self, data: dict) -> dict:
-        return services.hold_check(domain=data.get("domain"), reason=data.get("reason"))
+        return services.hold_check(domain=self.domain(data), reason=data.get("reason"))
 
 
 @admin.register(Hold)
-class HoldAdmin(admin.ModelAdmin):
+class HoldAdmin(KeyedAdmin):
     form = HoldForm
     list_display = ["domain", "reason", "drain", "created_by", "created_at"]
     search_fields = ["domain", "reason"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from itertools import islice
 from typing import Any
 
@@ -11,6 +13,7 @@ from django.conf import settings
 
 from placement.causes import nofit_causes
 from placement.planner import NoFit, Plan, reasons_grouped
+from placement.plugins import REGISTRY as PLUGINS
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,75 @@ def would_counts() -> dict[str, int]:
     else:
         counts.update(_local_counts)
     return counts
+
+
+# The loaded plugins' failures and switch-offs, counted in each process by placement.plugins.REGISTRY:
+# with Redis each process adds what it counted since it last did to one hash, once a placement is done
+# (a plugin failing on every node is one write, not one a node); /metrics reads the hash.
+PLUGIN_COUNTS_KEY = "llmgw:plugin_counts"
+
+
+def _plugin_counts_now() -> Counter:
+    counts: Counter = Counter()
+    for (plugin, kind, error), n in PLUGINS.failure_counts.items():
+        counts[f"failed\t{plugin}\t{kind}\t{error}"] = n
+    for plugin, n in PLUGINS.switch_offs.items():
+        counts[f"switched_off\t{plugin}"] = n
+    return counts
+
+
+def plugin_counts_send() -> None:
+    """Add what this process counted of its plugins since it last sent to Redis (never fails a placement)."""
+    if not settings.REDIS_URL or not (PLUGINS.failure_counts or PLUGINS.switch_offs):
+        return
+    sent = PLUGINS.sent
+    delta = {key: n - sent.get(key, 0) for key, n in _plugin_counts_now().items() if n > sent.get(key, 0)}
+    if not delta:
+        return
+    try:
+        pipe = _redis_client().pipeline(transaction=False)
+        for key, n in delta.items():
+            pipe.hincrby(PLUGIN_COUNTS_KEY, key, n)
+        pipe.execute()
+    except Exception:  # a metric is never worth a placement
+        log.warning("plugin failure counts not kept in Redis", exc_info=True)
+        return
+    sent.update(delta)
+
+
+def plugin_counts_sent(fn: Callable) -> Callable:
+    """Send the plugins' counts once ``fn`` (a placement) is done, however it ended."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            plugin_counts_send()
+
+    return wrapper
+
+
+def plugin_counts() -> tuple[dict[tuple[str, str, str], int], dict[str, int]]:
+    """Every plugin's failures by (plugin, kind, error), and its switch-offs, so far (all processes with
+    Redis), for /metrics."""
+    if not settings.REDIS_URL:
+        return dict(PLUGINS.failure_counts), dict(PLUGINS.switch_offs)
+    plugin_counts_send()
+    try:
+        stored = _redis_client().hgetall(PLUGIN_COUNTS_KEY)
+    except Exception:
+        log.warning("plugin failure counts not read from Redis", exc_info=True)
+        return {}, {}
+    failed: dict[tuple[str, str, str], int] = {}
+    switched: dict[str, int] = {}
+    for key, value in stored.items():
+        parts = key.decode().split("\t")
+        if parts[0] == "failed" and len(parts) == 4:
+            failed[(parts[1], parts[2], parts[3])] = int(value)
+        elif parts[0] == "switched_off" and len(parts) == 2:
+            switched[parts[1]] = int(value)
+    return failed, switched
 
 
 def passed_over_summary(rejections: Mapping[str, str], reasons: Mapping[str, int] | None = None) -> str:

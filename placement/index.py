@@ -96,7 +96,7 @@ from placement.planner import (
     unavailable_reason,
     why_text,
 )
-from placement.plugins import REGISTRY
+from placement.plugins import REGISTRY, external_rejection
 
 # Rankings kept (one per model and profile, the least recently planned dropped first, and with the last
 # of a shape its shape), and the improvements a shape keeps logged for its rankings to catch up on (a
@@ -1188,8 +1188,14 @@ class PlacementIndex:
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
-        # A loaded plugin's rule has no incremental form here: the plain path, so the two stay equal.
-        if profile.nodes > 1 or not self._nodes or REGISTRY.has_external:
+        plugged = REGISTRY.has_external
+        # A loaded scorer, or a filter that reads what the index does not watch, has no incremental form
+        # here: the plain path, so the two stay equal. So for a filter failing now: the plans kept are
+        # made afresh after it (a failure's words are not kept for the nodes it was asked of).
+        if plugged and not REGISTRY.index_keeps:
+            self._afresh()
+            return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
+        if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
         kept = self._take_up(ranking, exclude) if ranking.walk is not None else None
@@ -1254,6 +1260,8 @@ class PlacementIndex:
                         reason = reject(node, profile, None, exclude)
                         if reason is not None:
                             break
+                    if reason is None and plugged:  # the loaded filters, as plan_replica asks them
+                        reason = external_rejection(REGISTRY, node, request)
                     if reason is None:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
                         adds = added or 0.0
@@ -1363,12 +1371,15 @@ class PlacementIndex:
         """Nothing fits: every node's rejection, as ``plan_replica`` words it, read off the index."""
         profile = request.profile
         settings = self._facility.settings
+        plugged = REGISTRY.has_external
         rejections: dict[str, str] = {}
         draws: dict[float | None, float | None] = {}
         for name in sorted(self._nodes):
             entry = self._nodes[name]
             node = entry.node
             reason = base_rejection(node, profile, entry.held, exclude)
+            if reason is None and plugged:
+                reason = external_rejection(REGISTRY, node, request)
             if reason is None:
                 limit = node.gpu_power_limit_watts
                 if limit not in draws:

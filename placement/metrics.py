@@ -26,6 +26,41 @@ class PlacementWouldCollector(Collector):
         yield CounterMetricFamily("llmgw_placement_would", WOULD_HELP, labels=["decision"])
 
 
+def _plugin_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    return (
+        CounterMetricFamily(
+            "llmgw_plugin_errors",
+            "Failed calls of a loaded placement plugin: raised, over its time budget, or a wrong answer.",
+            labels=["plugin", "kind", "error"],
+        ),
+        CounterMetricFamily(
+            "llmgw_plugin_switched_off",
+            "Times a placement plugin was switched off for a cool-off after failing again and again.",
+            labels=["plugin"],
+        ),
+    )
+
+
+class PluginErrorsCollector(Collector):
+    """llmgw_plugin_errors_total{plugin,kind,error} and llmgw_plugin_switched_off_total{plugin}: kept in
+    Redis with workers, in the process otherwise."""
+
+    def collect(self) -> Iterator[Metric]:
+        from placement.explain import plugin_counts
+
+        failed, switched = plugin_counts()
+        errors, offs = _plugin_families()
+        for labels, count in sorted(failed.items()):
+            errors.add_metric(list(labels), float(count))
+        for plugin, count in sorted(switched.items()):
+            offs.add_metric([plugin], float(count))
+        yield errors
+        yield offs
+
+    def describe(self) -> Iterator[Metric]:
+        yield from _plugin_families()
+
+
 _collector: PlacementWouldCollector | None = None
 
 
@@ -34,4 +69,5 @@ def register_collector() -> PlacementWouldCollector:
     if _collector is None:
         _collector = PlacementWouldCollector()
         REGISTRY.register(_collector)
+        REGISTRY.register(PluginErrorsCollector())
     return _collector

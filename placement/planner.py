@@ -38,6 +38,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from facility.conditions import HOT, WARM
@@ -51,7 +52,15 @@ from facility.power import (
     shard_draw_watts,
     would_pass_limit,
 )
-from placement.plugins import REGISTRY, Filter, Scorer, external_keys, external_rejection, external_why
+from placement.plugins import (
+    FILTER_INPUTS,
+    REGISTRY,
+    Filter,
+    Scorer,
+    external_keys,
+    external_rejection,
+    external_why,
+)
 from placement.selector import Selector
 from placement.topology import ANY, GpuTopology, gpus_pick, pick_words, refusal
 from placement.topology import gpus_text as gpus_text  # ctl, the views and capping read it here
@@ -468,13 +477,13 @@ BUILTIN_FILTERS = (
 _BASE = tuple(f.reject for f in BUILTIN_FILTERS)
 
 
+_FILTER_INPUTS = attrgetter(*FILTER_INPUTS)
+
+
 def filter_inputs(node: NodeView) -> tuple:
-    """What of a node the built-in filters read, beside its readiness, cordon and holds: a rejection the
-    index kept from an earlier plan holds while this stays the same."""
-    return (
-        node.labels, node.fabric, node.free_gpus, node.gpu_topology, node.cpu_cores_free, node.memory_gib_free,
-        node.replicas,
-    )
+    """What of a node the built-in filters read (placement.plugins.FILTER_INPUTS), beside its readiness,
+    cordon and holds: a rejection the index kept from an earlier plan holds while this stays the same."""
+    return _FILTER_INPUTS(node)
 
 
 def base_rejection(

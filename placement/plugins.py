@@ -12,9 +12,15 @@ A third-party plugin is a module (or any object) with ``FILTERS`` and/or ``SCORE
 published under the ``llmgw.plugins`` entry point; it is loaded once when a process starts. Its
 filters run after the built-in ones and before power; its scorers take their place in the ordering by
 ``order`` (built-ins: spread 10, condition 20, rack headroom 30, tokens per joule 40, weights 50, bin
-packing 60; the node's name last). A plugin that raises is reported (``errors``, logged once) and
-skipped for that node: it never blocks placement. With a third-party plugin loaded the index plans
-through the plain path (it has no incremental form of another's rule), so the two stay equal.
+packing 60; the node's name last). A plugin's call fails closed, as Kubernetes' scheduler framework does:
+one that raises (anything, SystemExit too), answers later than its time budget or answers what it may not
+(a score that is not a finite number) refuses the node (``plugin <id>: raised ValueError: …``) if it is a
+filter and scores 0 if it is a scorer; it is counted (/metrics), logged once per plugin and error, and after
+PLUGIN_FAILURES_TO_SWITCH_OFF failures in a row switched off for PLUGIN_COOL_OFF_SECONDS (not called:
+its filter refuses every node, its scorer scores 0), then tried again. Its words are cut to
+PLUGIN_TEXT_CHARS. With a third-party scorer loaded, or a filter that does not say which of a node's
+fields it reads (``reads``), the index plans through the plain path (it has no incremental form of
+another's rule), so the two stay equal; a filter reading only fields the index watches keeps its plans.
 
 Pure: no Django (the loader imports modules by name, nothing else).
 """
@@ -23,6 +29,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
+import numbers
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +54,9 @@ class Filter:
     doc: str = ""
     builtin: bool = False
     rechecked: bool = True
+    # The node's fields its answer rests on (with the request), e.g. ``frozenset({"labels"})``; None: not
+    # said. A filter whose fields the index watches (INDEX_WATCHED) keeps the index's incremental plans.
+    reads: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +71,61 @@ class Scorer:
     builtin: bool = False
 
 
+# The node's fields (placement.planner.NodeView) whose change the index sees for what filters read (its
+# kept rejections are asked again when one moves): placement.planner.filter_inputs reads these.
+FILTER_INPUTS = ("labels", "fabric", "free_gpus", "gpu_topology", "cpu_cores_free", "memory_gib_free", "replicas")
+# The fields a loaded filter may read and keep the index: those, and what places the node (name, domains)
+# or turns it down before any plugin is asked (ready, cordoned).
+INDEX_WATCHED = frozenset({*FILTER_INPUTS, "name", "domains", "ready", "cordoned"})
+
+# A plugin's words kept (a refusal, a why, an error's message): a 5 MB reason is cut to this.
+PLUGIN_TEXT_CHARS = 200
+# The time one plugin call may take: an answer later than this is not taken (a filter's node is refused,
+# a scorer's scores neutral), and counts as a failure.
+PLUGIN_CALL_SECONDS = 0.05
+# Failures in a row (raised, over its time, an answer of the wrong kind) that switch a plugin off.
+PLUGIN_FAILURES_TO_SWITCH_OFF = 10
+# How long a plugin switched off stays off before it is tried again.
+PLUGIN_COOL_OFF_SECONDS = 300.0
+# The failures of the loaded plugins told apart in the log (each plugin, kind and error once).
+_REPORTED_KEPT = 256
+
+# What a caller does with a call that failed, said in the log once per plugin and failure.
+_CONSEQUENCE = {"filter": "the node is refused", "scorer": "it scores 0 (neutral)", "why": "it says nothing",
+                "load": "it is skipped"}
+
+
+@dataclass
+class PluginHealth:
+    """How one plugin (its id: a filter and a scorer of one id together) has fared: failures in a row,
+    and while it is switched off, until when (the registry's clock) and the words said of it."""
+
+    failures: int = 0
+    off_until: float | None = None
+    off_words: str = ""
+    last: str = ""
+
+
 @dataclass
 class Registry:
     """Every filter and scorer, built-in and loaded, and what went wrong with the loaded ones."""
 
     filters: list[Filter] = field(default_factory=list)
     scorers: list[Scorer] = field(default_factory=list)
-    # `plugin rack-affinity raised ValueError: …`: each kind of failure once, newest last (bounded).
+    # `plugin rack-affinity: raised ValueError: …`: each kind of failure once, newest last (bounded).
     errors: list[str] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)  # the plugins loaded, by name
-    _reported: set[str] = field(default_factory=set, repr=False)
+    # The clock a call's time is measured on and a cool-off counted on (tests move their own).
+    clock: Callable[[], float] = time.monotonic
+    call_seconds: float = PLUGIN_CALL_SECONDS
+    # Failures so far in this process by (plugin, kind: filter, scorer, why or load, error: raised,
+    # overran or invalid), and the times each plugin was switched off: /metrics reads them.
+    failure_counts: Counter = field(default_factory=Counter)
+    switch_offs: Counter = field(default_factory=Counter)
+    health: dict[str, PluginHealth] = field(default_factory=dict)
+    # What of the counts was sent on to where every process's /metrics reads them (placement.explain).
+    sent: Counter = field(default_factory=Counter)
+    _reported: set[tuple[str, str, str]] = field(default_factory=set, repr=False)
 
     def add_filter(self, item: Filter) -> None:
         self._refuse_twice(item.id)
@@ -92,52 +150,153 @@ class Registry:
         return [s for s in self.scorers if not s.builtin]
 
     @property
+    def index_keeps(self) -> bool:
+        """True while the index may plan with the loaded plugins: filters alone, each saying it reads only
+        fields the index watches (INDEX_WATCHED), and none failing now (a failure's words are not kept)."""
+        if self.external_scorers:
+            return False
+        for item in self.external_filters:
+            if item.reads is None or not item.reads <= INDEX_WATCHED:
+                return False
+            health = self.health.get(item.id)
+            if health is not None and (health.failures or health.off_until is not None):
+                return False
+        return True
+
+    @property
     def has_external(self) -> bool:
         """True once a third-party filter or scorer is loaded (the index then plans the plain way)."""
         return any(not p.builtin for p in (*self.filters, *self.scorers))
 
-    def failed(self, plugin_id: str, exc: BaseException) -> None:
-        """Report a plugin that raised: once per plugin and kind of error (a failing plugin is skipped)."""
-        text = f"plugin {plugin_id} raised {type(exc).__name__}: {str(exc)[:200]}"
-        if text in self._reported:
-            return
-        self._reported.add(text)
-        self.errors = [*self.errors[-19:], text]
-        log.warning("%s; it is skipped", text)
+    def failed(self, plugin_id: str, exc: BaseException, kind: str = "load") -> str:
+        """Report a plugin that raised; returns ``plugin <id>: raised <type>: <message>``."""
+        return self._failure(plugin_id, kind, "raised", f"raised {_error_words(exc)}")
+
+    def _failure(self, plugin_id: str, kind: str, error: str, words: str) -> str:
+        """Count one failed call, say it in the log (once per plugin, kind and error), and switch the
+        plugin off once it failed PLUGIN_FAILURES_TO_SWITCH_OFF times in a row. Returns the words."""
+        text = f"plugin {plugin_id}: {words}"
+        self.failure_counts[(plugin_id, kind, error)] += 1
+        reported = (plugin_id, kind, text if kind == "load" else error)
+        if reported not in self._reported and len(self._reported) < _REPORTED_KEPT:
+            self._reported.add(reported)
+            if text not in self.errors:
+                self.errors = [*self.errors[-19:], text]
+            log.warning("%s; %s", text, _CONSEQUENCE.get(kind, "it is skipped"))
+        if kind == "load":
+            return text
+        health = self.health.setdefault(plugin_id, PluginHealth())
+        health.failures += 1
+        health.last = words
+        if health.failures >= PLUGIN_FAILURES_TO_SWITCH_OFF and health.off_until is None:
+            health.off_until = self.clock() + PLUGIN_COOL_OFF_SECONDS
+            health.off_words = (
+                f"plugin {plugin_id}: switched off after {health.failures} failures in a row (last: {words})"
+            )
+            self.switch_offs[plugin_id] += 1
+            log.warning("%s; it is tried again in %g s, its filter refusing every node and its scorer "
+                        "scoring 0 until then", health.off_words, PLUGIN_COOL_OFF_SECONDS)
+        return text
+
+    def switched_off(self, plugin_id: str) -> str | None:
+        """The words of a plugin switched off now, or None; once its cool-off is over it is tried again
+        (one more failure switches it off again)."""
+        health = self.health.get(plugin_id)
+        if health is None or health.off_until is None:
+            return None
+        if self.clock() < health.off_until:
+            return health.off_words
+        health.off_until, health.off_words = None, ""
+        health.failures = PLUGIN_FAILURES_TO_SWITCH_OFF - 1
+        log.warning("plugin %s: tried again after its cool-off", plugin_id)
+        return None
+
+    def call(self, item: Filter | Scorer, kind: str, fn: Callable[[Any, Any], Any], node: Any, request: Any,
+             check: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+        """Call one plugin function within its time budget: (its answer, None), or (None, the failure's
+        words: ``plugin <id>: …``) when it is switched off, raised (anything: SystemExit and
+        KeyboardInterrupt too), took longer than ``call_seconds`` or answered what ``check`` refuses."""
+        off = self.switched_off(item.id)
+        if off is not None:
+            return None, off
+        start = self.clock()
+        try:
+            value = fn(node, request)
+        except BaseException as exc:  # noqa: BLE001 - a plugin's bug, of whatever kind, costs only itself
+            return None, self._failure(item.id, kind, "raised", f"raised {_error_words(exc)}")
+        took = self.clock() - start
+        if took > self.call_seconds:
+            return None, self._failure(
+                item.id, kind, "overran", f"took {took:.3g} s, over its {self.call_seconds:g} s budget"
+            )
+        wrong = check(value)
+        if wrong is not None:
+            return None, self._failure(item.id, kind, "invalid", wrong)
+        health = self.health.get(item.id)
+        if health is not None:
+            health.failures = 0
+        return value, None
 
     def remove_external(self) -> None:
         """Back to the built-ins alone (tests; a process that loads again)."""
         self.filters = [f for f in self.filters if f.builtin]
         self.scorers = [s for s in self.scorers if s.builtin]
         self.errors, self.loaded, self._reported = [], [], set()
+        self.failure_counts, self.switch_offs, self.health, self.sent = Counter(), Counter(), {}, Counter()
+        self.clock, self.call_seconds = time.monotonic, PLUGIN_CALL_SECONDS
+
+
+def _cut(text: str) -> str:
+    """A plugin's words within PLUGIN_TEXT_CHARS."""
+    return text if len(text) <= PLUGIN_TEXT_CHARS else text[: PLUGIN_TEXT_CHARS - 1] + "…"
+
+
+def _error_words(exc: BaseException) -> str:
+    """``ValueError: its message`` (cut); a message that itself raises is left out."""
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ raises
+        message = "(its message could not be read)"
+    return _cut(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+
+def _reason_check(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return None
+    return f"returned {_cut(type(value).__name__)}, not the refusal's words or None"
+
+
+def _key_check(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"scored {_cut(type(value).__name__)}, not a number"
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return "scored a number too large"
+    return None if math.isfinite(number) else f"scored {number}, not a finite number"
 
 
 def external_rejection(registry: Registry, node: Any, request: Any, *, rechecked: bool = False) -> str | None:
-    """The first loaded filter that turns the node down, as ``<id>: <words>``; a filter that raises passes.
+    """The first loaded filter that turns the node down, as ``<id>: <words>``; a filter that fails refuses
+    the node in the failure's words (``plugin <id>: raised ValueError: …``): fail closed.
     ``rechecked``: only the filters the guarded commit asks again."""
     for item in registry.external_filters:
         if rechecked and not item.rechecked:
             continue
-        try:
-            reason = item.reject(node, request)
-        except Exception as exc:  # a plugin's bug never blocks placement
-            registry.failed(item.id, exc)
-            continue
+        reason, failure = registry.call(item, "filter", item.reject, node, request, _reason_check)
+        if failure is not None:
+            return failure
         if reason:
-            return f"{item.id}: {reason}"
+            return f"{item.id}: {_cut(reason)}"
     return None
 
 
 def external_keys(registry: Registry, node: Any, request: Any) -> dict[str, float]:
-    """Each loaded scorer's key for the node (0 where it raised: that scorer then orders nothing)."""
+    """Each loaded scorer's key for the node (0 where it failed or is switched off: neutral)."""
     keys: dict[str, float] = {}
     for item in registry.external_scorers:
-        try:
-            value = item.key(node, request)
-            keys[item.id] = float(value)
-        except Exception as exc:
-            registry.failed(item.id, exc)
-            keys[item.id] = 0.0
+        value, failure = registry.call(item, "scorer", item.key, node, request, _key_check)
+        keys[item.id] = 0.0 if failure is not None else float(value)
     return keys
 
 
@@ -147,13 +306,9 @@ def external_why(registry: Registry, node: Any, request: Any) -> list[str]:
     for item in registry.external_scorers:
         if item.why is None:
             continue
-        try:
-            text = item.why(node, request)
-        except Exception as exc:
-            registry.failed(item.id, exc)
-            continue
-        if text:
-            words.append(f"{text} ({item.id})")
+        text, failure = registry.call(item, "why", item.why, node, request, _reason_check)
+        if failure is None and text:
+            words.append(f"{_cut(text)} ({item.id})")
     return words
 
 
@@ -190,7 +345,7 @@ def plugins_load(registry: Registry, names: Iterable[str], *, entry_points: bool
     for name, load in sources:
         try:
             plugin_register(registry, load(), name)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a plugin that exits while loading costs only itself
             registry.failed(name, exc)
             continue
         loaded.append(name)

@@ -218,7 +218,11 @@ def _act(move: dict[str, Any], index: PlacementIndex, now: datetime) -> dict[str
         replicas_free(replica_ids=[replica.pk])
         return move
     with transaction.atomic():
-        Replica.objects.filter(pk=replica.pk).update(shed_reason=move["reason"][:1000])
+        # The model row serialises its ordinals, as reconcile's scaling and drain take it: a reconcile
+        # scaling the model up meanwhile never writes the ordinal this replacement takes.
+        locked = Model.objects.select_for_update().filter(pk=model.pk).exists()
+        if not locked or not Replica.objects.filter(pk=replica.pk).update(shed_reason=move["reason"][:1000]):
+            return move | {"action": "stays", "reason": f"{move['replica']} is gone"}
         last = Replica.objects.filter(model=model).order_by("-ordinal").values_list("ordinal", flat=True).first()
         replacement = Replica.objects.create(
             model=model, ordinal=(last or 0) + 1, state=ReplicaState.PENDING, replaces=replica

@@ -87,6 +87,10 @@ def gpu_model_of(product: str) -> str | None:
     return found.group(1) if found else None
 
 
+# The labels derived_labels adds from a node's cards, where the node has none of that key.
+GPU_DERIVED_KEYS = ("gpu.count", "gpu.product", "gpu.model", "gpu.memory_gib")
+
+
 def derived_labels(labels: dict[str, str], gpus: list[tuple]) -> dict[str, str]:
     """Effective labels plus the GPU attributes selectors ask for, where the node has no such label.
 

@@ -128,7 +128,7 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
     # read and the write); the lists it needs again are read from p.
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT id, name, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"labels, measured_peak_watts, sensors_at FROM {node_table} WHERE {_MEMBERS}), "
+        f"labels, fabric, measured_peak_watts, sensors_at FROM {node_table} WHERE {_MEMBERS}), "
         f"p AS (SELECT CAST(%b AS text[]) AS touched, CAST(%b AS text[]) AS names, "
         f"CAST(%s AS timestamptz) AS fresh), "
         f"bd AS MATERIALIZED (SELECT domain FROM {Budget._meta.db_table} "
@@ -138,14 +138,14 @@ def _read_sql(names: list[str], touched: list[str], now: datetime) -> tuple[str,
         f"chosen AS (SELECT n.*, d.placed, d.drawn FROM locked n JOIN drew d ON d.id = n.id "
         f"WHERE n.id = ANY(ARRAY(SELECT id FROM {node_table} WHERE name = ANY(CAST((SELECT names FROM p) AS text[]))))) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"CAST(labels AS text), CAST(NULL AS double precision) FROM chosen"
-        f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
+        f"CAST(labels AS text), fabric, CAST(NULL AS double precision) FROM chosen"
+        f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL, NULL "
         f"FROM {Hold._meta.db_table} WHERE domain IN (SELECT unnest(touched) FROM p)"
-        f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, SUM(d.drawn) "
+        f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, NULL, SUM(d.drawn) "
         f"FROM {domain_table} nd JOIN drew d ON d.id = nd.node_id "
         f"WHERE nd.domain IN (SELECT domain FROM bd) GROUP BY nd.domain"
-        f" UNION ALL SELECT 'placed', name, NULL, NULL, NULL, NULL, NULL, placed FROM chosen"
-        f" UNION ALL SELECT 'drawn', name, NULL, NULL, NULL, NULL, NULL, drawn FROM chosen"
+        f" UNION ALL SELECT 'placed', name, NULL, NULL, NULL, NULL, NULL, NULL, placed FROM chosen"
+        f" UNION ALL SELECT 'drawn', name, NULL, NULL, NULL, NULL, NULL, NULL, drawn FROM chosen"
     )
     return sql, [touched, names, touched, names, fresh_after]
 
@@ -157,21 +157,21 @@ def _read_sql_unlocked(names: list[str], domains: list[str], now: datetime) -> t
     named, named_params = sql_in("name", names)
     sql = (
         f"WITH locked AS MATERIALIZED (SELECT name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"labels FROM {node_table} WHERE {named} ORDER BY name) "
+        f"labels, fabric FROM {node_table} WHERE {named} ORDER BY name) "
         f"SELECT 'node', name, id, cordoned, last_heartbeat_at, heartbeat_interval_seconds, "
-        f"CAST(labels AS text), CAST(NULL AS double precision) FROM locked"
+        f"CAST(labels AS text), fabric, CAST(NULL AS double precision) FROM locked"
     )
     params: list[Any] = list(named_params)
     if domains:
         held, held_params = sql_in("domain", domains)
         sql += (
-            f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL "
+            f" UNION ALL SELECT 'hold', domain, NULL, NULL, NULL, NULL, reason, NULL, NULL "
             f"FROM {Hold._meta.db_table} WHERE {held}"
         )
         params += held_params
         fresh_after = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=measured_fresh_seconds()))
         sql += (
-            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, "
+            f" UNION ALL SELECT 'use', nd.domain, COUNT(*), NULL, NULL, NULL, NULL, NULL, "
             f"SUM({node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')}) "
             f"FROM {NodeDomain._meta.db_table} nd JOIN {node_table} n ON n.id = nd.node_id "
             f"LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
@@ -179,10 +179,10 @@ def _read_sql_unlocked(names: list[str], domains: list[str], now: datetime) -> t
         )
         params += [fresh_after, *sql_in("", domains)[1]]
         sql += (
-            f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
+            f" UNION ALL SELECT 'placed', n.name, NULL, NULL, NULL, NULL, NULL, NULL, COALESCE(b.placed_watts, 0) "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
             f"WHERE {sql_in('n.name', names)[0]}"
-            f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, "
+            f" UNION ALL SELECT 'drawn', n.name, NULL, NULL, NULL, NULL, NULL, NULL, "
             f"{node_draw_sql('n', placed='COALESCE(b.placed_watts, 0)')} "
             f"FROM {node_table} n LEFT JOIN {NodeBooking._meta.db_table} b ON b.node_id = n.id "
             f"WHERE {sql_in('n.name', names)[0]}"
@@ -199,10 +199,11 @@ def _state_of(budget_rows: list[tuple], rows: list[tuple], facility: FacilityVie
     node_watts = facility.settings.node_watts or 0
     use = {domain: other for domain, (_, other) in budgets.items()}
     draws: dict[str, list[float]] = {}
-    for kind, key, a, b, c, d, reason, drawn in rows:
+    for kind, key, a, b, c, d, reason, fabric, drawn in rows:
         if kind == "node":
-            # The labels are the locked row's latest: a relabel committed since the plan is seen here.
-            nodes[key] = (key, a, b, c, d, reason)
+            # The labels and fabric are the locked row's latest: a relabel committed since the plan is
+            # seen here. (name, id, cordoned, last heartbeat, interval, labels as JSON text, fabric)
+            nodes[key] = (key, a, b, c, d, reason, fabric)
         elif kind == "hold":
             holds[key] = reason
         elif kind == "use":

@@ -1,7 +1,11 @@
 """The re-check of plans against the locked rows, through the planner's own functions: each chosen node as
 its locked row has it now (gone, moved, and then every ``rechecked`` filter: readiness, cordon, holds, the
 selector and fabric, the loaded plugins' filters: placement.planner.recheck_rejection) and every budgeted
-domain's power (placement.planner.power_rejection_in). Cards, cores and memory are the guarded writes'."""
+domain's power (placement.planner.power_rejection_in). Cards, cores and memory are the guarded writes'.
+
+The filters read the locked row's own readiness, cordon, effective labels (the store's over the agent's,
+as the row keeps them) and fabric, and the holds read under the locks: a node relabelled between the plan
+and the commit is judged on its labels now, as a fresh plan would judge it."""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import dataclasses
 import functools
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 from django.utils import timezone
 
@@ -27,6 +33,7 @@ from placement.planner import (
     power_rejection_in,
     recheck_rejection,
 )
+from placement.snapshot import GPU_DERIVED_KEYS
 
 # The planner's words for a node's state, said of a change since the plan.
 _SINCE = {"not ready": "not ready any more", "cordoned": "cordoned meanwhile"}
@@ -60,7 +67,10 @@ class _Locked:
             return f"{name}: the node is gone"
         if _location_of(row[5] or "{}") != tuple(sorted(domains)):  # the labels as text (CAST in the SQL)
             return f"{name}: its location changed meanwhile"
-        locked = dataclasses.replace(view, ready=_is_ready(row[3], row[4], now), cordoned=bool(row[2]))
+        locked = dataclasses.replace(
+            view, ready=_is_ready(row[3], row[4], now), cordoned=bool(row[2]),
+            labels=_labels_now(row[5] or "{}", view.labels), fabric=row[6] or None,
+        )
         reason = recheck_rejection(locked, request, held_reason(locked, self.holds))
         return None if reason is None else f"{name}: {_SINCE.get(reason, reason)}"
 
@@ -141,6 +151,24 @@ def _location_of(labels_text: str) -> tuple[str, ...]:
     if len(labels_text) > _LABELS_TEXT_KEPT:
         return _location_parsed(labels_text)
     return _location_kept(labels_text)
+
+
+def _labels_parsed(labels_text: str) -> Mapping[str, str]:
+    """A node's stored effective labels (its row's JSON text), read-only: one parse is shared by the nodes
+    that have the same labels, and a plugin's filter must not change another node's."""
+    return MappingProxyType(json.loads(labels_text))
+
+
+_labels_kept = functools.lru_cache(maxsize=16384)(_labels_parsed)
+
+
+def _labels_now(labels_text: str, planned: Mapping[str, str]) -> Mapping[str, str]:
+    """The labels the filters read of a locked row: its effective labels now, with the GPU attributes the
+    plan's view derived from its cards (snapshot.derived_labels) where the row has no such label; the
+    cards themselves are the guarded writes' to check."""
+    stored = _labels_parsed(labels_text) if len(labels_text) > _LABELS_TEXT_KEPT else _labels_kept(labels_text)
+    derived = {key: planned[key] for key in GPU_DERIVED_KEYS if key in planned and key not in stored}
+    return MappingProxyType({**stored, **derived}) if derived else stored
 
 
 @functools.lru_cache(maxsize=4096)

@@ -15,7 +15,7 @@ from placement.commit.batches import _commit_batch, _InFlight, _lanes_one_by_one
 from placement.commit.gc_pause import collector_paused
 from placement.commit.lanes import BATCH, Lane, Planned
 from placement.commit.outcomes import Pending, Placement
-from placement.explain import pending_explain, placed_explain
+from placement.explain import pending_explain, placed_explain, plugin_counts_sent
 from placement.index import PlacementIndex
 from placement.models import Replica, ReplicaState
 from placement.planner import NoFit, ReplicaRequest
@@ -40,6 +40,7 @@ def replicas_place(
 
 
 @collector_paused()
+@plugin_counts_sent
 def lanes_place(
     *,
     lanes: list[Lane],

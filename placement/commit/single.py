@@ -12,7 +12,7 @@ from django.utils import timezone
 from placement import snapshot
 from placement.commit.outcomes import LostRace, Pending, Placement, ReplicaGone
 from placement.commit.writes import _commit, _commit_pipelined
-from placement.explain import pending_explain, placed_explain
+from placement.explain import pending_explain, placed_explain, plugin_counts_sent
 from placement.index import PlacementIndex
 from placement.models import Replica, ReplicaState
 from placement.planner import NoFit, ReplicaRequest
@@ -21,6 +21,7 @@ from placement.signals import placement_changed_on_commit
 MAX_ATTEMPTS = 3
 
 
+@plugin_counts_sent
 def replica_place(
     *,
     replica: Pending,

@@ -14,9 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from facility.response import NEAR_LIMIT_FRACTION, CappingConfig
-from placement.decisions.domain_state import DomainState
+from placement.decisions.domain_state import DomainState, narrowest_first
 
-LEVEL_ORDER = {"pdu": 0, "rack": 1, "row": 2, "room": 3, "site": 4}
 CLOSE = 1e-9
 
 
@@ -133,7 +132,7 @@ def cap_step(
     sent = shown = False
     for node in sorted(nodes, key=lambda n: n.name or ""):
         before = node.kept or NodeCapState()
-        domains = sorted((d for d in node.domains if d in pressed), key=lambda d: (LEVEL_ORDER.get(d.split(":")[0], 9), d))
+        domains = sorted((d for d in node.domains if d in pressed), key=narrowest_first)
         after = node_cap_next(before, pressed[domains[0]] if domains else None, config, now)
         if after.is_default:
             if node.kept is not None:

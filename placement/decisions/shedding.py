@@ -15,11 +15,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from facility.response import SheddingConfig, ShedRule
-from placement.decisions.domain_state import DomainState
+from placement.decisions.domain_state import DomainState, widest_first
 from placement.decisions.minimums import CLASS_ORDER, PLACED, READY, STARTING
 
 MOVABLE_STATES = (PLACED, STARTING, READY)
-LEVEL_ORDER = {"site": 0, "room": 1, "row": 2, "rack": 3, "pdu": 4}
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def domain_troubles(
         if hot and domain.condition_since is not None:
             since = min(since, domain.condition_since) if since is not None else domain.condition_since
         found.append(Trouble(domain.domain, why, since or now, record.last_move_at if record is not None else None))
-    return sorted(found, key=lambda t: (LEVEL_ORDER.get(t.domain.split(":")[0], 9), t.domain))
+    return sorted(found, key=lambda t: widest_first(t.domain))
 
 
 def shed_due(trouble: Trouble, rule: ShedRule, now: datetime) -> datetime:

@@ -42,6 +42,8 @@ def why(node, request) -> str | None:
     return f"kept for {request.model}" if request.model in _kept_for(node) else None
 
 
-FILTERS = [Filter("rack-affinity", reject, "nodes labelled for some models take only those")]
+# It reads the node's labels alone: the index keeps its plans with this filter loaded.
+FILTERS = [Filter("rack-affinity", reject, "nodes labelled for some models take only those",
+                  reads=frozenset({"labels"}))]
 # Before the rack headroom: an affine node wins over one with more power left.
 SCORERS = [Scorer("rack-affinity", key, why, order=25, doc="a model prefers the nodes labelled for it")]

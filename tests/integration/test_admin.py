@@ -239,3 +239,30 @@ def test_a_store_label_the_node_has_already_is_refused_in_the_admin_not_overwrit
     )
     assert said in response.content.decode()
     assert dict(StoreLabel.objects.values_list("node_name", "value")) == {"gpu01": "a", "gpu02": "b"}
+
+
+def test_a_budgets_domain_is_not_changed_in_the_admin_only_its_figures(admin_client):
+    from facility.services import budget_set
+
+    budget = budget_set(domain="rack:r1", cap_watts=16000)
+    page = admin_client.get(f"/admin/facility/budget/{budget.pk}/change/").content.decode()
+    assert 'name="domain"' not in page  # shown, not an input
+    response = admin_client.post(
+        f"/admin/facility/budget/{budget.pk}/change/",
+        {"domain": "rack:r2", "cap_watts": "12000", "other_watts": "0"}, follow=True,
+    )
+    assert response.status_code == 200
+    assert list(Budget.objects.values_list("domain", "cap_watts")) == [("rack:r1", 12000)]
+
+
+def test_a_holds_domain_is_not_changed_in_the_admin_only_its_reason(admin_client, join_node):
+    from facility.services import hold_create
+
+    join_node("n1", rack="r1")
+    hold = hold_create(domain="rack:r1", reason="PDU swap")
+    response = admin_client.post(
+        f"/admin/facility/hold/{hold.pk}/change/", {"domain": "rack:r2", "reason": "PDU swap, then a fan"},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert list(Hold.objects.values_list("domain", "reason")) == [("rack:r1", "PDU swap, then a fan")]

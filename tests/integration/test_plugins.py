@@ -54,18 +54,57 @@ def test_a_plugins_filter_and_scorer_change_placement_and_explain(join_node):
     assert pending["summary"].startswith("no node fits (3 nodes)")
 
 
-def test_a_plugin_that_raises_is_reported_and_skipped(join_node, caplog):
+def test_a_plugin_that_raises_refuses_the_node_and_its_scorer_scores_neutral(join_node, caplog, settings):
+    settings.REDIS_URL = ""  # counted in this process (test_plugin_counts_reach_every_process: with Redis)
+
     def boom(node, request):
         raise ZeroDivisionError("division by zero")
 
-    REGISTRY.add_filter(Filter("boom", boom))
     REGISTRY.add_scorer(Scorer("boom", boom, boom))
     cluster(join_node)
     with caplog.at_level(logging.WARNING, logger="placement.plugins"):
-        apply("m", 3)
-    assert len([r for r in selectors.replica_rows(model="m") if r["nodes"]]) == 3  # placement went on
-    assert REGISTRY.errors == ["plugin boom raised ZeroDivisionError: division by zero"]
-    assert "plugin boom raised ZeroDivisionError: division by zero; it is skipped" in caplog.text
+        apply("m", 2)
+    assert len([r for r in selectors.replica_rows(model="m") if r["nodes"]]) == 2  # its scorer: 0 for each
+    assert REGISTRY.errors[0] == "plugin boom: raised ZeroDivisionError: division by zero"
+    assert "plugin boom: raised ZeroDivisionError: division by zero; it scores 0 (neutral)" in caplog.text
+    REGISTRY.add_filter(Filter("bust", boom))
+    apply("x", 1)  # fail closed: the one node with room, which the filter could not judge, is refused
+    (pending,) = selectors.model_explain("x")["replicas"]
+    assert pending["nodes"] == []
+    assert {"node": "n3", "reason": "plugin bust: raised ZeroDivisionError: division by zero"} in pending["rejections"]
+    from placement.metrics import PluginErrorsCollector
+
+    errors, _ = PluginErrorsCollector().collect()
+    counted = {tuple(s.labels.values()): s.value for s in errors.samples if s.name == "llmgw_plugin_errors_total"}
+    assert counted[("bust", "filter", "raised")] >= 1  # n3, once a plan
+    assert counted[("boom", "scorer", "raised")] >= 3
+
+
+def test_plugin_counts_reach_every_process_through_redis(join_node, settings):
+    import os
+
+    import redis
+
+    from placement import explain
+    from placement.metrics import PluginErrorsCollector
+
+    url = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    settings.REDIS_URL = url
+    other = redis.Redis.from_url(url)
+    other.delete(explain.PLUGIN_COUNTS_KEY)
+    explain._redis = None
+    try:
+        other.hincrby(explain.PLUGIN_COUNTS_KEY, "failed\tboom\tfilter\traised", 5)  # a worker counted these
+        REGISTRY.add_filter(Filter("boom", lambda node, request: 1 / 0))
+        cluster(join_node)
+        apply("m", 1)  # its three nodes refused: sent once the placement is done
+        assert other.hget(explain.PLUGIN_COUNTS_KEY, "failed\tboom\tfilter\traised") == b"8"
+        errors, _ = PluginErrorsCollector().collect()
+        assert [(s.labels, s.value) for s in errors.samples if s.name == "llmgw_plugin_errors_total"] == [
+            ({"plugin": "boom", "kind": "filter", "error": "raised"}, 8.0)]
+    finally:
+        other.delete(explain.PLUGIN_COUNTS_KEY)
+        explain._redis = None
 
 
 def test_plugins_load_from_server_yaml_and_a_bad_one_is_skipped(tmp_path):
@@ -75,7 +114,7 @@ def test_plugins_load_from_server_yaml_and_a_bad_one_is_skipped(tmp_path):
     names = plugins_configured(text, "server.yaml")
     assert names == [EXAMPLE, "no.such.plugin"]
     assert plugins_load(REGISTRY, names, entry_points=False) == [EXAMPLE]
-    assert REGISTRY.errors == ["plugin no.such.plugin raised ModuleNotFoundError: No module named 'no'"]
+    assert REGISTRY.errors == ["plugin no.such.plugin: raised ModuleNotFoundError: No module named 'no'"]
     from facility.services import facility_apply
     from llmgw.errors import InvalidInput
 

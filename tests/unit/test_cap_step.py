@@ -83,6 +83,14 @@ def test_the_narrowest_pressed_domain_gives_the_reason_and_the_mode():
     assert change == CapChange("gpu01", 0.9, None, "pdu p1 within 5% of its power limit", False)
 
 
+def test_a_pressed_leg_is_narrower_than_its_pdu_and_gives_the_reason():
+    node = CapNode(1, "gpu01", None, ("rack:r1", "pdu:p1", "leg:p1.A"), None)
+    pressed = {"pdu:p1": Pressure("pdu p1 hot", True), "rack:r1": Pressure("rack r1 warm", True),
+               "leg:p1.A": Pressure("leg p1.A within 5% of its power limit", False)}
+    [change] = cap_step(nodes=[node], pressed=pressed, config=ON, now=NOW).changes
+    assert change == CapChange("gpu01", 0.9, None, "leg p1.A within 5% of its power limit", False)
+
+
 def test_a_capped_node_is_restored_step_by_step_after_restore_after_then_released():
     capped = CapNode(1, "gpu01", NodeCapState(0.7, 0.7, "rack r1 warm", None), (), 700.0)
     changes = steps(capped, {}, [0, 9, 10, 11, 12])

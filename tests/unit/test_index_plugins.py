@@ -1,0 +1,110 @@
+"""With a loaded filter that says which of a node's fields it reads (the example rack-affinity: labels), the
+index keeps planning incrementally and its plans stay the plain path's, through heartbeats, relabels and
+new facility figures; a scorer, a filter that says nothing of what it reads, or one failing now sends it
+the plain way."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placement.examples import rack_affinity
+from placement.index import PlacementIndex
+from placement.planner import FacilityView, NodeView, Plan, Profile, ReplicaRequest, plan_replica
+from placement.plugins import REGISTRY, Filter, Scorer, plugins_load
+from tests.unit.test_planner_properties import (
+    FAST,
+    MODELS,
+    applied,
+    assert_same_plan,
+    changed_node,
+    facilities,
+    scenario,
+)
+
+
+@pytest.fixture(autouse=True)
+def _affinity_filter_only():
+    REGISTRY.remove_external()
+    REGISTRY.add_filter(rack_affinity.FILTERS[0])
+    yield
+    REGISTRY.remove_external()
+
+
+def kept_for(draw, node):
+    kept = draw(st.lists(st.sampled_from(MODELS), max_size=2, unique=True))
+    labels = {k: v for k, v in node.labels.items() if k != rack_affinity.LABEL}
+    if kept:
+        labels[rack_affinity.LABEL] = ",".join(kept)
+    return dataclasses.replace(node, labels=labels)
+
+
+def plain_path_taken(index: PlacementIndex, request) -> bool:
+    """Whether index.plan goes the plain way for the request (it then plans through plan_replica)."""
+    import placement.index as index_module
+
+    taken = []
+    real = index_module.plan_replica
+
+    def spy(*args, **kwargs):
+        taken.append(True)
+        return real(*args, **kwargs)
+
+    index_module.plan_replica = spy
+    try:
+        index.plan(request)
+    finally:
+        index_module.plan_replica = real
+    return bool(taken)
+
+
+@FAST
+@given(st.data())
+def test_the_index_keeps_the_plain_paths_plans_with_a_filter_that_reads_labels(data):
+    nodes, facility, reqs = data.draw(scenario())
+    nodes = [kept_for(data.draw, n) for n in nodes]
+    reqs = [r for r in reqs if r.profile.nodes == 1] or [dataclasses.replace(reqs[0], profile=dataclasses.replace(
+        reqs[0].profile, nodes=1, keep_within=None))]
+    racks = sorted({n.labels["llmgw.io/rack"] for n in nodes}) + ["r-new"]
+    index = PlacementIndex(nodes, facility)
+    existing: dict[str, list[frozenset[str]]] = {}
+    for _ in range(data.draw(st.integers(4, 24))):
+        step = data.draw(st.sampled_from(["plan", "plan", "plan", "look", "node", "relabel", "facility"]))
+        if step in ("node", "relabel"):
+            at = data.draw(st.integers(0, len(nodes) - 1))
+            nodes[at] = kept_for(data.draw, nodes[at]) if step == "relabel" else data.draw(
+                changed_node(nodes[at], racks))
+            index.update_node(nodes[at])
+            continue
+        if step == "facility":
+            facility = data.draw(facilities(nodes))
+            index.set_facility(facility)
+            continue
+        req = data.draw(st.sampled_from(reqs))
+        req = dataclasses.replace(req, existing=tuple(existing.get(req.model, ())))
+        expected = plan_replica(req, nodes, facility)
+        assert_same_plan(index.plan(req), expected)
+        if isinstance(expected, Plan) and step == "plan":
+            index.apply(expected)
+            nodes = applied(nodes, expected)
+            existing.setdefault(req.model, []).append(expected.nodes)
+
+
+def test_which_plugins_keep_the_index():
+    node = NodeView(name="n1", ready=True, cordoned=False, labels={}, domains=(), fabric=None, gpus_total=8,
+                    free_gpus=tuple(range(8)), cpu_cores_total=8, cpu_cores_free=8, memory_gib_total=64,
+                    memory_gib_free=64)
+    index = PlacementIndex([node], FacilityView())
+    request = ReplicaRequest(model="m1", profile=Profile(gpus=1))
+    assert not plain_path_taken(index, request)  # rack-affinity says it reads labels
+    REGISTRY.add_filter(Filter("weights-too", lambda node, request: None, reads=frozenset({"labels", "weights"})))
+    assert plain_path_taken(index, request)  # weights: not watched by the index's kept rejections
+    REGISTRY.remove_external()
+    plugins_load(REGISTRY, ["placement.examples.rack_affinity"], entry_points=False)  # its scorer too
+    assert plain_path_taken(index, request)
+    REGISTRY.remove_external()
+    REGISTRY.add_scorer(Scorer("s", lambda node, request: 0))
+    assert plain_path_taken(index, request)
