@@ -69,11 +69,13 @@ class NvmlSession:
         self._topology_of: tuple[tuple[str | None, ...], dict[str, list]] | None = None
 
     def inventory(self) -> list[dict[str, Any]]:
-        """Each GPU's index, uuid, name, memory and enforced power limit."""
+        """Each GPU's index, uuid, name, memory, enforced power limit and the range a limit may be set in
+        (``power_limit_min_watts``, ``power_limit_max_watts``), and ``dropped``: what NVML gave that no card has."""
         return self._each_gpu(self._gpu_inventory)
 
     def readings(self) -> list[dict[str, Any]]:
-        """Each GPU's temperatures, power, power limit and active clock limiters."""
+        """Each GPU's temperatures, power, power limit and active clock limiters, and ``dropped``: what NVML
+        gave that no card has."""
         return self._each_gpu(self._gpu_reading)
 
     def topology(self, numa_node: Callable[[str], int | None]) -> dict[str, list] | None:
