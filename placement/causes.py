@@ -27,7 +27,7 @@ _CPU = re.compile(r"^cpu: (\d+) requested, \d+ free$")
 _MEMORY = re.compile(r"^memory: (\S+) GiB requested, \S+ GiB free$")
 _NO_LABEL = re.compile(r"^no llmgw\.io/(\w+) label \(keep_within: \w+\)$")
 _TOO_FEW = re.compile(r"^no (\w+) with (\d+) nodes that fit$")
-_TOPOLOGY = re.compile(r"^topology: no (\d+ free GPUs (?:all joined by NVLink|on one NUMA node)) \(free: [0-9,-]*\)$")
+_TOPOLOGY = re.compile(r"^topology: no (\d+ free GPUs (?:all joined by NVLink|on one NUMA node)) \(free: [0-9,-]*(?:; NUMA node unknown[^)]*)?\)$")
 
 # What a domain's cause says, one domain and several: (singular, plural).
 _FACILITY_WORDS = {

@@ -2,15 +2,18 @@
 
 A node reports how its GPUs are wired (agents.node.protocol's ``gpu_topology``: each pair's link as
 ``nvidia-smi topo -m`` prints it, each GPU's NUMA node). Links rank NV > PIX > PXB > PHB > NODE > SYS:
-NVLink first, then PCIe paths ever further apart, SYS crossing the sockets. A tensor-parallel replica
+NVLink first, more links before fewer (NV18 before NV12 before NV2 before NV1: the bandwidth between the
+two cards grows with the links), then PCIe paths ever further apart, SYS crossing the sockets. A
+NUMA node of -1 (a VM, a BIOS that tells the kernel none) is unknown, as is one the agent could not
+read. A tensor-parallel replica
 runs at the pace of its slowest link, so the pick grows a set from each free GPU — adding, each time,
 the GPU whose worst link to the set is best (one of the seed's NUMA node breaking ties, then the lowest
 index) — and keeps the set whose worst link is best, then the one on the fewest NUMA nodes, then the
-lowest indices, so the same node gives the same pick.
+one whose links are best in sum, then the lowest indices, so the same node gives the same pick.
 
 A profile may insist (``topology:`` in models.yaml): ``nvlink-all`` takes only a set whose every pair
-is joined by NVLink, ``same-numa`` only one on a single NUMA node; the best such set, grown the same way
-from each free GPU. A node without one is turned down in words (:func:`refusal`). ``any``, the default,
+is joined by NVLink, ``same-numa`` only one on a single known NUMA node; the best such set, grown the
+same way from each free GPU. A node without one is turned down in words (:func:`refusal`). ``any``, the default,
 takes the best set there is and never turns a node down.
 
 A node that reports no topology has unknown links: its shards take the lowest free indices, as they
@@ -28,12 +31,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Links, best first; NV<n> is NVLink however many links. A link nobody could read ranks after them all.
-LINK_NAMES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
-NVLINK = 0
-UNKNOWN_LINK = len(LINK_NAMES)
-_RANKS = {name: rank for rank, name in enumerate(LINK_NAMES)}
-_NVLINK_RE = re.compile(r"NV[0-9]+")
+# A link's rank, best (lowest) first: NV<n> ranks NVLINKS_MAX - n (NV64 0 … NV1 63), then the PCIe paths
+# (PIX 64 … SYS 68); a link nobody could read ranks after them all. A GPU's link to itself is 0.
+NVLINKS_MAX = 64  # links between two GPUs the heartbeat takes (agents.node.protocol)
+PCIE_NAMES = ("PIX", "PXB", "PHB", "NODE", "SYS")
+NVLINK = 0  # the best rank there is: a GPU to itself, or NV64
+PCIE_FIRST = NVLINKS_MAX
+UNKNOWN_LINK = PCIE_FIRST + len(PCIE_NAMES)
+_RANKS = {name: PCIE_FIRST + rank for rank, name in enumerate(PCIE_NAMES)}
+_NVLINK_RE = re.compile(r"NV([0-9]+)")
 
 # A profile's ``topology:``, the default first.
 ANY = "any"
@@ -49,11 +55,14 @@ NVLINK_SEARCH_STEPS = 10_000
 @dataclass(frozen=True, slots=True)
 class GpuTopology:
     """How a node's GPUs are wired, as the pick reads it: ``links[i][j]`` ranks the link between GPUs i and
-    j (an index of LINK_NAMES, UNKNOWN_LINK where unread), ``numa[i]`` is GPU i's NUMA node (None where
-    unread; -1 where the platform has one)."""
+    j (see NVLINKS_MAX; UNKNOWN_LINK where unread), ``numa[i]`` is GPU i's NUMA node (None where unknown:
+    unread, or -1)."""
 
     links: tuple[tuple[int, ...], ...]
     numa: tuple[int | None, ...]
+    # GPUs whose NUMA node the agent sent as -1, which says nothing of where they are: their numa is None
+    # like an unread one; kept so a refusal can say why.
+    numa_minus_one: frozenset[int] = frozenset()
 
     def link(self, a: int, b: int) -> int:
         """The rank of the link between GPUs ``a`` and ``b`` (UNKNOWN_LINK for a GPU the matrix lacks)."""
@@ -67,10 +76,26 @@ class GpuTopology:
         return self.numa[gpu] if 0 <= gpu < len(self.numa) else None
 
 
+def is_nvlink(rank: int) -> bool:
+    """Whether a link of this rank is NVLink (a GPU's link to itself counts)."""
+    return rank < PCIE_FIRST
+
+
+def link_name(rank: int) -> str:
+    """A rank in nvidia-smi's words: ``NV18``, ``PIX``, … ``unknown``."""
+    if rank == NVLINK:
+        return "X"
+    if is_nvlink(rank):
+        return f"NV{NVLINKS_MAX - rank}"
+    return PCIE_NAMES[rank - PCIE_FIRST] if rank < UNKNOWN_LINK else "unknown"
+
+
 def _rank(value: Any) -> int:
     if isinstance(value, str):
-        if _NVLINK_RE.fullmatch(value):
-            return NVLINK
+        nvlink = _NVLINK_RE.fullmatch(value)
+        if nvlink:
+            count = int(nvlink.group(1))
+            return NVLINKS_MAX - min(count, NVLINKS_MAX) if count > 0 else UNKNOWN_LINK
         return _RANKS.get(value, UNKNOWN_LINK)
     return UNKNOWN_LINK
 
@@ -92,11 +117,9 @@ def topology_of(document: Any) -> GpuTopology | None:
         return None
     nodes = document.get("numa")
     nodes = nodes if isinstance(nodes, list) else []
-    numa = tuple(
-        nodes[i] if i < len(nodes) and type(nodes[i]) is int else None  # not bool: JSON's true is no node
-        for i in range(size)
-    )
-    return GpuTopology(links=links, numa=numa)
+    sent = [nodes[i] if i < len(nodes) and type(nodes[i]) is int else None for i in range(size)]  # not bool
+    numa = tuple(node if node is not None and node >= 0 else None for node in sent)
+    return GpuTopology(links=links, numa=numa, numa_minus_one=frozenset(i for i, n in enumerate(sent) if n == -1))
 
 
 def numa_count(topology: GpuTopology, gpus: Iterable[int]) -> int:
@@ -112,6 +135,13 @@ def worst_link(topology: GpuTopology, gpus: Iterable[int]) -> int:
         (topology.link(a, b) for i, a in enumerate(members) for b in members[i + 1 :]),
         default=NVLINK,
     )
+
+
+def total_link(topology: GpuTopology, gpus: Iterable[int]) -> int:
+    """The sum of the ranks of every link between the GPUs: of two sets with the same worst link, the one
+    with more NVLinks in all has the lower sum."""
+    members = list(gpus)
+    return sum(topology.link(a, b) for i, a in enumerate(members) for b in members[i + 1 :])
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet has a few wirings and a few free sets on each
@@ -130,7 +160,7 @@ def gpus_pick(
         return ordered[:count] if need == ANY else None
     if need == ANY and count == len(ordered):
         return ordered
-    best: tuple[int, int, tuple[int, ...]] | None = None
+    best: tuple[int, int, int, tuple[int, ...]] | None = None
     nvlink_only, one_node = need == NVLINK_ALL, need == SAME_NUMA
     for seed in ordered:
         home = topology.numa_of(seed)
@@ -144,7 +174,7 @@ def gpus_pick(
         while len(members) < count:
             options = [(max(topology.link(g, m) for m in members), topology.numa_of(g) != home, g) for g in pool]
             if nvlink_only:
-                options = [option for option in options if option[0] == NVLINK]
+                options = [option for option in options if is_nvlink(option[0])]
             if not options:
                 break
             pick = min(options)
@@ -154,12 +184,12 @@ def gpus_pick(
         if len(members) < count:
             continue
         chosen = tuple(sorted(members))
-        key = (worst, numa_count(topology, chosen), chosen)
+        key = (worst, numa_count(topology, chosen), total_link(topology, chosen), chosen)
         if best is None or key < best:
             best = key
     if best is None:
         return _nvlink_set(ordered, count, topology) if nvlink_only else None
-    return best[2]
+    return best[3]
 
 
 def _nvlink_set(ordered: tuple[int, ...], count: int, topology: GpuTopology) -> tuple[int, ...] | None:
@@ -175,7 +205,7 @@ def _nvlink_set(ordered: tuple[int, ...], count: int, topology: GpuTopology) -> 
             steps += 1
             if steps > NVLINK_SEARCH_STEPS or len(chosen) + len(rest) - at < count:
                 return None
-            if all(topology.link(gpu, m) == NVLINK for m in chosen):
+            if all(is_nvlink(topology.link(gpu, m)) for m in chosen):
                 found = grow((*chosen, gpu), rest[at + 1 :])
                 if found is not None:
                     return found
@@ -190,7 +220,15 @@ def refusal(need: str, count: int, free: tuple[int, ...], topology: GpuTopology 
     if topology is None:
         return f"topology: the node reports no GPU topology ({need} needs it)"
     joined = "all joined by NVLink" if need == NVLINK_ALL else "on one NUMA node"
-    return f"topology: no {count} free GPUs {joined} (free: {gpus_text(free, run=3)})"
+    unknown = ""
+    if need == SAME_NUMA:
+        nodeless = [g for g in free if topology.numa_of(g) is None]
+        minus_one = [g for g in nodeless if g in topology.numa_minus_one]
+        if minus_one:
+            unknown = f"; NUMA node unknown for {gpus_text(minus_one, run=3)}, reported as -1"
+        elif nodeless:
+            unknown = f"; NUMA node unknown for {gpus_text(nodeless, run=3)}"
+    return f"topology: no {count} free GPUs {joined} (free: {gpus_text(free, run=3)}{unknown})"
 
 
 def gpus_text(indices: Iterable[int], *, run: int = 2) -> str:
@@ -215,12 +253,12 @@ def pick_words(topology: GpuTopology | None, gpus: tuple[int, ...]) -> str | Non
         return None
     worst = worst_link(topology, gpus)
     nodes = [topology.numa_of(g) for g in gpus]
-    if worst == NVLINK:
+    if is_nvlink(worst):
         why = "NVLink-complete"
     elif None not in nodes and len(set(nodes)) == 1:
         why = "one NUMA node"
     elif worst == UNKNOWN_LINK:
         why = "links unknown"
     else:
-        why = f"worst link {LINK_NAMES[worst]}"
+        why = f"worst link {link_name(worst)}"
     return f"GPUs {gpus_text(gpus, run=3)}, {why}"

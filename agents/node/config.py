@@ -28,7 +28,7 @@ The file::
       credentials_file: /etc/llmgw/bmc    # one line: user:password
       verify_tls: true                    # check the BMC's certificate (false: self-signed BMCs)
       ca_file: /etc/llmgw/bmc-ca.pem      # the CA that signed it (optional; default requests' bundle)
-      chassis: 1U                         # the chassis' Id; optional when the BMC has one chassis
+      chassis: 1U                         # the chassis' Id or id path (RackMount/Baseboard); optional: the one holding the system
       deadline_seconds: 5                 # all of one read, less than interval_seconds (default half of it, at most 5)
 """
 
@@ -120,6 +120,18 @@ TOP_KEYS = (
     "bmc",
 )
 BMC_KEYS = ("redfish", "credentials_file", "verify_tls", "ca_file", "chassis", "deadline_seconds")
+CHASSIS_PATH_PREFIX = "/redfish/v1/Chassis/"
+_CHASSIS_ID_SEGMENT = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}")
+
+
+def is_chassis_id(chassis: object) -> bool:
+    """Whether agent.yaml's ``bmc: chassis:`` names a chassis: its Id (``1U``), or its id path where a BMC
+    nests them (``RackMount/Baseboard``, or whole: ``/redfish/v1/Chassis/RackMount/Baseboard``); no
+    segment may be ``.`` or ``..``."""
+    if not isinstance(chassis, str) or len(chassis) > 200:
+        return False
+    segments = chassis.removeprefix(CHASSIS_PATH_PREFIX).split("/")
+    return all(_CHASSIS_ID_SEGMENT.fullmatch(part) and part not in (".", "..") for part in segments)
 # A BMC answers in hundreds of milliseconds to seconds; a read that takes longer is a BMC that is down.
 MAX_BMC_DEADLINE_SECONDS = 5.0
 # token_file and bmc.credentials_file: a token or user:password is a line; a file of more holds neither
@@ -294,10 +306,12 @@ def _bmc(doc: Document, given: Any, base_dir: Path, interval: float) -> BmcSetti
         if not verify:
             raise doc.error(("bmc", "ca_file"), "a CA file checks the BMC's certificate: remove verify_tls: false")
     chassis = given.get("chassis")
-    if chassis is not None and (
-        not isinstance(chassis, str) or not re.fullmatch(r"[A-Za-z0-9._~:@!$&'()*+,;=-]{1,200}", chassis)
-    ):
-        raise doc.error(("bmc", "chassis"), f"the chassis' Id as its BMC names it (e.g. 1U), got {chassis!r}")
+    if chassis is not None and not is_chassis_id(chassis):
+        raise doc.error(
+            ("bmc", "chassis"),
+            f"the chassis' Id as its BMC names it (e.g. 1U), or its path (e.g. {CHASSIS_PATH_PREFIX}RackMount/Baseboard), "
+            f"got {chassis!r}",
+        )
     deadline = min(MAX_BMC_DEADLINE_SECONDS, interval / 2)
     if "deadline_seconds" in given:
         deadline = given["deadline_seconds"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement.topology import NVLINK, UNKNOWN_LINK, gpus_pick, pick_words, topology_of
+from placement.topology import NVLINK, UNKNOWN_LINK, gpus_pick, link_name, pick_words, refusal, topology_of
 from tests.fakes.gpu_machines import reported_topology
 
 HGX = topology_of(reported_topology("hgx-h100"))
@@ -18,10 +18,12 @@ def picked(topology, free, count) -> tuple[tuple[int, ...], str | None]:
 
 
 def test_the_reported_matrix_reads_as_ranks_and_nodes():
-    assert PAIRS.link(0, 1) == NVLINK and PAIRS.link(0, 4) == 5 and PAIRS.link(4, 6) == 4
+    assert [link_name(PAIRS.link(0, j)) for j in (0, 1, 2, 4)] == ["X", "NV4", "PIX", "SYS"]
+    assert link_name(PAIRS.link(4, 6)) == "NODE" and PAIRS.link(0, 0) == NVLINK
     assert PAIRS.numa == (0, 0, 0, 0, 1, 1, 1, 1)
     assert PAIRS.link(0, 8) == UNKNOWN_LINK and PAIRS.numa_of(8) is None
-    assert BOX.numa == (-1, -1, -1, -1)
+    # -1 says nothing of where a GPU is (a VM, a BIOS that tells the kernel none): unknown, as unread.
+    assert BOX.numa == (None, None, None, None) and BOX.numa_minus_one == frozenset(range(4))
 
 
 @pytest.mark.parametrize(
@@ -49,8 +51,8 @@ def test_nvswitch_board_keeps_a_shard_on_the_fewest_numa_nodes():
     assert picked(HGX, (3, 4, 5, 6, 7), 2) == ((4, 5), "GPUs 4,5, NVLink-complete")
 
 
-def test_pcie_box_without_nvlink_takes_one_switch_tree():
-    assert picked(BOX, (0, 2, 3), 2) == ((2, 3), "GPUs 2,3, one NUMA node")
+def test_pcie_box_without_nvlink_takes_one_switch_tree_and_claims_no_numa_node_it_does_not_know():
+    assert picked(BOX, (0, 2, 3), 2) == ((2, 3), "GPUs 2,3, worst link PXB")
 
 
 def test_unknown_links_take_the_lowest_free_indices_and_say_nothing():
@@ -79,7 +81,7 @@ def test_nvlink_all_takes_only_sets_joined_by_nvlink():
 def test_same_numa_takes_only_sets_on_one_node():
     assert gpus_pick((0, 1, 4, 5, 6, 7), 4, PAIRS, "same-numa") == (4, 5, 6, 7)
     assert gpus_pick((0, 1, 2, 4, 5, 6), 4, PAIRS, "same-numa") is None
-    assert gpus_pick((0, 1, 2, 3), 4, BOX, "same-numa") == (0, 1, 2, 3)  # -1: the platform's one node
+    assert gpus_pick((0, 1, 2, 3), 4, BOX, "same-numa") is None  # -1: unknown, never taken for one node
     unread = topology_of({"links": [["X", "PIX"], ["PIX", "X"]], "numa": [0, None]})
     assert gpus_pick((0, 1), 2, unread, "same-numa") is None
     assert gpus_pick((0, 1), 2, unread) == (0, 1)
@@ -98,3 +100,38 @@ def test_a_set_joined_by_nvlink_is_found_where_growing_from_each_gpu_misses_it()
     wired = topology_of({"links": links, "numa": [0] * 6})
     assert gpus_pick(tuple(range(6)), 3, wired, "nvlink-all") == (3, 4, 5)
     assert gpus_pick(tuple(range(6)), 4, wired, "nvlink-all") is None
+
+
+def wired(links: dict[tuple[int, int], str], size: int, numa=None):
+    rows = [["X" if i == j else links.get((min(i, j), max(i, j)), "SYS") for j in range(size)] for i in range(size)]
+    return topology_of({"links": rows, "numa": numa if numa is not None else [0] * size})
+
+
+def test_more_nvlinks_rank_before_fewer():
+    # Today's any-NVLink-is-the-same would take the lowest pair, (0, 1) on NV1; NV18 is eighteen times that.
+    box = wired({(0, 1): "NV1", (2, 3): "NV2", (4, 5): "NV18"}, 6)
+    assert picked(box, range(6), 2) == ((4, 5), "GPUs 4,5, NVLink-complete")
+    assert picked(box, range(4), 2) == ((2, 3), "GPUs 2,3, NVLink-complete")
+    assert gpus_pick(tuple(range(4)), 2, box, "nvlink-all") == (2, 3)
+
+
+def test_of_two_sets_with_the_same_worst_link_the_one_with_more_nvlinks_in_all_is_taken():
+    # Both triples' worst link is NV1; 3-5 has two NV2 links where 0-2 has none.
+    box = wired({(0, 1): "NV1", (0, 2): "NV1", (1, 2): "NV1", (3, 4): "NV2", (3, 5): "NV1", (4, 5): "NV2"}, 6)
+    assert gpus_pick(tuple(range(6)), 3, box) == (3, 4, 5)
+
+
+def test_same_numa_refuses_gpus_whose_node_is_minus_one_in_words():
+    assert refusal("same-numa", 4, (0, 1, 2, 3), BOX) == (
+        "topology: no 4 free GPUs on one NUMA node (free: 0-3; NUMA node unknown for 0-3, reported as -1)"
+    )
+    unread = topology_of({"links": [["X", "PIX"], ["PIX", "X"]], "numa": [0, None]})
+    assert refusal("same-numa", 2, (0, 1), unread) == (
+        "topology: no 2 free GPUs on one NUMA node (free: 0,1; NUMA node unknown for 1)"
+    )
+    assert refusal("same-numa", 4, (0, 1, 4, 6), PAIRS) == "topology: no 4 free GPUs on one NUMA node (free: 0,1,4,6)"
+
+
+def test_explain_never_claims_one_numa_node_for_minus_one():
+    gpus = gpus_pick((0, 1, 2, 3), 4, BOX)
+    assert pick_words(BOX, gpus) == "GPUs 0-3, worst link PHB"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agents.node.protocol import Capping
+from agents.node.protocol import GPU_CAPPING_SENSOR_KEYS, GPU_INVENTORY_KEYS, GPU_SENSOR_KEYS, Capping
 from agents.node.sensors import host, hwmon, topology
 from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession
 from agents.node.sensors.rapl import PackagePower
@@ -64,6 +64,7 @@ class SensorReader:
         self._nvml = NvmlSession(nvml) if nvml is not None else _real_nvml_session()
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
+        self._said_dropped: dict[str, tuple[str, ...]] = {}  # by inventory/reading and GPU uuid: last logged
 
     def inventory(self) -> dict[str, Any]:
         """The node's GPUs (index, uuid, name, memory_gib, power_limit_watts) and how they are wired
@@ -78,7 +79,7 @@ class SensorReader:
         )
         if polled is not None:
             gpus, topology = polled
-            found["gpus"] = gpus
+            found["gpus"] = self._carried("inventory", gpus, GPU_INVENTORY_KEYS)
             if gpus and topology is not None:
                 found["gpu_topology"] = topology
         for key, getter in (
@@ -96,7 +97,8 @@ class SensorReader:
 
         Never raises on a bad reading; a missing or failed value is an absent key.
         """
-        sensors: dict[str, Any] = {"gpus": self._poll_nvml(lambda session: session.readings()) or []}
+        gpus = self._poll_nvml(lambda session: session.readings()) or []
+        sensors: dict[str, Any] = {"gpus": self._carried("reading", gpus, GPU_SENSOR_KEYS | GPU_CAPPING_SENSOR_KEYS)}
         temperatures = self._guarded("hwmon", lambda: hwmon.read_temperatures(self._root, self._read_text))
         if temperatures is not None:
             if temperatures.cpu_celsius is not None:
@@ -120,6 +122,18 @@ class SensorReader:
         self._poll_nvml(lambda session: session.close())
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _carried(self, what: str, gpus: list[dict[str, Any]], keys: frozenset[str]) -> list[dict[str, Any]]:
+        """The GPUs as the heartbeat carries them: each value NVML could not give logged once (``dropped``),
+        and only the keys the control plane's protocol takes (a key this agent reads before the protocol
+        names it is left out, not sent to get the whole heartbeat refused)."""
+        for gpu in gpus:
+            dropped = tuple(gpu.get("dropped") or ())
+            said = f"{what} {gpu.get('uuid')}"
+            if dropped and self._said_dropped.get(said) != dropped:
+                log.warning("GPU %s %s: %s", gpu.get("index"), what, "; ".join(dropped))
+            self._said_dropped[said] = dropped
+        return [{key: value for key, value in gpu.items() if key in keys} for gpu in gpus]
 
     def _numa_node(self, bus_id: str) -> int | None:
         return topology.read_numa_node(self._root, bus_id, self._read_text)

@@ -2,8 +2,16 @@
 
 The chassis' power is read from ``Chassis/{id}/EnvironmentMetrics`` (``PowerWatts.Reading``), else
 ``PowerSubsystem`` (its power supplies' ``Metrics.InputPowerWatts.Reading``, all of them), else the older
-``Power`` (``PowerControl[].PowerConsumedWatts``): what the chassis links, in that order. Without a chassis
-Id in agent.yaml the BMC's one chassis is taken, or among several the one holding the computer system.
+``Power`` (``PowerControl[].PowerConsumedWatts``), else its ``Sensors`` (the power sensor of the whole
+chassis; see :func:`sensors_power`): what the chassis links, in that order. agent.yaml's ``chassis:`` is
+the chassis' Id or its id path where the BMC nests them (Intel's ``RackMount/Baseboard``); without it the
+BMC's one chassis is taken, or among several the one that links the computer system (whatever its
+ChassisType: Intel's is a ``Card``), or among several such the one whose type holds a whole node.
+
+A BMC that refuses the credentials (HTTP 401 or 403) is asked again after a minute, then after twice as
+long each time, up to every 10 minutes: a BMC locks an account after a few failed logins, and the
+heartbeat's BMC status says when the next try is. The redfish library's own log records are cut to one
+line of at most 500 characters: it logs a BMC's whole answer (an HTML page of 900 KB) at ERROR.
 
 A BMC answers in hundreds of milliseconds to seconds, and sometimes not at all: reads run in a worker
 thread, one at a time, started by a heartbeat and taken by the next one, so no heartbeat ever waits on the
@@ -13,7 +21,8 @@ within the deadline and a size cap (a BMC that trickles bytes is cut off, not wa
 
 What a heartbeat's sensors carry (agents.node.protocol):
 ``node_power_watts`` and ``power_source: "bmc"`` while the BMC is up, and ``bmc``:
-``{"state": "up", "resource": "EnvironmentMetrics"}`` or ``{"state": "down", "reason": "…"}``.
+``{"state": "up", "resource": "EnvironmentMetrics"}`` or ``{"state": "down", "reason": "…"}``. A resource the
+protocol does not name yet (``Sensors``) is left out of the status, not sent to get the heartbeat refused.
 """
 
 from __future__ import annotations
@@ -27,8 +36,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from agents.node.config import BmcSettings
-from agents.node.protocol import MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX, carried_text
+from agents.node.config import CHASSIS_PATH_PREFIX, BmcSettings
+from agents.node.protocol import BMC_RESOURCES, MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX, carried_text
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,11 @@ SERVICE_ROOT = "/redfish/v1"
 MAX_ANSWER_BYTES = 1024 * 1024  # a Redfish resource is a few KiB; a PSU collection of a big chassis, tens
 MAX_CHASSIS_LOOKED_AT = 16  # members of the chassis collection read to find the node's own
 MAX_POWER_SUPPLIES = 64
+MAX_SENSORS_LOOKED_AT = 256  # members of a chassis' Sensors read to find its power (an HPE Cray EX node has 85)
+# Credentials refused: the first wait before asking again, doubled each time up to the longest.
+REFUSED_FIRST_WAIT_SECONDS = 60.0
+REFUSED_LONGEST_WAIT_SECONDS = 600.0
+LOG_RECORD_CHARS = 500  # the most of one redfish library log record that reaches the agent's log
 # Chassis types that hold a whole node (Redfish's ChassisType), not one of its boards or modules.
 NODE_CHASSIS_TYPES = frozenset({"RackMount", "StandAlone", "Blade", "Sled", "Enclosure", "Drawer", "Zone"})
 _CHUNK_BYTES = 64 * 1024
@@ -43,6 +57,35 @@ _CHUNK_BYTES = 64 * 1024
 
 class BmcDown(Exception):
     """The BMC cannot give the chassis' power now; the text is the reason a person reads."""
+
+
+class BmcRefused(BmcDown):
+    """The BMC refused the credentials (HTTP 401 or 403): asked again only after a wait (see BmcPower)."""
+
+
+class RedfishLogCut(logging.Filter):
+    """Cuts a record of the redfish library to its first line, at most LOG_RECORD_CHARS: the library
+    logs a BMC's answer whole (an HTML error page of 900 KB) after its own words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        first = text.split("\n", 1)[0]
+        if len(first) > LOG_RECORD_CHARS:
+            first = first[:LOG_RECORD_CHARS] + "…"
+        if first != text:
+            record.msg = f"{first} ({len(text):,} characters; the rest is not logged)"
+            record.args = None
+        return True
+
+
+def bound_redfish_logs() -> None:
+    """Put RedfishLogCut on the redfish library's loggers (a logger's filter does not reach its children,
+    so each module's logger gets it)."""
+    names = ["redfish", *(n for n in list(logging.root.manager.loggerDict) if n.startswith("redfish."))]
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedfishLogCut) for f in logger.filters):
+            logger.addFilter(RedfishLogCut())
 
 
 Get = Callable[[str], "dict[str, Any] | None"]  # GET a Redfish path: its JSON object, None when it is absent (404)
@@ -68,34 +111,50 @@ def _members(document: dict[str, Any] | None) -> list[str]:
     return [m["@odata.id"] for m in members if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
 
 
+def chassis_path(chassis: str) -> str:
+    """agent.yaml's ``chassis:`` (an Id, an id path, or a whole path) as the path to GET."""
+    relative = chassis.removeprefix(CHASSIS_PATH_PREFIX)
+    return CHASSIS_PATH_PREFIX + "/".join(quote(part, safe="") for part in relative.split("/"))
+
+
+def _chassis_name(path: str) -> str:
+    """A chassis' path as agent.yaml would name it: its Id, or its id path where the BMC nests them."""
+    return path.rstrip("/").removeprefix(CHASSIS_PATH_PREFIX)
+
+
 def find_chassis(get: Get, chassis_id: str | None) -> str:
-    """The path of the node's chassis: the one named in agent.yaml, else the BMC's one (or the one that
-    holds the computer system among several); BmcDown naming the Ids when it cannot tell."""
+    """The path of the node's chassis: the one named in agent.yaml, else the BMC's one, else the one that
+    links the computer system (among several such, the one whose type holds a whole node); BmcDown naming
+    the chassis when it cannot tell."""
     if chassis_id is not None:
-        path = f"{SERVICE_ROOT}/Chassis/{quote(chassis_id, safe='')}"
+        path = chassis_path(chassis_id)
         if get(path) is not None:
             return path
-        ids = [m.rstrip("/").rsplit("/", 1)[-1] for m in _members(get(f"{SERVICE_ROOT}/Chassis"))]
-        raise BmcDown(f"no chassis {chassis_id!r} on the BMC (it has: {', '.join(ids) or 'none'})")
+        names = [_chassis_name(m) for m in _members(get(f"{SERVICE_ROOT}/Chassis"))]
+        raise BmcDown(f"no chassis {chassis_id!r} on the BMC (it has: {', '.join(names) or 'none'})")
     members = _members(get(f"{SERVICE_ROOT}/Chassis"))
     if len(members) == 1:
         return members[0]
     if not members:
         raise BmcDown("the BMC lists no chassis")
-    holding = []
+    holding: list[tuple[str, Any]] = []
     for path in members[:MAX_CHASSIS_LOOKED_AT]:
         chassis = get(path) or {}
         links = chassis.get("Links") if isinstance(chassis.get("Links"), dict) else {}
-        if chassis.get("ChassisType") in NODE_CHASSIS_TYPES and links.get("ComputerSystems"):
-            holding.append(path)
+        if links.get("ComputerSystems"):
+            holding.append((path, chassis.get("ChassisType")))
     if len(holding) == 1:
-        return holding[0]
-    ids = ", ".join(m.rstrip("/").rsplit("/", 1)[-1] for m in members[:MAX_CHASSIS_LOOKED_AT])
-    raise BmcDown(f"the BMC has {len(members)} chassis ({ids}); name the node's in agent.yaml (bmc: chassis:)")
+        return holding[0][0]
+    whole = [path for path, kind in holding if kind in NODE_CHASSIS_TYPES]
+    if len(whole) == 1:
+        return whole[0]
+    names = ", ".join(_chassis_name(m) for m in members[:MAX_CHASSIS_LOOKED_AT])
+    raise BmcDown(f"the BMC has {len(members)} chassis ({names}); name the node's in agent.yaml (bmc: chassis:)")
 
 
-def chassis_power(get: Get, chassis_path: str) -> tuple[float, str]:
-    """The chassis' power (W) and the resource it was read from; BmcDown when none gives a figure."""
+def chassis_power(get: Get, chassis_path: str, sensors: list[str] | None = None) -> tuple[float, str]:
+    """The chassis' power (W) and the resource it was read from; BmcDown when none gives a figure.
+    ``sensors``: the power sensors found last time (sensors_power's ``known``)."""
     chassis = get(chassis_path)
     if chassis is None:
         raise BmcDown(f"{chassis_path} is gone from the BMC")
@@ -121,8 +180,68 @@ def chassis_power(get: Get, chassis_path: str) -> tuple[float, str]:
             watts = _number(control.get("PowerConsumedWatts")) if isinstance(control, dict) else None
             if watts is not None:
                 return watts, "Power"
-    where = f" ({', '.join(tried)} read)" if tried else " (no EnvironmentMetrics, PowerSubsystem or Power)"
-    raise BmcDown(f"chassis {chassis_path.rsplit('/', 1)[-1]} reports no power reading{where}")
+    link = _link(chassis, "Sensors")
+    if link is not None:
+        tried.append("Sensors")
+        watts = sensors_power(get, link, sensors if sensors is not None else [])
+        if watts is not None:
+            return watts, "Sensors"
+    where = f" ({', '.join(tried)} read)" if tried else " (no EnvironmentMetrics, PowerSubsystem, Power or Sensors)"
+    raise BmcDown(f"chassis {_chassis_name(chassis_path)} reports no power reading{where}")
+
+
+def _sensor_kind(sensor: dict[str, Any]) -> str | None:
+    """Which of the chassis' power sensors this is, if it is one: ``chassis`` (PhysicalContext Chassis: the
+    whole chassis), ``supply`` (a power supply's input), ``input`` (HPE Cray EX: the node's input
+    regulator, PhysicalContext VoltageRegulator, PhysicalSubContext Input, Oem.ParentalContext Chassis —
+    the blade's node reports its whole draw there and nowhere else)."""
+    if sensor.get("ReadingType") != "Power":
+        return None
+    context, sub = sensor.get("PhysicalContext"), sensor.get("PhysicalSubContext")
+    if context == "Chassis":
+        return "chassis"
+    if context == "PowerSupply" and sub in (None, "Input"):
+        return "supply"
+    oem = sensor.get("Oem") if isinstance(sensor.get("Oem"), dict) else {}
+    if context == "VoltageRegulator" and sub == "Input" and oem.get("ParentalContext") == "Chassis":
+        return "input"
+    return None
+
+
+def sensors_power(get: Get, sensors_path: str, known: list[str]) -> float | None:
+    """The chassis' power from its Sensors collection: its Chassis power sensor (the ``Total`` one first),
+    else the sum of its power supplies' inputs (every one must read), else an HPE Cray EX node's input
+    regulator; None when none reads. ``known`` holds the sensors found last time (read alone, not the whole
+    collection again) and is filled with those found now."""
+    if known:
+        readings = [(get(path) or {}).get("Reading") for path in known]
+        values = [_number(r) for r in readings]
+        if values and None not in values:
+            return sum(v for v in values if v is not None)
+        known.clear()  # gone or not reading: look through the collection again
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {"chassis": [], "supply": [], "input": []}
+    for path in _members(get(sensors_path))[:MAX_SENSORS_LOOKED_AT]:
+        sensor = get(path)
+        kind = _sensor_kind(sensor) if isinstance(sensor, dict) else None
+        if kind is not None:
+            found[kind].append((path, sensor))  # type: ignore[arg-type]
+    chassis = sorted(found["chassis"], key=lambda item: item[1].get("ElectricalContext") != "Total")
+    for path, sensor in chassis:
+        watts = _number(sensor.get("Reading"))
+        if watts is not None:
+            known[:] = [path]
+            return watts
+    supplies = found["supply"]
+    values = [_number(sensor.get("Reading")) for _, sensor in supplies]
+    if supplies and len(supplies) <= MAX_POWER_SUPPLIES and None not in values:
+        known[:] = [path for path, _ in supplies]
+        return sum(v for v in values if v is not None)
+    for path, sensor in found["input"]:
+        watts = _number(sensor.get("Reading"))
+        if watts is not None:
+            known[:] = [path]
+            return watts
+    return None
 
 
 def _power_supplies_watts(get: Get, subsystem_path: str) -> float | None:
@@ -149,6 +268,7 @@ class RedfishPower:
         self._clock = clock
         self._client: Any = None
         self._chassis: str | None = None
+        self._sensors: list[str] = []  # the chassis' power sensors, once found: read alone after that
         self._deadline_at = 0.0
 
     def read(self) -> tuple[float, str]:
@@ -157,9 +277,10 @@ class RedfishPower:
         if self._chassis is None:
             self._chassis = find_chassis(self._get, self._settings.chassis)
         try:
-            return chassis_power(self._get, self._chassis)
+            return chassis_power(self._get, self._chassis, self._sensors)
         except BmcDown:
             self._chassis = None  # the BMC's firmware may have changed: look for the chassis again
+            self._sensors.clear()
             raise
 
     def close(self) -> None:
@@ -180,7 +301,7 @@ class RedfishPower:
         if response.status == 404:
             return None
         if response.status in (401, 403):
-            raise BmcDown(f"the BMC refused the credentials (HTTP {response.status} on {path})")
+            raise BmcRefused(f"the BMC refused the credentials (HTTP {response.status} on {path})")
         if response.status != 200:
             raise BmcDown(f"the BMC answered HTTP {response.status} on {path}")
         try:
@@ -197,6 +318,7 @@ class RedfishPower:
 
             # It logs every request at INFO ("Attempt 1 of …"): three lines a heartbeat in the agent's log.
             logging.getLogger("redfish").setLevel(max(logging.WARNING, logging.getLogger("redfish").level))
+            bound_redfish_logs()
             settings = self._settings
             # The library checks certificates only when given a CA file: the one named, else requests' own.
             ca_file = None
@@ -287,20 +409,35 @@ class BmcPower:
         self._started_at = 0.0
         self._outcome: dict[str, Any] | None = None  # the last read's sensors, once one ended
         self._said: str | None = None  # the state last logged, so a change is logged once
+        # Credentials refused: no read before retry_at; the wait doubles with each refusal in a row.
+        self._refused_wait = 0.0
+        self._retry_at = 0.0
 
     def sensors(self) -> dict[str, Any]:
         """What the heartbeat's sensors say of the BMC now (nothing before the first read ended), and a
         new read started for the next heartbeat unless one is still under way."""
         with self._lock:
             running = self._worker is not None and self._worker.is_alive()
-            if running and self._clock() - self._started_at > self._settings.deadline_seconds:
+            now = self._clock()
+            if running and now - self._started_at > self._settings.deadline_seconds:
                 self._outcome = _down(f"no answer within {self._settings.deadline_seconds:g} s")
             outcome = self._outcome
-            if not running:
+            waiting = self._retry_at - now
+            if not running and waiting <= 0:
                 self._start()
-        if outcome is not None:
-            self._log(outcome)
-        return dict(outcome) if outcome is not None else {}
+        if outcome is None:
+            return {}
+        self._log(outcome)
+        if waiting > 0 and outcome["bmc"]["state"] == "down":
+            # Said on the node page: when the BMC is asked again, so nobody waits on a fixed password.
+            reason = (
+                f"{outcome['bmc']['reason']}; asked again in {_duration(waiting)} (the wait doubles while "
+                f"refused, up to {_duration(REFUSED_LONGEST_WAIT_SECONDS)})"
+            )
+            return _down(reason)
+        if outcome["bmc"].get("resource") not in (None, *BMC_RESOURCES):
+            return {**outcome, "bmc": {"state": outcome["bmc"]["state"]}}  # a resource the protocol does not name
+        return dict(outcome)
 
     def wait(self) -> None:
         """Wait for the read under way, up to the deadline (``--once``: its one heartbeat has the BMC's figure)."""
@@ -320,8 +457,11 @@ class BmcPower:
         started = self._clock()
 
         def work() -> None:
+            refused = False
             try:
                 watts, resource = self._source()
+            except BmcRefused as exc:
+                outcome, refused = _down(str(exc)), True
             except BmcDown as exc:
                 outcome = _down(str(exc))
             except Exception as exc:  # a bug or a library's surprise: the BMC is down, the agent goes on
@@ -340,6 +480,13 @@ class BmcPower:
             with self._lock:
                 if self._worker is threading.current_thread():
                     self._outcome = outcome
+                    if refused:
+                        self._refused_wait = min(
+                            REFUSED_LONGEST_WAIT_SECONDS, self._refused_wait * 2 or REFUSED_FIRST_WAIT_SECONDS
+                        )
+                        self._retry_at = self._clock() + self._refused_wait
+                    else:
+                        self._refused_wait = self._retry_at = 0.0
 
         self._started_at = started
         self._worker = threading.Thread(target=work, name="llmgw-bmc", daemon=True)
@@ -355,6 +502,15 @@ class BmcPower:
             log.info("BMC %s: chassis power %g W (%s)", self._settings.redfish, outcome["node_power_watts"], bmc["resource"])
         else:
             log.warning("BMC %s down: %s; the node's draw is its GPUs' and CPUs' readings", self._settings.redfish, bmc["reason"])
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``2 min``, ``1 min 30 s``."""
+    whole = max(1, math.ceil(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
 def _down(reason: str) -> dict[str, Any]:

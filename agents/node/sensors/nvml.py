@@ -3,6 +3,9 @@
 One NVML session is kept for the agent's life and opened again after the errors that end it
 (Uninitialized, GpuIsLost, LibRmVersionMismatch). A GPU that fails is left out; a field the
 GPU does not support is left out of that GPU's reading. Nothing here reports 0 for unknown.
+A value no card can have — NVML's "not available" answer (an unsigned field all ones: 0xFFFFFFFF mW
+reads 4,294,967 W), a temperature outside -40…150 °C, a power beyond any card's — is dropped here, at
+the source, and named in the GPU's ``dropped`` list, so one bad field never costs the heartbeat.
 Calls here may block in the kernel on a hung GPU: the caller runs them in a worker thread.
 """
 
@@ -14,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from agents.node.capping import Capping, GpuCapper
+from agents.node.protocol import GPU_WATTS_MAX
 from agents.node.sensors.topology import TopologyReader
 
 log = logging.getLogger(__name__)
@@ -21,6 +25,8 @@ log = logging.getLogger(__name__)
 _BYTES_PER_GIB = 1024**3
 MIN_CELSIUS = -40.0
 MAX_CELSIUS = 150.0
+# NVML's "not available" answers (NVML_VALUE_NOT_AVAILABLE_uint / _ulonglong): all ones in the field.
+NOT_AVAILABLE = (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
 
 # Clock event reason bits (nvmlClocksEventReason*); the other bits (idle, application clocks,
 # sync boost, display) are not limits a facility cares about.
@@ -63,11 +69,13 @@ class NvmlSession:
         self._topology_of: tuple[tuple[str | None, ...], dict[str, list]] | None = None
 
     def inventory(self) -> list[dict[str, Any]]:
-        """Each GPU's index, uuid, name, memory and enforced power limit."""
+        """Each GPU's index, uuid, name, memory, enforced power limit and the range a limit may be set in
+        (``power_limit_min_watts``, ``power_limit_max_watts``), and ``dropped``: what NVML gave that no card has."""
         return self._each_gpu(self._gpu_inventory)
 
     def readings(self) -> list[dict[str, Any]]:
-        """Each GPU's temperatures, power, power limit and active clock limiters."""
+        """Each GPU's temperatures, power, power limit and active clock limiters, and ``dropped``: what NVML
+        gave that no card has."""
         return self._each_gpu(self._gpu_reading)
 
     def topology(self, numa_node: Callable[[str], int | None]) -> dict[str, list] | None:
@@ -185,42 +193,54 @@ class NvmlSession:
     def _gpu_inventory(self, handle: Any, index: int) -> dict[str, Any]:
         nv = self._nv
         gpu: dict[str, Any] = {"index": index, "uuid": nv.nvmlDeviceGetUUID(handle)}
+        dropped: list[str] = []
         name = self._optional(lambda: nv.nvmlDeviceGetName(handle))
         if name:
             gpu["name"] = name
         memory = self._optional(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
-        if memory is not None and memory.total > 0:
+        if memory is not None and memory.total > 0 and memory.total not in NOT_AVAILABLE:
             gpu["memory_gib"] = round(memory.total / _BYTES_PER_GIB, 1)
-        limit = self._power_limit_watts(handle)
-        if limit is not None:
-            gpu["power_limit_watts"] = limit
+        _watts(gpu, "power_limit_watts", self._optional(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle)), dropped)
+        # The range a power limit may be set in: what capping can ask of this card.
+        constraints = self._optional(lambda: nv.nvmlDeviceGetPowerManagementLimitConstraints(handle))
+        if isinstance(constraints, list | tuple) and len(constraints) == 2:
+            bounds: dict[str, Any] = {}
+            _watts(bounds, "power_limit_min_watts", constraints[0], dropped)
+            _watts(bounds, "power_limit_max_watts", constraints[1], dropped)
+            if len(bounds) == 2 and bounds["power_limit_min_watts"] > bounds["power_limit_max_watts"]:
+                dropped.append(
+                    f"power_limit_min_watts, power_limit_max_watts: {bounds['power_limit_min_watts']:g} W above "
+                    f"{bounds['power_limit_max_watts']:g} W is no range; dropped"
+                )
+            elif len(bounds) == 2:  # half a range says nothing of where a limit may be set
+                gpu.update(bounds)
+        if dropped:
+            gpu["dropped"] = dropped
         return gpu
 
     def _gpu_reading(self, handle: Any, index: int) -> dict[str, Any]:
         nv = self._nv
         gpu: dict[str, Any] = {"uuid": nv.nvmlDeviceGetUUID(handle), "index": index}
-        temperature = _celsius(self._optional(lambda: self._temperature(handle)))
-        if temperature is not None:
-            gpu["temperature_celsius"] = temperature
-        memory_temperature = _celsius(self._optional(lambda: self._memory_temperature(handle)))
-        if memory_temperature is not None:
-            gpu["memory_temperature_celsius"] = memory_temperature
+        dropped: list[str] = []
+        _celsius(gpu, "temperature_celsius", self._optional(lambda: self._temperature(handle)), dropped)
+        _celsius(gpu, "memory_temperature_celsius", self._optional(lambda: self._memory_temperature(handle)), dropped)
         # Where the card starts slowing its clocks for heat: the margin to it is what a warm domain is judged by.
-        slowdown = _celsius(
-            self._optional(lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
+        slowdown = self._optional(
+            lambda: nv.nvmlDeviceGetTemperatureThreshold(handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         )
-        if slowdown is not None and slowdown > 0:
-            gpu["slowdown_temperature_celsius"] = slowdown
-        power_mw = self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle))
-        if power_mw is not None and power_mw >= 0:
-            gpu["power_watts"] = power_mw / 1000.0
-        limit = self._power_limit_watts(handle)
-        if limit is not None:
-            gpu["power_limit_watts"] = limit
+        if slowdown != 0:  # 0: a card that has no such threshold
+            _celsius(gpu, "slowdown_temperature_celsius", slowdown, dropped)
+        _watts(gpu, "power_watts", self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle)), dropped)
+        _watts(gpu, "power_limit_watts", self._optional(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle)), dropped)
         reasons = self._optional(lambda: self._clock_event_reasons(handle))
-        if reasons is not None:
+        if reasons is not None and reasons not in NOT_AVAILABLE:
             gpu["throttle_reasons"] = [name for bit, name in THROTTLE_REASONS if reasons & bit]
         self._capper.report(handle, gpu["uuid"], gpu)
+        for key in ("enforced_power_limit_watts", "default_power_limit_watts"):  # the capper's, read the same way
+            if key in gpu:
+                _watts(gpu, key, round(gpu.pop(key) * 1000), dropped)
+        if dropped:
+            gpu["dropped"] = dropped
         return gpu
 
     def _optional(self, call: Callable[[], Any]) -> Any:
@@ -235,10 +255,6 @@ class NvmlSession:
         except self._nv.NVMLError as exc:
             log.debug("NVML value unavailable: %s", exc)
             return None
-
-    def _power_limit_watts(self, handle: Any) -> float | None:
-        limit_mw = self._optional(lambda: self._nv.nvmlDeviceGetEnforcedPowerLimit(handle))
-        return limit_mw / 1000.0 if limit_mw is not None and limit_mw > 0 else None
 
     def _temperature(self, handle: Any) -> int:
         nv = self._nv
@@ -292,8 +308,32 @@ def _field_number(nv: ModuleType, value: Any) -> float | None:
     return float(getattr(value.value, attribute)) if attribute else None
 
 
-def _celsius(value: Any) -> float | None:
-    if value is None:
-        return None
-    celsius = float(value)
-    return celsius if MIN_CELSIUS <= celsius <= MAX_CELSIUS else None
+def _shown(value: Any) -> str:
+    return f"0x{value:X}" if value in NOT_AVAILABLE else f"{value:g}"
+
+
+def _celsius(gpu: dict[str, Any], key: str, value: Any, dropped: list[str]) -> None:
+    """``gpu[key]``, the temperature NVML answered (°C), unless it is none a card can have: then named in ``dropped``."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if value in NOT_AVAILABLE:
+        dropped.append(f"{key}: {_shown(value)}, NVML's not-available value; dropped")
+    elif not MIN_CELSIUS <= value <= MAX_CELSIUS:
+        dropped.append(f"{key}: {value:g} °C is outside {MIN_CELSIUS:g}…{MAX_CELSIUS:g} °C; dropped")
+    else:
+        gpu[key] = float(value)
+
+
+def _watts(gpu: dict[str, Any], key: str, milliwatts: Any, dropped: list[str]) -> None:
+    """``gpu[key]`` in W from NVML's milliwatts, unless it is none a card can have: then named in ``dropped``.
+    0 (a limit NVML does not know) is left out unsaid."""
+    if milliwatts is None or isinstance(milliwatts, bool) or not isinstance(milliwatts, int | float):
+        return
+    if milliwatts in NOT_AVAILABLE:
+        dropped.append(f"{key}: {_shown(milliwatts)} mW, NVML's not-available value; dropped")
+    elif milliwatts < 0:
+        dropped.append(f"{key}: {milliwatts / 1000:g} W is below 0 W; dropped")
+    elif milliwatts > GPU_WATTS_MAX * 1000:
+        dropped.append(f"{key}: {milliwatts / 1000:g} W is more than any card draws ({GPU_WATTS_MAX:g} W); dropped")
+    elif milliwatts > 0 or key == "power_watts":
+        gpu[key] = milliwatts / 1000.0

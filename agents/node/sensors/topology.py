@@ -5,7 +5,8 @@ or through NVSwitches), else the PCIe path's common ancestor from
 ``nvmlDeviceGetTopologyCommonAncestor``: ``PIX`` (one PCIe switch; a dual-GPU board too), ``PXB``
 (several switches), ``PHB`` (a host bridge), ``NODE`` (host bridges of one NUMA node), ``SYS`` (across
 NUMA nodes, over the socket interconnect). And each GPU's NUMA node, from sysfs
-(``sys/bus/pci/devices/<bus id>/numa_node`` under the sensor root; -1 where the platform has one node).
+(``sys/bus/pci/devices/<bus id>/numa_node`` under the sensor root; -1 where the kernel knows none — a VM,
+a BIOS that does not say — which placement takes for unknown).
 
 NVLink peers: each active link's remote PCI device (``nvmlDeviceGetNvLinkRemotePciInfo``) is a GPU of
 this node (a bridge or a direct link: counted per peer) or an NVSwitch (``nvmlDeviceGetNvLinkRemoteDeviceType``
@@ -55,7 +56,7 @@ def sysfs_bus_id(bus_id: Any) -> str | None:
 
 
 def read_numa_node(root: str, bus_id: str, read_text: Callable[[str], str | None]) -> int | None:
-    """The GPU's NUMA node from sysfs (-1: the platform has one), or None when the file says nothing."""
+    """The GPU's NUMA node from sysfs (-1: the kernel knows none), or None when the file says nothing."""
     text = read_text(f"{root.rstrip('/')}/sys/bus/pci/devices/{bus_id}/numa_node")
     if text is None:
         return None

@@ -74,7 +74,8 @@ def test_defaults_verify_tls_and_a_deadline_under_the_interval(tmp_path: Path):
         ),
         (
             "bmc:\n  redfish: https://bmc\n  credentials_file: bmc-credentials\n  chassis: 1U/../x\n",
-            "line 7: bmc.chassis: the chassis' Id as its BMC names it (e.g. 1U), got '1U/../x'",
+            "line 7: bmc.chassis: the chassis' Id as its BMC names it (e.g. 1U), or its path (e.g. "
+            "/redfish/v1/Chassis/RackMount/Baseboard), got '1U/../x'",
         ),
         (
             "bmc:\n  redfish: https://bmc\n  credentials_file: bmc-credentials\n  deadline_seconds: 10\n",

@@ -6,7 +6,9 @@ import threading
 
 import pynvml
 
+from agents.node.protocol import GPU_INVENTORY_KEYS, GPU_SENSOR_KEYS
 from agents.node.sensors import SensorReader
+from agents.node.sensors.nvml import NvmlSession
 from tests.fakes.fake_nvml import a100_sxm, fake_nvml, h100_sxm, l4, l40s, library_missing
 from tests.fakes.fixture_trees import tree
 
@@ -244,3 +246,72 @@ def test_the_real_binding_on_this_machine_does_not_raise():
     assert isinstance(reading["gpus"], list)
     assert None not in reading.values()
     assert inventory["cpu_cores"] >= 1
+
+
+def test_power_read_as_nvmls_not_available_value_is_dropped_and_named():
+    # 0xFFFFFFFF mW: what nvmlDeviceGetPowerUsage gives for a value the card cannot tell (4,294,967 W).
+    gpu = h100_sxm(0)
+    gpu.power_mw = 0xFFFFFFFF
+    reading = NvmlSession(fake_nvml([gpu])).readings()[0]
+    assert "power_watts" not in reading
+    assert reading["dropped"] == ["power_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
+    assert reading["temperature_celsius"] == 54.0  # the card's other readings are kept
+
+
+def test_every_power_and_temperature_field_nvml_cannot_give_is_dropped_and_named():
+    gpu = h100_sxm(0)
+    gpu.power_limit_mw = 0xFFFFFFFF  # the enforced limit, read back as the card's limit
+    gpu.default_power_limit_mw = 6_000_000
+    gpu.temperature = 0xFFFFFFFF
+    gpu.memory_temperature = 200
+    reading = NvmlSession(fake_nvml([gpu])).readings()[0]
+    for key in ("power_limit_watts", "enforced_power_limit_watts", "default_power_limit_watts"):
+        assert key not in reading
+    assert "temperature_celsius" not in reading and "memory_temperature_celsius" not in reading
+    assert reading["dropped"] == [
+        "temperature_celsius: 0xFFFFFFFF, NVML's not-available value; dropped",
+        "memory_temperature_celsius: 200 °C is outside -40…150 °C; dropped",
+        "power_limit_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped",
+        "enforced_power_limit_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped",
+        "default_power_limit_watts: 6000 W is more than any card draws (5000 W); dropped",
+    ]
+    assert reading["power_watts"] == 312.5
+
+
+def test_a_reading_nvml_gives_whole_says_nothing_dropped():
+    assert "dropped" not in NvmlSession(fake_nvml([h100_sxm(0)])).readings()[0]
+
+
+def test_inventory_sends_each_cards_power_limit_range():
+    inventory = NvmlSession(fake_nvml([l4(0), a100_sxm(1)])).inventory()
+    ranges = [(g["power_limit_min_watts"], g["power_limit_max_watts"]) for g in inventory]
+    assert ranges == [(40.0, 72.0), (100.0, 400.0)]
+
+
+def test_a_power_limit_range_nvml_cannot_give_is_left_out_and_named():
+    gpu = l40s(0)
+    gpu.power_limit_constraints_mw = (100_000, 0xFFFFFFFF)
+    card = NvmlSession(fake_nvml([gpu])).inventory()[0]
+    assert "power_limit_min_watts" not in card and "power_limit_max_watts" not in card
+    assert card["dropped"] == ["power_limit_max_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
+    gpu.power_limit_constraints_mw = (300_000, 100_000)
+    card = NvmlSession(fake_nvml([gpu])).inventory()[0]
+    assert card["dropped"] == [
+        "power_limit_min_watts, power_limit_max_watts: 300 W above 100 W is no range; dropped"
+    ]
+
+
+def test_the_heartbeat_carries_only_what_the_protocol_takes_and_the_drop_is_logged_once(caplog):
+    # The sentinel no longer reaches the heartbeat (4,294,967 W would get it refused whole); the note and
+    # the limit range go out once the protocol names them, and meanwhile the agent's log says what went.
+    gpu = h100_sxm(0)
+    gpu.power_mw = 0xFFFFFFFF
+    sensors = reader(fake_nvml([gpu]))
+    for _ in range(3):
+        reading = sensors.read()["gpus"][0]
+        card = sensors.inventory()["gpus"][0]
+    assert "power_watts" not in reading
+    assert set(reading) <= GPU_SENSOR_KEYS | {"enforced_power_limit_watts", "default_power_limit_watts", "max_sm_clock_mhz"}
+    assert set(card) <= GPU_INVENTORY_KEYS
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert said == ["GPU 0 reading: power_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
