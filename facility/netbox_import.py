@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents.models import Node, StoreLabel
 from agents.services import labels_set, store_labels_waiting_set
@@ -153,6 +153,10 @@ def plan_from_api(api: Any, *, site: str | None = None, roles: list[str] | None 
                   row_from: str = "location", device_map: list[str] | None = None) -> NetboxPlan:
     """Read NetBox through a pynetbox ``api`` and plan the import; NetBox refusing is an InvalidInput."""
     mapping = device_map_parse(device_map)
+    # NetBox may take minutes to answer: the database connection this request or task holds goes back to
+    # the pool meanwhile (another request takes it), and is opened again for the plan's reads.
+    if not connection.in_atomic_block:
+        connection.close()
     objects = objects_from_api(api, site=site)
     return plan_from_objects(
         objects, nodes=known_nodes(), roles=set(roles) if roles else None, row_from=row_from, site=site,

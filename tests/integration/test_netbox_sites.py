@@ -244,3 +244,23 @@ def test_a_cap_that_rises_waits_and_one_that_falls_below_the_use_is_said_first(t
         "! pdu R-A02-PDU-A: the new cap 0.4 kW leaves a limit of 0.3 kW, 0.4 kW below its use now (0.7 kW)")
     result = run(tmp_path, capsys, lower, "--site", "sto1")
     assert result["applied"] and result["held_back"] == [] and caps()["rack:R-A02"] == 368
+
+
+def test_while_netbox_answers_the_import_holds_no_database_connection(admin_client, settings, monkeypatch, joined):
+    from django.db import connection
+
+    from facility import netbox_import
+
+    settings.LLMGW_NETBOX_URLS = ["http://netbox.test"]
+    held: list[bool] = []
+
+    def slow_netbox(api, *, site=None):
+        held.append(connection.connection is not None)  # what a NetBox trickling its answer would keep
+        return two_sites()
+
+    monkeypatch.setattr(netbox_import, "objects_from_api", slow_netbox)
+    answer = admin_client.post("/api/v1/facility/import/netbox",
+                               {"url": "http://netbox.test", "token": "t", "site": "sto1", "dry_run": True},
+                               content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    assert held == [False] and answer.json()["feeds_added"]
