@@ -80,16 +80,22 @@ def configured() -> NetboxConfig | None:
     return parse_netbox_config(FacilitySettings.load().netbox or None)
 
 
-def sync_due(now) -> bool:
-    """Whether the configured sync should run now (its interval passed since the site's last run)."""
+def sync_claim(now) -> bool:
+    """Whether the configured sync is due (its interval passed since the site's last run); if so, the run is
+    claimed (its time set now), so the next minute's check does not queue it again while it reads NetBox."""
+    from django.db import transaction
+
     from facility.models import DcimSync, Source
 
     config = configured()
     if config is None or config.sync_every is None:
         return False
-    last = DcimSync.objects.filter(source=Source.NETBOX, site=config.site or "").values_list(
-        "last_run_at", flat=True).first()
-    return last is None or now - last >= timedelta(seconds=config.sync_every)
+    with transaction.atomic():
+        row, _ = DcimSync.objects.select_for_update().get_or_create(source=Source.NETBOX, site=config.site or "")
+        if row.last_run_at is not None and now - row.last_run_at < timedelta(seconds=config.sync_every):
+            return False
+        DcimSync.objects.filter(pk=row.pk).update(last_run_at=now)
+    return True
 
 
 def netbox_sync(*, confirm: bool = False, dry_run: bool = False) -> dict[str, Any]:
@@ -100,11 +106,11 @@ def netbox_sync(*, confirm: bool = False, dry_run: bool = False) -> dict[str, An
 
     from facility.models import DcimSync, Source
     from facility.netbox_import import netbox_api, netbox_import, plan_from_api
-    from llmgw.errors import InvalidInput
+    from llmgw.errors import Conflict, InvalidInput
 
     config = configured()
     if config is None:
-        raise InvalidInput("facility.netbox: no NetBox is configured (server.yaml facility.netbox)", field="netbox")
+        raise Conflict("facility.netbox: no NetBox is configured (server.yaml facility.netbox)", field="netbox")
     try:
         if config.url not in settings.LLMGW_NETBOX_URLS:
             raise InvalidInput(

@@ -29,25 +29,41 @@ def evaluate_conditions() -> None:
     conditions_evaluate()
 
 
-@shared_task(name="facility.tasks.netbox_sync", ignore_result=True, soft_time_limit=600, time_limit=660)
+@shared_task(name="facility.tasks.netbox_sync", ignore_result=True, soft_time_limit=50, time_limit=60)
 def netbox_sync() -> None:
-    """The scheduled NetBox sync (facility.netbox_sync), when server.yaml's facility.netbox.sync_every is due:
-    what lowers a cap or adds an object is applied, the rest waits for a person."""
-    netbox_sync_tick()
+    """Each minute: when server.yaml's facility.netbox.sync_every is due, claim the run and queue it (a read of
+    NetBox may take minutes, longer than the minute between two of these)."""
+    from django.utils import timezone
+
+    from facility.netbox_sync import sync_claim
+
+    if sync_claim(timezone.now()):
+        netbox_sync_run.delay()
+
+
+@shared_task(name="facility.tasks.netbox_sync_run", ignore_result=True, soft_time_limit=600, time_limit=660)
+def netbox_sync_run() -> None:
+    """The NetBox sync (facility.netbox_sync): what lowers a cap or adds an object is applied, the rest waits."""
+    _sync_logged()
 
 
 def netbox_sync_tick() -> None:
+    """The embedded server's minute: the claim and the run in its own thread."""
     from django.utils import timezone
 
-    from facility.netbox_sync import netbox_sync as sync
-    from facility.netbox_sync import sync_due
-    from llmgw.errors import InvalidInput
+    from facility.netbox_sync import sync_claim
 
-    if not sync_due(timezone.now()):
-        return
+    if sync_claim(timezone.now()):
+        _sync_logged()
+
+
+def _sync_logged() -> None:
+    import logging
+
+    from facility.netbox_sync import netbox_sync as sync
+    from llmgw.errors import LlmgwError
+
     try:
         sync()
-    except InvalidInput as exc:  # recorded on the site's row, shown by ctl facility import status
-        import logging
-
+    except LlmgwError as exc:  # recorded on the site's row, shown by ctl facility import status
         logging.getLogger("llmgw.netbox").warning("NetBox sync failed: %s", exc.message)

@@ -18,16 +18,29 @@ from tests.integration.test_netbox_sites import feed, two_sites
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-def sync_in_worker(worker: processes.Worker) -> None:
+def sync_in_worker(worker: processes.Worker, *, runs: bool) -> None:
+    """Beat's minute sent through Redis; with ``runs``, wait for the sync it queues to finish too, else check it
+    claimed no run (the site's last run stays as it was)."""
     from facility.tasks import netbox_sync
 
-    sent = netbox_sync.delay()
     log = worker.log_dir / f"worker-{worker.starts}.log"
-    done = f"Task facility.tasks.netbox_sync[{sent.id}] succeeded"
+
+    def runs_done() -> int:
+        return sum(1 for line in log.read_text().splitlines()
+                   if "Task facility.tasks.netbox_sync_run[" in line and "succeeded" in line)
+
+    done_before = runs_done()
+    last_run = DcimSync.objects.values_list("last_run_at", flat=True).first()
+    sent = netbox_sync.delay()
+    ticked = f"Task facility.tasks.netbox_sync[{sent.id}] succeeded"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and done not in log.read_text():
+    while time.monotonic() < deadline and (ticked not in log.read_text() or (runs and runs_done() == done_before)):
         time.sleep(0.1)
-    assert done in log.read_text(), log.read_text()[-3000:]
+    assert ticked in log.read_text(), log.read_text()[-3000:]
+    if runs:
+        assert runs_done() == done_before + 1, log.read_text()[-3000:]
+    else:
+        assert DcimSync.objects.values_list("last_run_at", flat=True).first() == last_run
 
 
 def rack_cap(name: str) -> float:
@@ -49,7 +62,7 @@ def test_the_scheduled_sync_lowers_a_cap_alone_and_holds_a_deleted_feed_for_a_ye
         worker = processes.Worker(env, tmp_path)
         worker.start()
         try:
-            sync_in_worker(worker)
+            sync_in_worker(worker, runs=True)
             assert rack_cap("R-A01") == 2944 and rack_cap("R-A02") == 2300
             # NetBox changes: A01-A is held to 60 % (a cap that falls), A02-B is deleted (its PDU left unfed).
             feed(data, "sto1", "A01-A")["max_utilization"] = 60
@@ -58,12 +71,12 @@ def test_the_scheduled_sync_lowers_a_cap_alone_and_holds_a_deleted_feed_for_a_ye
             for port in data["power-ports"]:
                 if port.get("link_peers") == [{"id": gone["id"]}]:
                     port["link_peers"], port["link_peers_type"] = [], None
-            sync_in_worker(worker)  # not due yet: ten minutes have not passed
+            sync_in_worker(worker, runs=False)  # not due yet: ten minutes have not passed
             assert rack_cap("R-A01") == 2944
             # Ten minutes later (the test moves the sync's clock, not the machine's).
             row = DcimSync.objects.get(site="sto1")
             DcimSync.objects.filter(pk=row.pk).update(last_run_at=row.last_run_at.replace(year=row.last_run_at.year - 1))
-            sync_in_worker(worker)
+            sync_in_worker(worker, runs=True)
         finally:
             worker.stop()
     assert rack_cap("R-A01") == 2208  # 230 V × 16 A × 60 %: applied by nobody
