@@ -96,7 +96,10 @@ def test_the_sql_measured_peak_equals_the_python_rule_on_varied_buckets():
 
     window = 900.0
     base = 1_800_000_000.0
-    bucket_sets = [[], [[base - 960.0, 900.0]], [[base - 840.0, 800.0], [base - 60.0, 300.0]], [[base, 100.0]]]
+    bucket_sets = [
+        [], [[base - 960.0, 900.0]], [[base - 840.0, 800.0], [base - 60.0, 300.0]], [[base, 100.0]],
+        [[base - 840.0, 800.0, 20.0], [base, 650.0, 600.0]], [[base - 60.0, 50.0, 40.0]], [[base, 900.0, 30.0]],
+    ]
     readings = [None, 50.0, 700.0]
     offsets = [0.0, 1.0, 59.9, 60.0, 3600.0]
     sql_buckets, sql_peak = measured_peak_sql("x.p", "x.t", "x.w", window)
@@ -112,7 +115,7 @@ def test_the_sql_measured_peak_equals_the_python_rule_on_varied_buckets():
             got_buckets, got_peak = cursor.fetchone()
             got_buckets = json.loads(got_buckets) if isinstance(got_buckets, str) else got_buckets
             want_buckets, want_peak = measured_peak(buckets, watts, at, window)
-            assert [[float(s), float(h)] for s, h in got_buckets] == want_buckets, (buckets, watts, offset)
+            assert [[float(v) for v in bucket] for bucket in got_buckets] == want_buckets, (buckets, watts, offset)
             assert got_peak == want_peak, (buckets, watts, offset)
             checked += 1
     assert checked == len(bucket_sets) * len(readings) * len(offsets)
