@@ -227,9 +227,11 @@ class HeartbeatView(APIView):
                 f"node: this token belongs to {request.user.node_name!r}; it cannot write {heartbeat['node']!r}"
             )
         # Readings beyond what the node can draw are dropped and named, the rest of the heartbeat kept.
-        facts = services.node_facts(heartbeat["node"], heartbeat)
+        # What judges its readings: as held for the report it repeats, else read (a change reads it anew).
+        digest = services.report_digest(heartbeat)
+        facts = readings.node_facts(heartbeat["node"], digest) or services.node_facts(heartbeat["node"], heartbeat)
         heartbeat, warnings = readings.plausible_heartbeat(heartbeat, facts=facts)
-        services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat)
+        services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat, digest=digest)
         readings.node_facts_set(heartbeat["node"], facts)
         # From the map of every node's assignments, read at most once a second (and at once after a
         # placement change in this process): the answer the fast lane gives too.

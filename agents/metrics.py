@@ -147,7 +147,7 @@ def node_sensors_text() -> str:
     families.append(_family("llmgw_gpu_throttled", THROTTLED_DOC, throttled))
     families += [_family(name, doc, node_samples[key]) for name, key, doc in NODE_GAUGES]
     families.append(_family(*IMPLAUSIBLE_GAUGE, implausible))
-    families.append(_family(*IMPLAUSIBLE_KINDS_GAUGE, [f'{{kind="{kind}"}} {float(n)!r}' for kind, n in kinds.items()]))
+    families.append(_family(*IMPLAUSIBLE_KINDS_GAUGE, [f'{{kind="{kind}"}} {float(n)!r}' for kind, n in kinds.items() if n]))
     families.append(_family(*PENDING_GAUGE, pending))
     families.append(_family(*CONFLICTS_GAUGE, conflicts))
     return "".join(families)

@@ -422,8 +422,13 @@ def node_facts_set(node_name: str, facts: NodeFacts) -> None:
         _facts[node_name] = facts
 
 
-def node_facts(node_name: str) -> NodeFacts | None:
-    return _facts.get(node_name)
+def node_facts(node_name: str, digest: str | None = None) -> NodeFacts | None:
+    """The node's facts as this process holds them; with ``digest``, only while its last stored report is
+    that one (a heartbeat saying nothing new: what judged the last judges it)."""
+    with _lock:
+        if digest is not None and (_known.get(node_name) or ("",))[0] != digest:
+            return None
+        return _facts.get(node_name)
 
 
 def plausible_heartbeat(

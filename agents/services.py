@@ -582,16 +582,19 @@ def report_digest(heartbeat: Mapping[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) -> Node | None:
+def heartbeat_record(
+    *, node_name: str, heartbeat: Mapping[str, Any], now=None, digest: str | None = None
+) -> Node | None:
     """Store what an agent reports (already validated): inventory, labels, sensors, replica states.
 
     A ready node whose heartbeat says the same as its last one, but for the sensors, is one UPDATE
-    (returns None); anything new takes the full path in one transaction (returns the node).
+    (returns None); anything new takes the full path in one transaction (returns the node). ``digest``:
+    :func:`report_digest` of the heartbeat, where the caller has it.
     """
     from agents import readings
 
     now = now or timezone.now()
-    digest = report_digest(heartbeat)
+    digest = digest or report_digest(heartbeat)
     sensors = heartbeat.get("sensors") or {}
     interval = heartbeat.get("interval_seconds") or 10
     watts = node_measured_watts(sensors)

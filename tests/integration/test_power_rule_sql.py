@@ -69,22 +69,25 @@ def test_a_nodes_measured_draw_is_its_peak_over_the_window_on_both_write_paths(j
 
     start = timezone.now()
     heartbeat_record(node_name="gpu01", heartbeat=beat(650.0), now=start)  # the full path: a burst
-    # The same report but for the sensors: the readings writer's fast path, a dip.
+    assert Node.objects.get(name="gpu01").measured_peak_watts is None  # one sample holds no peak
+    # The same report but for the sensors: the readings writer's fast path, a second burst, then a dip.
+    heartbeat_record(node_name="gpu01", heartbeat=beat(640.0), now=start + timedelta(seconds=10))
     heartbeat_record(node_name="gpu01", heartbeat=beat(120.0), now=start + timedelta(seconds=30))
     readings.flush()
     node = Node.objects.get(name="gpu01")
     assert node.measured_watts == 120.0  # the last reading
-    assert node.measured_peak_watts == 650.0  # what placement counts
-    assert node.fresh_measured_watts(start + timedelta(seconds=40)) == 650.0
+    assert node.measured_peak_watts == 640.0  # what placement counts: the second-highest of the window
+    assert node.fresh_measured_watts(start + timedelta(seconds=40)) == 640.0
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {node_draw_sql('n', placed='0')} FROM {Node._meta.db_table} n WHERE n.name = 'gpu01'",  # nothing placed
             [start + timedelta(seconds=40) - timedelta(seconds=measured_fresh_seconds())],
         )
-        assert cursor.fetchone()[0] == 650.0
-    # Past the window the burst no longer counts.
+        assert cursor.fetchone()[0] == 640.0
+    # Past the window the bursts no longer count.
     later = start + timedelta(seconds=measured_window_seconds() + 120)
     heartbeat_record(node_name="gpu01", heartbeat=beat(200.0), now=later)
+    heartbeat_record(node_name="gpu01", heartbeat=beat(210.0), now=later + timedelta(seconds=10))
     readings.flush()
     assert Node.objects.get(name="gpu01").measured_peak_watts == 200.0
 
