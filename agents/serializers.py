@@ -37,7 +37,7 @@ class NodeRowSerializer(serializers.Serializer):
     warnings = serializers.ListField(
         child=serializers.CharField(),
         help_text="what of its agent's word was not taken: location labels of store-only levels that differ from "
-        "the store's, readings more than the node can draw",
+        "the store's, readings the node cannot have read, a change of its GPUs waiting for an operator",
     )
 
 

@@ -640,12 +640,12 @@ def _heartbeat_record_full(
     node.report_digest = digest
     labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
     node.agent_labels = dict(heartbeat.get("labels") or {})
-    node.inventory_open = False
     inventory_changed = False
-    if "gpus" in inventory or takes_inventory:
-        reported = inventory.get("gpus") or []
+    if "gpus" in inventory:  # absent: its GPUs were not read this time (NVML past its deadline)
+        reported = inventory["gpus"]
         if takes_inventory or _cards_of(reported) == _cards_of(_known_gpus(node)):
             _inventory_pending(node, None, now)
+            node.inventory_open = False
             inventory_changed = _record_gpus(node, reported)
         else:
             _inventory_pending(node, reported, now)
