@@ -170,7 +170,7 @@ class NodeInventoryAcceptView(ApiView):
     @documented(
         summary="Accept the change of GPUs a node reports: placement and its readings count them from now on",
         ok={200: InventoryAcceptSerializer},
-        errors=(404,),
+        errors=(404, 409),
     )
     def post(self, request, name: str):
         node = services.node_inventory_accept(node_name=name)

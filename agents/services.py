@@ -30,7 +30,7 @@ from facility.domains import (
     location_conflicts,
     validate_label,
 )
-from llmgw.errors import InvalidInput, NotFound
+from llmgw.errors import Conflict, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -483,12 +483,12 @@ def _forget_report(node: Node) -> None:
 @transaction.atomic
 def node_inventory_accept(*, node_name: str) -> Node:
     """Take the change of cards a node's heartbeats report as its inventory: placement and its readings
-    count them from now on. InvalidInput when no change waits."""
+    count them from now on. Conflict when no change waits (the node's state, not the request, is at odds)."""
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     if node.pending_inventory is None:
-        raise InvalidInput(f"node {node_name}: no change of its GPUs waits to be accepted", field="node")
+        raise Conflict(f"node {node_name}: no change of its GPUs waits to be accepted", field="node")
     _record_gpus(node, node.pending_inventory)
     log.info("node %s: its inventory of %d GPUs is accepted", node.name, len(node.pending_inventory))
     node.pending_inventory = None

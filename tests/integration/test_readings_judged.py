@@ -272,7 +272,7 @@ def test_a_jump_from_8_cards_to_64_waits_for_an_operator(node_client, clock, api
     assert node().measured_watts == 64 * 300.0 + 220.0
     assert "llmgw_node_inventory_pending{" not in node_sensors_text()
     again = operator.post("/api/v1/nodes/gpu01/inventory/accept")
-    assert again.status_code == 400
+    assert again.status_code == 409
     assert again.json()["detail"] == "node gpu01: no change of its GPUs waits to be accepted"
 
 
