@@ -23,6 +23,7 @@ from agents.serializers import (
     CordonSerializer,
     HeartbeatAnswerSerializer,
     HeartbeatRequestSchema,
+    InventoryAcceptSerializer,
     LabelsResultSerializer,
     LabelsSerializer,
     NodeDetailSerializer,
@@ -104,10 +105,16 @@ def node_detail(node: Node) -> dict:
             "sensors": node.sensors,
             "sensors_at": node.sensors_at.isoformat() if node.sensors_at else None,
             "measured_watts": node.measured_watts,
+            "measured_peak_watts": node.measured_peak_watts,
+            "max_draw_watts": node.max_draw_watts,
+            "inventory_pending": services.inventory_pending(node),
             **services.power_source(node.sensors or {}),
             "placed_watts": placement_selectors.placed_watts([node.pk]).get(node.pk, 0.0),
         }
     )
+    if body["inventory_pending"] is not None:
+        since = body["inventory_pending"]["since"]
+        body["inventory_pending"] = {**body["inventory_pending"], "since": since.isoformat() if since else None}
     return body
 
 
@@ -155,6 +162,20 @@ class NodeCordonView(ApiView):
             "node": node.name, "cordoned": node.cordoned, "draining": node.draining,
             "warning": "; ".join(changed.warnings) or None,
         })
+
+
+class NodeInventoryAcceptView(ApiView):
+    """POST: take the change of GPUs the node's heartbeats report as its inventory (operator role)."""
+
+    @documented(
+        summary="Accept the change of GPUs a node reports: placement and its readings count them from now on",
+        ok={200: InventoryAcceptSerializer},
+        errors=(404, 409),
+    )
+    def post(self, request, name: str):
+        node = services.node_inventory_accept(node_name=name)
+        gpus = list(node.gpus.filter(present=True).order_by("index").values_list("index", flat=True))
+        return Response({"node": node.name, "gpus": len(gpus)})
 
 
 class NodeTokenView(ApiView):
@@ -206,8 +227,12 @@ class HeartbeatView(APIView):
                 f"node: this token belongs to {request.user.node_name!r}; it cannot write {heartbeat['node']!r}"
             )
         # Readings beyond what the node can draw are dropped and named, the rest of the heartbeat kept.
-        heartbeat, warnings = readings.plausible_heartbeat(heartbeat)
-        services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat)
+        # What judges its readings: as held for the report it repeats, else read (a change reads it anew).
+        digest = services.report_digest(heartbeat)
+        facts = readings.node_facts(heartbeat["node"], digest) or services.node_facts(heartbeat["node"], heartbeat)
+        heartbeat, warnings = readings.plausible_heartbeat(heartbeat, facts=facts)
+        services.heartbeat_record(node_name=heartbeat["node"], heartbeat=heartbeat, digest=digest)
+        readings.node_facts_set(heartbeat["node"], facts)
         # From the map of every node's assignments, read at most once a second (and at once after a
         # placement change in this process): the answer the fast lane gives too.
         replicas = readings.assignments(heartbeat["node"])

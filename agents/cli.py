@@ -29,9 +29,19 @@ def register(commands) -> None:
 
     p = commands.add_parser(
         "nodes",
-        help="list nodes: state, free GPUs, location",
-        description="List nodes with STATE (ready, not-ready, cordoned, held), GPUS (free/total) and LOCATION.",
+        help="list nodes: state, free GPUs, location; accept a change of a node's GPUs",
+        description=(
+            "llmgw ctl nodes                          list nodes with STATE (ready, not-ready, cordoned, held),\n"
+            "                                         GPUS (free/total) and LOCATION\n"
+            "llmgw ctl nodes accept-inventory NODE    take the change of GPUs NODE's agent reports as its\n"
+            "                                         inventory (until then placement keeps its known GPUs and\n"
+            "                                         only their readings count)"
+        ),
+        usage="llmgw ctl nodes [--domain FILTER] [--state STATE] [-o {table,json}]\n"
+        "       llmgw ctl nodes accept-inventory NODE",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("words", nargs="*", metavar="accept-inventory NODE", action=NodesWords, help=argparse.SUPPRESS)
     p.add_argument(
         "--domain", metavar="FILTER",
         help="only nodes in this domain (rack:r12-07, pdu:r12-07-a), in the rack of this name (r12-07) or with "
@@ -153,6 +163,29 @@ def label(args) -> int:
     return 0
 
 
+class NodesWords(argparse.Action):
+    """`nodes` (the list) or `nodes accept-inventory NODE`: sets the node and the handler as parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        words = list(values or ())
+        if not words:
+            return
+        if words[0] == "accept-inventory" and len(words) == 2:
+            namespace.node, namespace.handler = words[1], inventory_accept
+        else:
+            namespace.usage_error = (parser, "llmgw ctl nodes lists nodes; llmgw ctl nodes accept-inventory NODE accepts one's GPUs")
+
+
+def inventory_accept(args) -> int:
+    def local() -> dict:
+        node = services.node_inventory_accept(node_name=args.node)
+        return {"node": node.name, "gpus": node.gpus.filter(present=True).count()}
+
+    result = write(args, "POST", f"nodes/{path_part(args.node, 'node')}/inventory/accept", None, local)
+    print(f"{result['node']}: its inventory of {result['gpus']} GPUs is accepted")
+    return 0
+
+
 class NodeWords(argparse.Action):
     """`node NODE`, `node show NODE` or `node token NODE`: sets the node and the handler as parsed, so a
     read (llmgw.remote.listing) starts as a read does."""
@@ -208,6 +241,11 @@ def node_lines(detail: dict) -> list[str]:
         lines.append("power: nothing measured")
     if bmc.get("state") == "down":
         lines.append(f"BMC down: {bmc.get('reason', '')}; the measured draw is the GPUs' and CPUs' readings")
+    for warning in detail.get("warnings") or ():
+        lines.append(f"warning: {warning}")
+    pending = detail.get("inventory_pending") or {}
+    for change in pending.get("changes") or ():
+        lines.append(f"  {change}")
     topology = detail.get("gpu_topology") or {}
     links, numa = topology.get("links") or [], topology.get("numa") or []
     if links:

@@ -29,7 +29,18 @@ GPU_GAUGES = (
 )
 THROTTLED_DOC = "1 while the reason holds the GPU's clocks down, 0 for the other reasons it reports."
 # Flags of a node, a series only while it is flagged (each doc one literal: the docs' metrics page reads it).
-IMPLAUSIBLE_GAUGE = ("llmgw_node_implausible_readings", "Readings of its last heartbeat dropped: more than it can draw.")
+IMPLAUSIBLE_GAUGE = (
+    "llmgw_node_implausible_readings", "Readings of its last heartbeat dropped: readings the node cannot have read."
+)
+# Per kind over the fleet (agents.node.protocol.IMPLAUSIBLE_KINDS), from the stored heartbeats rather than a
+# counter in each web process: every process answers the same figure, and one restarted loses nothing.
+IMPLAUSIBLE_KINDS_GAUGE = (
+    "llmgw_readings_implausible",
+    "Readings dropped from ready nodes' last heartbeats, by kind (out_of_bounds, unknown_gpu, gpu_power, node_power, bmc_low).",
+)
+PENDING_GAUGE = (
+    "llmgw_node_inventory_pending", "GPUs its agent reports while a change of its inventory waits for an operator."
+)
 CONFLICTS_GAUGE = ("llmgw_node_location_conflicts", "Location labels its agent sends that the store's levels overrule.")
 NODE_GAUGES = (
     ("llmgw_node_cpu_temperature_celsius", "cpu_temperature_celsius", "Hottest CPU package (hwmon), degrees Celsius."),
@@ -82,27 +93,38 @@ def node_sensors_text() -> str:
     process meanwhile.
     """
     from agents.models import Node, heartbeat_is_fresh
-    from agents.node.protocol import THROTTLE_REASONS
+    from agents.node.protocol import IMPLAUSIBLE_KINDS, THROTTLE_REASONS
 
     now = timezone.now()
     gpu_samples: dict[str, list[str]] = {key: [] for _, key, _ in GPU_GAUGES}
     throttled: list[str] = []
     node_samples: dict[str, list[str]] = {key: [] for _, key, _ in NODE_GAUGES}
     implausible: list[str] = []
+    kinds = dict.fromkeys(IMPLAUSIBLE_KINDS, 0)
+    pending: list[str] = []
     conflicts: list[str] = []
     rows = (
         Node.objects.filter(last_heartbeat_at__isnull=False)
         .order_by("name")
-        .values_list("name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors", "location_conflicts")
+        .values_list(
+            "name", "last_heartbeat_at", "heartbeat_interval_seconds", "sensors", "location_conflicts",
+            "pending_inventory",
+        )
     )
-    for name, last_at, interval, sensors, location_conflicts in rows:
+    for name, last_at, interval, sensors, location_conflicts, pending_inventory in rows:
+        node = _label(name)
+        if isinstance(pending_inventory, list):  # a fact of the node, ready or not
+            pending.append(f'{{node="{node}"}} {float(len(pending_inventory))!r}')
         if not heartbeat_is_fresh(last_at, interval, now) or not isinstance(sensors, dict):
             continue  # not ready: its readings are stale, so no series
-        node = _label(name)
         # Series only for a node flagged (as an absent reading is an absent series): `> 0` alerts alike.
         dropped = sensors.get("implausible")
         if isinstance(dropped, list) and dropped:
             implausible.append(f'{{node="{node}"}} {float(len(dropped))!r}')
+            for entry in dropped:
+                kind = entry.get("kind") if isinstance(entry, dict) else None
+                if kind in kinds:
+                    kinds[kind] += 1
         if isinstance(location_conflicts, list) and location_conflicts:
             conflicts.append(f'{{node="{node}"}} {float(len(location_conflicts))!r}')
         for key, samples in node_samples.items():
@@ -125,6 +147,8 @@ def node_sensors_text() -> str:
     families.append(_family("llmgw_gpu_throttled", THROTTLED_DOC, throttled))
     families += [_family(name, doc, node_samples[key]) for name, key, doc in NODE_GAUGES]
     families.append(_family(*IMPLAUSIBLE_GAUGE, implausible))
+    families.append(_family(*IMPLAUSIBLE_KINDS_GAUGE, [f'{{kind="{kind}"}} {float(n)!r}' for kind, n in kinds.items() if n]))
+    families.append(_family(*PENDING_GAUGE, pending))
     families.append(_family(*CONFLICTS_GAUGE, conflicts))
     return "".join(families)
 

@@ -104,16 +104,34 @@ class Node(models.Model):
         null=True, blank=True,
         help_text="Draw beyond node_watts last read: GPU + CPU packages, or its BMC's whole-chassis figure less node_watts.",
     )
-    # The rolling peak power accounting counts (facility.power.measured_peak): the highest reading of
-    # the last measured window, kept as [[bucket start epoch, highest], ...] so each write is cheap.
+    # The rolling peak power accounting counts (facility.power.measured_peak): the second-highest reading
+    # of the last measured window (one sample never holds it), kept as [[bucket start epoch, highest,
+    # second], ...] so each write is cheap.
     measured_peak_watts = models.FloatField(
-        null=True, blank=True, help_text="Highest draw read in the last measured window."
+        null=True, blank=True,
+        help_text="Second-highest draw read in the last measured window (empty: fewer than two readings in it).",
     )
     measured_peaks = models.JSONField(default=list, blank=True, help_text="Peak buckets of the measured window.")
     # What the last heartbeat said of everything but its sensors: a heartbeat that says the same again
     # takes the fast path (one UPDATE of the readings).
     report_digest = models.CharField(max_length=32, blank=True)
     weights = models.JSONField(default=list, blank=True, help_text="Models whose weights the node holds.")
+    max_draw_watts = models.FloatField(
+        null=True, blank=True,
+        help_text="The most the whole node can draw (its PSUs' rating, a DCIM's maximum draw): a reading of the "
+        "node above it is dropped as implausible. Empty: its agent's declared figure, else a loose bound.",
+    )
+    # A change of its cards its heartbeat reports waits here for an operator (inventory_accept): until then
+    # the node keeps its known cards for placement and its readings count only for them.
+    pending_inventory = models.JSONField(
+        null=True, blank=True,
+        help_text="The cards its heartbeat reports that differ from its known ones (count, model, UUIDs), "
+        "waiting for an operator's accept-inventory; empty: none.",
+    )
+    inventory_pending_since = models.DateTimeField(null=True, blank=True)
+    inventory_open = models.BooleanField(
+        default=False, help_text="Its next heartbeat's cards are taken as they are (the node re-registered)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -145,6 +163,9 @@ class GPU(models.Model):
     model = models.CharField(max_length=200, blank=True)
     memory_gib = models.FloatField(null=True, blank=True)
     power_limit_watts = models.FloatField(null=True, blank=True)
+    power_limit_max_watts = models.FloatField(
+        null=True, blank=True, help_text="The highest limit the card can be set to: the most it can draw."
+    )
     present = models.BooleanField(default=True, help_text="False once the agent stops reporting it.")
 
     class Meta:

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
-from agents.node.protocol import implausible_readings
+from agents.node.protocol import implausible_readings, implausible_text
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,10 @@ def forget(node_name: str | None = None) -> None:
     with _lock:
         if node_name is None:
             _known.clear()
+            _facts.clear()
         else:
             _known.pop(node_name, None)
+            _facts.pop(node_name, None)
 
 
 def learn_ready_nodes() -> int:
@@ -80,8 +82,11 @@ def learn_ready_nodes() -> int:
         # needs, and every heartbeat's answer would wait on it).
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds FROM "
+                f"SELECT name, report_digest, last_heartbeat_at, heartbeat_interval_seconds, max_draw_watts FROM "
                 f"{Node._meta.db_table} WHERE last_heartbeat_at >= %s AND report_digest <> '' "
+                # a change of cards waiting for an operator: its readings are judged by its accepted cards,
+                # which the full path reads
+                f"AND pending_inventory IS NULL "
                 # binary: escaping every name as text would hold the GIL the heartbeats' event loop needs
                 f"AND NOT (name = ANY(%b::text[]))",
                 [since, list(seen)],
@@ -89,19 +94,23 @@ def learn_ready_nodes() -> int:
             rows = cursor.fetchall()
     else:
         rows = (
-            Node.objects.filter(last_heartbeat_at__gte=since)
+            Node.objects.filter(last_heartbeat_at__gte=since, pending_inventory__isnull=True)
             .exclude(report_digest="")
-            .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds")
+            .values_list("name", "report_digest", "last_heartbeat_at", "heartbeat_interval_seconds", "max_draw_watts")
         )
     now = time.monotonic()
     learned = {}
-    for name, digest, at, interval in rows:
+    ceilings = {}
+    for name, digest, at, interval, max_draw in rows:
         age = max((wall - at).total_seconds(), 0.0)
         if name not in seen and age <= ready_window_seconds(interval):
             learned[name] = (digest, now - age)
+            ceilings[name] = max_draw
     with _lock:
         for name, entry in learned.items():
-            _known.setdefault(name, entry)
+            if name not in _known:
+                _known[name] = entry
+                _facts.setdefault(name, (ceilings[name], None))
     return len(learned)
 
 
@@ -399,25 +408,59 @@ def assumed_draws(*, on_event_loop: bool = False) -> tuple[float | None, float |
     return draws
 
 
+# Per node, what the control plane knows of it that judges its readings, as its full path last read it:
+# (its max_draw_watts, its accepted cards where its heartbeat's inventory waits for an operator, else None).
+# The fast lane judges only nodes it holds here; a change (an inventory accepted, a ceiling set) clears the
+# node's stored report, so every process's next heartbeat of it takes the full path, which reads them again.
+NodeFacts = tuple[float | None, list[dict] | None]
+_facts: dict[str, NodeFacts] = {}
+
+
+def node_facts_set(node_name: str, facts: NodeFacts) -> None:
+    """What the full path read of the node (see _facts)."""
+    with _lock:
+        _facts[node_name] = facts
+
+
+def node_facts(node_name: str, digest: str | None = None) -> NodeFacts | None:
+    """The node's facts as this process holds them; with ``digest``, only while its last stored report is
+    that one (a heartbeat saying nothing new: what judged the last judges it)."""
+    with _lock:
+        if digest is not None and (_known.get(node_name) or ("",))[0] != digest:
+            return None
+        return _facts.get(node_name)
+
+
 def plausible_heartbeat(
-    heartbeat: Mapping[str, Any], *, on_event_loop: bool = False
+    heartbeat: Mapping[str, Any], *, on_event_loop: bool = False, facts: NodeFacts | None = None
 ) -> tuple[Mapping[str, Any], list[str]] | None:
-    """The heartbeat with its readings beyond what its inventory can draw dropped, and why each was
+    """The heartbeat with the readings the node cannot have read dropped, and a line for each
     (agents.node.protocol.implausible_readings); the node is flagged in the sensors it stores
-    (`implausible`: those sentences; absent when all was believed). The one check of both write paths,
-    the fast lane and Django's. None on the event loop when the facility's draws are not at hand."""
+    (`implausible`: each reading, its value, why and its kind; absent when all was believed). The one check
+    of both write paths, the fast lane and Django's. ``facts``: the node's (see _facts), read by the caller;
+    else this process's. None on the event loop when the facility's draws or the node's facts are not at
+    hand."""
     draws = assumed_draws(on_event_loop=on_event_loop)
     if draws is None:
         return None
-    sensors, dropped = implausible_readings(heartbeat, gpu_watts=draws[0], node_watts=draws[1])
-    _log_implausible(heartbeat["node"], dropped)
+    if facts is None:
+        facts = _facts.get(heartbeat["node"])
+        if facts is None:
+            if on_event_loop:
+                return None
+            facts = (None, None)
+    sensors, dropped = implausible_readings(
+        heartbeat, gpu_watts=draws[0], node_watts=draws[1], known_gpus=facts[1], max_draw_watts=facts[0]
+    )
+    warnings = [implausible_text(entry) for entry in dropped]
+    _log_implausible(heartbeat["node"], dropped, warnings)
     if not dropped:
         return heartbeat, []
-    return {**heartbeat, "sensors": {**sensors, "implausible": dropped}}, dropped
+    return {**heartbeat, "sensors": sensors}, warnings
 
 
-def _log_implausible(node_name: str, dropped: list[str]) -> None:
-    fields = frozenset(line.partition(":")[0] for line in dropped)
+def _log_implausible(node_name: str, dropped: list[dict], warnings: list[str]) -> None:
+    fields = frozenset(entry["reading"] for entry in dropped)
     with _implausible_lock:
         if _implausible_fields.get(node_name, frozenset()) == fields:
             return
@@ -426,7 +469,7 @@ def _log_implausible(node_name: str, dropped: list[str]) -> None:
         else:
             _implausible_fields.pop(node_name, None)
     if dropped:
-        log.warning("node %s: implausible readings dropped: %s", node_name, "; ".join(dropped))
+        log.warning("node %s: implausible readings dropped: %s", node_name, "; ".join(warnings))
     else:
         log.info("node %s: its readings are plausible again", node_name)
 

@@ -37,7 +37,7 @@ class NodeRowSerializer(serializers.Serializer):
     warnings = serializers.ListField(
         child=serializers.CharField(),
         help_text="what of its agent's word was not taken: location labels of store-only levels that differ from "
-        "the store's, readings more than the node can draw",
+        "the store's, readings the node cannot have read, a change of its GPUs waiting for an operator",
     )
 
 
@@ -78,6 +78,18 @@ class BmcStatusSerializer(serializers.Serializer):
     resource = serializers.CharField(required=False, help_text="where the figure was read: EnvironmentMetrics, …")
 
 
+class InventoryPendingSerializer(serializers.Serializer):
+    gpus = serializers.ListField(child=serializers.DictField(), help_text="the GPUs its agent reports")
+    since = serializers.DateTimeField(allow_null=True)
+    known = serializers.IntegerField(help_text="how many GPUs are known (gpu_list's present ones)")
+    changes = serializers.ListField(child=serializers.CharField(), help_text="a line per GPU that differs")
+
+
+class InventoryAcceptSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    gpus = serializers.IntegerField(help_text="its GPUs now")
+
+
 class NodeDetailSerializer(NodeRowSerializer):
     """One node whole: labels with their sources, GPUs and the last sensors."""
 
@@ -88,8 +100,8 @@ class NodeDetailSerializer(NodeRowSerializer):
     gpu_list = GpuSerializer(many=True)
     sensors = serializers.DictField(
         allow_null=True,
-        help_text="the agent's last readings as it sent them; `implausible`: those dropped, more than the node "
-        "can draw, their fields named",
+        help_text="the agent's last readings as they were taken; `implausible`: those dropped, each "
+        "{reading: its field, value, why, kind: out_of_bounds|unknown_gpu|gpu_power|node_power|bmc_low}",
     )
     location_conflicts = serializers.ListField(
         child=serializers.CharField(),
@@ -97,6 +109,19 @@ class NodeDetailSerializer(NodeRowSerializer):
     )
     sensors_at = serializers.DateTimeField(allow_null=True)
     measured_watts = serializers.FloatField(allow_null=True)
+    measured_peak_watts = serializers.FloatField(
+        allow_null=True,
+        help_text="the draw power accounting counts: the second-highest reading of the measured window (null: "
+        "fewer than two readings in it)",
+    )
+    max_draw_watts = serializers.FloatField(
+        allow_null=True, help_text="the most the node can draw, where set (its PSUs' rating, a DCIM's maximum draw)"
+    )
+    inventory_pending = InventoryPendingSerializer(
+        allow_null=True,
+        help_text="a change of GPUs its agent reports that waits for an operator (POST …/inventory/accept); "
+        "until then placement keeps `gpu_list` and only those cards' readings count",
+    )
     placed_watts = serializers.FloatField(allow_null=True)
     gpu_topology = GpuTopologySerializer(
         allow_null=True, help_text="how its GPUs are wired, as `nvidia-smi topo -m` shows it; null: not reported"
@@ -175,7 +200,8 @@ class HeartbeatRequestSchema(serializers.Serializer):
     agent_version = serializers.CharField(required=False)
     interval_seconds = serializers.FloatField(required=False, help_text="at most 10")
     inventory = serializers.DictField(required=False, help_text="gpus [{index, uuid, name, memory_gib, "
-                                      "power_limit_watts}], cpu_cores, memory_gib, hostname, fabric, "
+                                      "power_limit_watts, power_limit_max_watts}], cpu_cores, memory_gib, hostname, "
+                                      "fabric, max_draw_watts (the node's ceiling: its PSUs' rating), "
                                       "gpu_topology {links: GPU × GPU of X|NV#|PIX|PXB|PHB|NODE|SYS|null, "
                                       "numa: [node|-1|null]}")
     labels = serializers.DictField(child=serializers.CharField(), required=False)
@@ -228,5 +254,5 @@ class HeartbeatAnswerSerializer(serializers.Serializer):
     capping = CappingSerializer(required=False, help_text="absent: every GPU back to its defaults")
     warnings = serializers.ListField(
         child=serializers.CharField(), required=False,
-        help_text="what of the heartbeat was not taken, its field named (readings beyond what the node can draw)",
+        help_text="what of the heartbeat was not taken, its field named (readings the node cannot have read)",
     )

@@ -30,7 +30,7 @@ from facility.domains import (
     location_conflicts,
     validate_label,
 )
-from llmgw.errors import InvalidInput, NotFound
+from llmgw.errors import Conflict, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +359,12 @@ def node_token_create(*, node_name: str) -> str:
     node_name = clean_node_name(node_name)
     key = NodeToken.new_key()
     NodeToken.objects.update_or_create(node_name=node_name, defaults={"key_hash": NodeToken.hash_key(key)})
+    # Re-registered: its next heartbeat's cards are taken as they are (and take the full path to be).
+    if Node.objects.filter(name=node_name).update(inventory_open=True, report_digest=""):
+        from agents import readings
+
+        readings.forget(node_name)  # as _forget_report does
+        transaction.on_commit(lambda: readings.forget(node_name))
     from agents.authentication import forget_node_tokens
 
     forget_node_tokens()
@@ -378,6 +384,145 @@ def _notify(node_name: str) -> None:
     from agents.events import node_changed
 
     transaction.on_commit(lambda: node_changed(node_name))
+
+
+def _cards_of(gpus: Collection[Mapping[str, Any]]) -> list[tuple[int, str, str]]:
+    """What makes a node's inventory its own: each card's index, UUID and model (limits change with capping)."""
+    return sorted((g["index"], g.get("uuid") or "", g.get("name") or "") for g in gpus)
+
+
+def _known_gpus(node: Node) -> list[dict[str, Any]]:
+    """The node's accepted cards, as a heartbeat's inventory lists them."""
+    return [
+        {
+            "index": g.index, "uuid": g.uuid, "name": g.model, "memory_gib": g.memory_gib,
+            "power_limit_watts": g.power_limit_watts, "power_limit_max_watts": g.power_limit_max_watts,
+        }
+        for g in node.gpus.filter(present=True).order_by("index")
+    ]
+
+
+def _inventory_pending(node: Node, reported: list[Mapping[str, Any]] | None, now) -> None:
+    """Set (or clear, None) the change of cards waiting for an operator on the node (not saved here)."""
+    reported = None if reported is None else [dict(g) for g in reported]
+    if reported == node.pending_inventory:
+        return
+    if reported is None:
+        node.inventory_pending_since = None
+    else:
+        # Logged once per change, not at every heartbeat: the node's page, its API and /metrics show it.
+        log.warning(
+            "node %s reports %d GPUs where %d are known: the change waits for an operator "
+            "(llmgw ctl nodes accept-inventory %s)", node.name, len(reported), len(_known_gpus(node)), node.name,
+        )
+        node.inventory_pending_since = node.inventory_pending_since or now
+    node.pending_inventory = reported
+
+
+def inventory_pending(node: Node) -> dict[str, Any] | None:
+    """The change of cards waiting for an operator on a node, as its page and API show it: the cards its
+    agent reports, since when, how many are known, and a line per card that differs; None: none waits."""
+    if node.pending_inventory is None:
+        return None
+    known = {g["index"]: g for g in _known_gpus(node)}
+    reported = {g["index"]: g for g in node.pending_inventory}
+
+    def card(g: Mapping[str, Any]) -> str:
+        return " ".join(part for part in (g.get("name") or "", f"({g['uuid']})" if g.get("uuid") else "") if part) or "a card"
+
+    changes = []
+    for index in sorted(set(known) | set(reported)):
+        was, now = known.get(index), reported.get(index)
+        if was is None:
+            changes.append(f"GPU {index}: new, {card(now)}")
+        elif now is None:
+            changes.append(f"GPU {index}: gone, was {card(was)}")
+        elif _cards_of([was]) != _cards_of([now]):
+            changes.append(f"GPU {index}: {card(was)} is now {card(now)}")
+    return {"gpus": node.pending_inventory, "since": node.inventory_pending_since, "known": len(known), "changes": changes}
+
+
+def implausible_lines(sensors: Mapping[str, Any]) -> list[str]:
+    """The readings the node's last heartbeat had dropped, a line each (as the heartbeat's answer warned)."""
+    from agents.node.protocol import implausible_text
+
+    return [
+        implausible_text(entry) if isinstance(entry, Mapping) else str(entry)
+        for entry in sensors.get("implausible") or ()
+    ]
+
+
+def node_facts(node_name: str, heartbeat: Mapping[str, Any]) -> tuple[float | None, list[dict] | None]:
+    """What the control plane knows of a node that judges its heartbeat's readings (agents.readings'
+    facts): its max_draw_watts, and its accepted cards where the heartbeat's differ and are not taken as
+    they are (None: the heartbeat's own). A node not known yet: (None, None)."""
+    node = Node.objects.filter(name=node_name).only("id", "max_draw_watts", "last_heartbeat_at", "inventory_open").first()
+    if node is None:
+        return None, None
+    if node.last_heartbeat_at is None or node.inventory_open:
+        return node.max_draw_watts, None
+    known = _known_gpus(node)
+    reported = (heartbeat.get("inventory") or {}).get("gpus")
+    if reported is not None and _cards_of(reported) == _cards_of(known):
+        return node.max_draw_watts, None
+    return node.max_draw_watts, known
+
+
+def _forget_report(node: Node) -> None:
+    """Every process's next heartbeat of the node takes the full path (which reads its facts again): the
+    batch writes find its stored report changed (not saved here)."""
+    from agents import readings
+
+    node.report_digest = ""
+    # Now (this process's next heartbeat of it reads the row, which waits on this change's lock) and once
+    # committed (a full path between the two remembered the report this change replaces).
+    readings.forget(node.name)
+    transaction.on_commit(lambda: readings.forget(node.name))
+
+
+@transaction.atomic
+def node_inventory_accept(*, node_name: str) -> Node:
+    """Take the change of cards a node's heartbeats report as its inventory: placement and its readings
+    count them from now on. Conflict when no change waits (the node's state, not the request, is at odds)."""
+    node = Node.objects.select_for_update().filter(name=node_name).first()
+    if node is None:
+        raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
+    if node.pending_inventory is None:
+        raise Conflict(f"node {node_name}: no change of its GPUs waits to be accepted", field="node")
+    _record_gpus(node, node.pending_inventory)
+    log.info("node %s: its inventory of %d GPUs is accepted", node.name, len(node.pending_inventory))
+    node.pending_inventory = None
+    node.inventory_pending_since = None
+    _forget_report(node)
+    node.save(update_fields=["pending_inventory", "inventory_pending_since", "report_digest"])
+    _nodes_changed(node.name)
+    _notify(node.name)
+    return node
+
+
+# A node's ceiling: no node draws more than a hall's feed; a figure past it is a unit error.
+MAX_DRAW_WATTS_MAX = 200_000
+
+
+@transaction.atomic
+def node_max_draw_set(*, node_name: str, watts: float | None) -> Node:
+    """Set (None: clear) the most a node can draw (its PSUs' rating, a DCIM's maximum draw): a reading of
+    the node above it is dropped as implausible."""
+    if watts is not None and (
+        isinstance(watts, bool) or not isinstance(watts, int | float) or not 0 < watts <= MAX_DRAW_WATTS_MAX
+    ):
+        raise InvalidInput(
+            f"max_draw_watts: must be a number of watts above 0 and at most {MAX_DRAW_WATTS_MAX:,}, not "
+            f"{value_shown(watts)}", field="max_draw_watts",
+        )
+    node = Node.objects.select_for_update().filter(name=node_name).first()
+    if node is None:
+        raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
+    node.max_draw_watts = None if watts is None else float(watts)
+    _forget_report(node)
+    node.save(update_fields=["max_draw_watts", "report_digest"])
+    _notify(node.name)
+    return node
 
 
 def measured_watts(sensors: Mapping[str, Any], *, node_watts: float | None = None) -> float | None:
@@ -437,16 +582,19 @@ def report_digest(heartbeat: Mapping[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def heartbeat_record(*, node_name: str, heartbeat: Mapping[str, Any], now=None) -> Node | None:
+def heartbeat_record(
+    *, node_name: str, heartbeat: Mapping[str, Any], now=None, digest: str | None = None
+) -> Node | None:
     """Store what an agent reports (already validated): inventory, labels, sensors, replica states.
 
     A ready node whose heartbeat says the same as its last one, but for the sensors, is one UPDATE
-    (returns None); anything new takes the full path in one transaction (returns the node).
+    (returns None); anything new takes the full path in one transaction (returns the node). ``digest``:
+    :func:`report_digest` of the heartbeat, where the caller has it.
     """
     from agents import readings
 
     now = now or timezone.now()
-    digest = report_digest(heartbeat)
+    digest = digest or report_digest(heartbeat)
     sensors = heartbeat.get("sensors") or {}
     interval = heartbeat.get("interval_seconds") or 10
     watts = node_measured_watts(sensors)
@@ -474,6 +622,9 @@ def _heartbeat_record_full(
 
     node = _node_locked(lock, joining, agent=agent)
     was_ready = node.is_ready(now)
+    # A node never heard from, or re-registered (a new token), is taken at its word; any other change of
+    # its cards waits for an operator.
+    takes_inventory = created or node.last_heartbeat_at is None or node.inventory_open
     node.hostname = inventory.get("hostname", node.hostname) or ""
     node.fabric = inventory.get("fabric") or ""
     node.cpu_cores = inventory.get("cpu_cores", node.cpu_cores) or 0
@@ -489,8 +640,17 @@ def _heartbeat_record_full(
     node.report_digest = digest
     labels_changed = created or (heartbeat.get("labels") or {}) != node.agent_labels
     node.agent_labels = dict(heartbeat.get("labels") or {})
+    inventory_changed = False
+    if "gpus" in inventory:  # absent: its GPUs were not read this time (NVML past its deadline)
+        reported = inventory["gpus"]
+        if takes_inventory or _cards_of(reported) == _cards_of(_known_gpus(node)):
+            _inventory_pending(node, None, now)
+            node.inventory_open = False
+            inventory_changed = _record_gpus(node, reported)
+        else:
+            _inventory_pending(node, reported, now)
     node.save()
-    inventory_changed = _record_gpus(node, inventory.get("gpus") or []) or topology_changed
+    inventory_changed = inventory_changed or topology_changed
     if labels_changed:
         node_refresh_labels(node)
     signals.node_reported.send(sender=Node, node=node, states=heartbeat.get("replicas") or [], now=now)
@@ -530,6 +690,7 @@ def _record_gpus(node: Node, gpus: list[Mapping[str, Any]]) -> bool:
             "model": item.get("name", ""),
             "memory_gib": item.get("memory_gib"),
             "power_limit_watts": item.get("power_limit_watts"),
+            "power_limit_max_watts": item.get("power_limit_max_watts"),
             "present": True,
         }
         gpu = existing.get(index)

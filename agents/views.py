@@ -341,8 +341,9 @@ def node_live_context(node: Node) -> dict[str, Any]:
         "cpu_temperature_celsius": sensors.get("cpu_temperature_celsius"),
         "cpu_power_watts": sensors.get("cpu_power_watts"),
         "inlet_temperature_celsius": sensors.get("inlet_temperature_celsius"),
-        # What the last heartbeat read that the node cannot draw (agents.readings.plausible_heartbeat).
-        "implausible": sensors.get("implausible") or [],
+        # What the last heartbeat read that the node cannot have read (agents.readings.plausible_heartbeat).
+        "implausible": services.implausible_lines(sensors),
+        "inventory_pending": services.inventory_pending(node),
         "shards": list(shards),
         "labels": selectors.node_label_sources(node.name, node.agent_labels or {}, node.labels),
         "age": reading_age(node),

@@ -15,6 +15,7 @@ from django.utils import timezone
 from agents import bookings
 from agents.models import Node
 from agents.selectors import node_queryset
+from agents.services import implausible_lines
 from facility.conditions import UNKNOWN, worst
 from facility.domains import LABEL_PREFIX, LEVELS, location_text
 from facility.evaluation import effective_conditions
@@ -66,9 +67,15 @@ class NodeRow:
     @property
     def warnings(self) -> list[str]:
         """What of its agent's word was not taken: location labels of levels that are the store's and
-        differ from it, and readings more than it can draw (its last heartbeat's)."""
+        differ from it, readings it cannot have read (its last heartbeat's), and a change of its GPUs that
+        waits for an operator."""
         sensors = self.node.sensors if isinstance(self.node.sensors, dict) else {}
-        return [*(self.node.location_conflicts or []), *(sensors.get("implausible") or [])]
+        pending = self.node.pending_inventory
+        waiting = [] if pending is None else [
+            f"its agent reports {len(pending)} GPUs where {self.gpus_total} are known; the change waits for an "
+            f"operator (llmgw ctl nodes accept-inventory {self.node.name})"
+        ]
+        return [*(self.node.location_conflicts or []), *implausible_lines(sensors), *waiting]
 
 
 def held_domains() -> dict[str, Hold]:

@@ -11,9 +11,9 @@ The rules, as the seed states them:
   nothing: missing data never blocks.
 - A domain's use is its ``other_watts`` plus, node by node, ``node_watts`` and the larger of what is
   placed there and what its sensors read while fresh. What the sensors read is the node's measured
-  peak: the highest reading of the last ``measured_window`` (15 minutes by default, kept in buckets
-  of a fifteenth of it by :func:`measured_peak`), since prefill reaches a card's limit in
-  milliseconds while decode draws far below it.
+  peak: the second-highest reading of the last ``measured_window`` (15 minutes by default, kept in
+  buckets of a fifteenth of it by :func:`measured_peak`), since prefill reaches a card's limit in
+  milliseconds while decode draws far below it; the second, so that one sample never holds the peak.
 - A shard is refused when a budgeted domain's use **after** it would pass ``cap × (1 − margin)``.
   The shard changes its node's term from ``max(placed, measured)`` to ``max(placed + shard,
   measured)`` (:func:`node_use_added_watts`): a node's measured idle draw is not counted twice.
@@ -117,19 +117,25 @@ def measured_peak(
 ) -> tuple[list[list[float]], float | None]:
     """A node's peak buckets with a reading taken at ``at`` (epoch seconds) added, and the peak over them.
 
-    ``buckets`` is ``[[start, highest], ...]`` (oldest first); a bucket is kept while any of it lies
-    within the window before ``at``. The peak is the highest reading of the window (to a bucket), or
-    None when nothing was read in it.
+    ``buckets`` is ``[[start, highest, second], ...]`` (oldest first; ``second`` absent while the bucket
+    holds one reading); a bucket is kept while any of it lies within the window before ``at``. The peak is
+    the second-highest reading of the window (to a bucket): one sample — a spike, a sensor's glitch — never
+    holds it, two do. None while fewer than two readings were taken in it.
     """
     width = window_seconds / PEAK_BUCKETS
-    kept = [[float(start), float(high)] for start, high in buckets if start + width > at - window_seconds]
+    kept = [
+        [float(bucket[0]), *(float(v) for v in bucket[1:3] if v is not None)]
+        for bucket in buckets
+        if bucket[0] + width > at - window_seconds
+    ]
     if watts is not None:
         start = math.floor(at / width) * width
         if kept and kept[-1][0] == start:
-            kept[-1][1] = max(kept[-1][1], float(watts))
+            kept[-1] = [start, *sorted([*kept[-1][1:], float(watts)], reverse=True)[:2]]
         else:
             kept.append([start, float(watts)])
-    return kept, max((high for _, high in kept), default=None)
+    values = sorted((v for bucket in kept for v in bucket[1:]), reverse=True)
+    return kept, values[1] if len(values) > 1 else None
 
 
 def measured_peak_sql(peaks: str, at: str, watts: str, window_seconds: float) -> tuple[str, str]:
@@ -141,14 +147,21 @@ def measured_peak_sql(peaks: str, at: str, watts: str, window_seconds: float) ->
     """
     width = float(window_seconds) / PEAK_BUCKETS
     epoch = f"CAST(EXTRACT(EPOCH FROM {at}) AS double precision)"
+    # Every reading a bucket keeps (its highest and second), and the new one, as rows (s, v).
     rows = (
-        f"SELECT CAST(e->>0 AS double precision) AS s, CAST(e->>1 AS double precision) AS h "
+        f"SELECT CAST(e->>0 AS double precision) AS s, CAST(x.v AS double precision) AS v "
         f"FROM jsonb_array_elements(COALESCE({peaks}, '[]'::jsonb)) e "
+        f"CROSS JOIN LATERAL (VALUES (e->>1), (e->>2)) x(v) WHERE x.v IS NOT NULL "
         f"UNION ALL SELECT floor({epoch} / {width!r}) * {width!r}, {watts} WHERE {watts} IS NOT NULL"
     )
-    kept = f"SELECT s, MAX(h) AS h FROM ({rows}) r WHERE s + {width!r} > {epoch} - {float(window_seconds)!r} GROUP BY s"
-    buckets = f"(SELECT COALESCE(jsonb_agg(jsonb_build_array(s, h) ORDER BY s), '[]'::jsonb) FROM ({kept}) b)"
-    peak = f"(SELECT MAX(h) FROM ({kept}) b)"
+    kept = (
+        f"SELECT s, (array_agg(v ORDER BY v DESC))[1:2] AS top FROM ({rows}) r "
+        f"WHERE s + {width!r} > {epoch} - {float(window_seconds)!r} GROUP BY s"
+    )
+    buckets = (
+        f"(SELECT COALESCE(jsonb_agg(to_jsonb(ARRAY[s]) || to_jsonb(top) ORDER BY s), '[]'::jsonb) FROM ({kept}) b)"
+    )
+    peak = f"(SELECT v FROM ({kept}) b, unnest(b.top) v ORDER BY v DESC OFFSET 1 LIMIT 1)"
     return buckets, peak
 
 

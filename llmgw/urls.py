@@ -37,6 +37,9 @@ api_v1 = [
     path("nodes/<str:name>/labels", agents_api.NodeLabelsView.as_view(), name="node-labels"),
     path("nodes/<str:name>/cordon", agents_api.NodeCordonView.as_view(), name="node-cordon"),
     path("nodes/<str:name>/token", agents_api.NodeTokenView.as_view(), name="node-token"),
+    path(
+        "nodes/<str:name>/inventory/accept", agents_api.NodeInventoryAcceptView.as_view(), name="node-inventory-accept"
+    ),
     path("tokens", users_api.TokenListView.as_view(), name="tokens"),
     path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
     path("apply", placement_api.ModelsApplyView.as_view(), name="apply"),

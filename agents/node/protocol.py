@@ -187,6 +187,55 @@ def _number(value: Any, field: str, lo: float, hi: float, unit: str) -> float:
     return float(value)
 
 
+def implausible_entry(reading: str, value: Any, why: str, kind: str) -> dict[str, Any]:
+    """One dropped reading as the node's ``sensors.implausible`` keeps it: the field, the value (None when it
+    is no finite number), why in words, and its kind (IMPLAUSIBLE_KINDS: the metric's label)."""
+    try:
+        shown = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    except OverflowError:  # an integer of hundreds of digits
+        shown = None
+    if shown is not None and not math.isfinite(shown):
+        shown = None
+    return {"reading": reading, "value": shown, "why": why, "kind": kind}
+
+
+def implausible_text(entry: Mapping[str, Any]) -> str:
+    """A dropped reading in one line, as the heartbeat's answer warns of it and the log says it."""
+    ending = entry.get("then") or "dropped"
+    return f"{entry['reading']}: {entry['why']}; {ending}"
+
+
+def _figure(value: float) -> str:
+    return f"{value:g}" if abs(value) < 1e6 else f"{value:,.0f}"
+
+
+def _reading(
+    obj: Mapping[str, Any], key: str, field: str, lo: float, hi: float, unit: str, out: dict, dropped: list | None
+) -> None:
+    """A sensor's number into ``out``: refused (HeartbeatError) when it is no number; a number outside
+    ``lo``..``hi`` (or not finite) is a reading no sensor gives — dropped into ``dropped``, the heartbeat taken.
+    ``dropped`` None: refused as any other field (the agent's own check)."""
+    value = obj.get(key)
+    if value is None:
+        return
+    where = f"{field}.{key}" if field else key
+    if dropped is None:
+        out[key] = _number(value, where, lo, hi, unit)
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise HeartbeatError(where, f"must be a number ({unit}), not {_shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        dropped.append(implausible_entry(where, value, f"{value!r} is not a finite number", "out_of_bounds"))
+        return
+    if not lo <= value <= hi:
+        shown = _figure(float(value)) if abs(value) < 10**20 else f"an integer of {len(str(abs(int(value))))} digits"
+        dropped.append(implausible_entry(
+            where, value, f"{shown} {unit} is outside what any sensor reads ({lo:g} to {hi:g} {unit})", "out_of_bounds"
+        ))
+        return
+    out[key] = float(value)
+
+
 def _integer(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise HeartbeatError(field, f"must be a whole number, not {_shown(value)}")
@@ -232,13 +281,16 @@ def _only(obj: Mapping[str, Any], field: str, allowed: frozenset[str]) -> None:
             raise HeartbeatError(where, f"unknown field; {field or 'a heartbeat'} takes {', '.join(sorted(allowed))}")
 
 
-def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict) -> None:
-    if obj.get(key) is not None:
-        out[key] = _number(obj[key], f"{field}.{key}" if field else key, TEMP_MIN, TEMP_MAX, "°C")
+def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict, dropped: list | None = None) -> None:
+    _reading(obj, key, field, TEMP_MIN, TEMP_MAX, "°C", out, dropped)
 
 
-GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts"})
-INVENTORY_KEYS = frozenset({"gpus", "cpu_cores", "memory_gib", "hostname", "fabric", "gpu_topology"})
+# `power_limit_max_watts`: the highest limit the card can be set to (NVML's power management limit
+# constraints), what it can draw at most; `max_draw_watts`: the node's declared ceiling (its PSUs' rating).
+GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts", "power_limit_max_watts"})
+INVENTORY_KEYS = frozenset(
+    {"gpus", "cpu_cores", "memory_gib", "hostname", "fabric", "gpu_topology", "max_draw_watts"}
+)
 GPU_SENSOR_KEYS = frozenset(
     {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "slowdown_temperature_celsius",
      "power_watts", "power_limit_watts", "throttle_reasons"}
@@ -282,14 +334,17 @@ def _inventory(raw: Any) -> dict[str, Any]:
                     gpu[key] = _text(g[key], f"{f}.{key}", longest)
             if g.get("memory_gib") is not None:
                 gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, GPU_MEMORY_GIB_MAX, "GiB")
-            if g.get("power_limit_watts") is not None:
-                gpu["power_limit_watts"] = _number(g["power_limit_watts"], f"{f}.power_limit_watts", 0, GPU_WATTS_MAX, "W")
+            for key in ("power_limit_watts", "power_limit_max_watts"):
+                if g.get(key) is not None:
+                    gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
             gpus.append(gpu)
         out["gpus"] = gpus
     if inv.get("cpu_cores") is not None:
         out["cpu_cores"] = _integer(inv["cpu_cores"], "inventory.cpu_cores", 0, CPU_CORES_MAX)
     if inv.get("memory_gib") is not None:
         out["memory_gib"] = _number(inv["memory_gib"], "inventory.memory_gib", 0, NODE_MEMORY_GIB_MAX, "GiB")
+    if inv.get("max_draw_watts") is not None:
+        out["max_draw_watts"] = _number(inv["max_draw_watts"], "inventory.max_draw_watts", 1, NODE_POWER_WATTS_MAX, "W")
     for key in ("hostname", "fabric"):
         if inv.get(key) is not None:
             out[key] = _text(inv[key], f"inventory.{key}", MAX_NAME_LENGTH)
@@ -375,7 +430,9 @@ def _gpu_topology(raw: Any) -> dict[str, list]:
 
 
 def _sensors(raw: Any) -> dict[str, Any]:
+    """The sensors, checked; a number no sensor reads is dropped into ``implausible`` (the heartbeat kept)."""
     s = _mapping(raw, "sensors")
+    dropped: list[dict[str, Any]] = []
     _only(s, "sensors", SENSOR_KEYS | SENSOR_THROUGHPUT_KEYS | BMC_SENSOR_KEYS)
     out: dict[str, Any] = {}
     if s.get("gpus") is not None:
@@ -393,12 +450,11 @@ def _sensors(raw: Any) -> dict[str, Any]:
             seen.add(gpu["index"])
             if g.get("uuid") is not None:
                 gpu["uuid"] = _text(g["uuid"], f"{f}.uuid", MAX_GPU_UUID_LENGTH)
-            _temperature(g, "temperature_celsius", f, gpu)
-            _temperature(g, "memory_temperature_celsius", f, gpu)
-            _temperature(g, "slowdown_temperature_celsius", f, gpu)
+            _temperature(g, "temperature_celsius", f, gpu, dropped)
+            _temperature(g, "memory_temperature_celsius", f, gpu, dropped)
+            _temperature(g, "slowdown_temperature_celsius", f, gpu, dropped)
             for key in ("power_watts", "power_limit_watts"):
-                if g.get(key) is not None:
-                    gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
+                _reading(g, key, f, 0, GPU_WATTS_MAX, "W", gpu, dropped)
             if g.get("throttle_reasons") is not None:
                 reasons = _list(g["throttle_reasons"], f"{f}.throttle_reasons", len(THROTTLE_REASONS))
                 for reason in reasons:
@@ -408,20 +464,21 @@ def _sensors(raw: Any) -> dict[str, Any]:
                             f"unknown reason {_shown(reason)}; reasons are {', '.join(sorted(THROTTLE_REASONS))}",
                         )
                 gpu["throttle_reasons"] = sorted(set(reasons))
-            _gpu_capping_sensors(g, f, gpu)
+            _gpu_capping_sensors(g, f, gpu, dropped)
             gpus.append(gpu)
         out["gpus"] = gpus
-    _temperature(s, "cpu_temperature_celsius", "sensors", out)
-    _temperature(s, "inlet_temperature_celsius", "sensors", out)
-    if s.get("cpu_power_watts") is not None:
-        out["cpu_power_watts"] = _number(s["cpu_power_watts"], "sensors.cpu_power_watts", 0, CPU_WATTS_MAX, "W")
+    _temperature(s, "cpu_temperature_celsius", "sensors", out, dropped)
+    _temperature(s, "inlet_temperature_celsius", "sensors", out, dropped)
+    _reading(s, "cpu_power_watts", "sensors", 0, CPU_WATTS_MAX, "W", out, dropped)
     if s.get("replicas") is not None:
-        out["replicas"] = _replica_throughput(s["replicas"])
-    _bmc_sensors(s, out)
+        out["replicas"] = _replica_throughput(s["replicas"], dropped)
+    _bmc_sensors(s, out, dropped)
+    if dropped:
+        out["implausible"] = dropped
     return out
 
 
-def _bmc_sensors(s: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _bmc_sensors(s: Mapping[str, Any], out: dict[str, Any], dropped: list) -> None:
     """The BMC's keys of the sensors (BMC_SENSOR_KEYS), checked into `out`."""
     watts, source = s.get("node_power_watts"), s.get("power_source")
     if (watts is None) != (source is None):
@@ -430,12 +487,13 @@ def _bmc_sensors(s: Mapping[str, Any], out: dict[str, Any]) -> None:
             "node_power_watts: where the figure comes from" if source is None else "power_source"
         ))
     if watts is not None:
-        out["node_power_watts"] = _number(watts, "sensors.node_power_watts", 0, NODE_POWER_WATTS_MAX, "W")
         if not isinstance(source, str) or source not in POWER_SOURCES:
             raise HeartbeatError(
                 "sensors.power_source", f"unknown source {_shown(source)}; sources are {', '.join(POWER_SOURCES)}"
             )
-        out["power_source"] = source
+        _reading(s, "node_power_watts", "sensors", 0, NODE_POWER_WATTS_MAX, "W", out, dropped)
+        if "node_power_watts" in out:  # they come together: a figure dropped takes its source with it
+            out["power_source"] = source
     if s.get("bmc") is None:
         return
     f = "sensors.bmc"
@@ -525,91 +583,136 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
     return out
 
 
-# -- plausibility: readings beyond what the node's inventory can draw -------------------------------------
+# -- plausibility: readings beyond what the node can draw ----------------------------------------------------
 #
-# A reading inside its field's bounds may still be more than the node can draw: a card reading 5 kW with
-# a 700 W limit, a card the inventory does not list, CPUs adding more than the node's own part. Such a
-# reading is dropped (absent, never 0) and named, not the heartbeat: its labels, inventory and replica
-# states are kept; the node is flagged in its sensors (`implausible`) and the answer carries the warnings.
+# A reading is judged on its own. A number no sensor gives (4,294,967 W: NVML's 0xFFFFFFFF mW) is dropped
+# while the heartbeat is checked (_reading); a number inside its field's bounds may still be more than the
+# node can draw: a card past its maximum, a card the node's accepted inventory does not list, a node past
+# its ceiling, or a BMC reading far less than the node's own cards. Such a reading is dropped (absent,
+# never 0) and named, not the heartbeat: its labels, inventory and replica states are kept; the node is
+# flagged in its sensors (`implausible`: each reading, its value, why, its kind) and the answer warns.
 
-# A card's reading is believed up to READING_MARGIN × its limit + READING_SLACK_WATTS: its averaged power
-# overshoots the limit for a moment, and a card just capped may still read near its old limit. A node's
-# whole draw (its cards' and CPUs' readings, or its BMC's figure) up to NODE_READING_MARGIN × (its cards'
-# limits + node_watts) + READING_SLACK_WATTS: node_watts is the facility's estimate of its own part, and
-# a chassis at full load draws more besides (NVSwitches, fans, PSU losses: an HGX H100 board's 10.2 kW
-# against 8 × 700 W of cards), so its bound is loose; a node's figure past twice that is no reading.
-READING_MARGIN = 1.25
+# The kinds of dropped readings (the label of llmgw_readings_implausible_total).
+IMPLAUSIBLE_KINDS = ("out_of_bounds", "unknown_gpu", "gpu_power", "node_power", "bmc_low")
+
+# A card's reading is believed up to GPU_READING_TOLERANCE × its maximum + READING_SLACK_WATTS: its 1-s
+# average overshoots the limit for a moment. Its maximum is the highest of what the node says of it: the
+# top of its limit's range (power_limit_max_watts), its limit (else the facility's gpu_watts) and its
+# default limit (a card capped a moment ago still reads near its old limit).
+GPU_READING_TOLERANCE = 1.10
+READING_SLACK_WATTS = 25.0
+# A node's whole draw (its cards' and CPUs' readings, or its BMC's figure) is believed up to
+# NODE_CEILING_TOLERANCE × its ceiling where one is declared (the node's max_draw_watts, set by the
+# facility, else the inventory's). Without one, up to NODE_READING_MARGIN × (its cards' maximums +
+# node_watts) + READING_SLACK_WATTS: node_watts is the facility's estimate of its own part and a chassis at
+# full load draws more besides (NVSwitches, fans, PSU losses), so that bound is loose.
+NODE_CEILING_TOLERANCE = 1.05
 NODE_READING_MARGIN = 2.0
-READING_SLACK_WATTS = 50.0
+# A BMC figure under this share of what the node's cards alone read is no reading of the node (a BMC
+# answering 0 W): the cards' (and CPUs') readings are counted instead.
+BMC_LOW_SHARE = 0.5
+
+
+def card_most_watts(card: Mapping[str, Any], *, gpu_watts: float | None, default: float | None = None) -> float | None:
+    """The most a card can draw, by what is known of it (see GPU_READING_TOLERANCE); None: nothing known."""
+    figures = [w for w in (card.get("power_limit_max_watts"), card.get("power_limit_watts") or gpu_watts, default) if w]
+    return max(figures) if figures else None
 
 
 def implausible_readings(
-    heartbeat: Mapping[str, Any], *, gpu_watts: float | None, node_watts: float | None
-) -> tuple[dict[str, Any], list[str]]:
-    """The (validated) heartbeat's sensors without the power readings beyond what its inventory can draw,
-    and why each was dropped, its field named; the sensors as they were when nothing is.
+    heartbeat: Mapping[str, Any], *, gpu_watts: float | None, node_watts: float | None,
+    known_gpus: list[Mapping[str, Any]] | None = None, max_draw_watts: float | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The (validated) heartbeat's sensors without the readings the node cannot have read, and each dropped
+    reading as an entry (:func:`implausible_entry`: those dropped by the check of the heartbeat come first);
+    the sensors as they were when nothing is.
 
-    A GPU's `power_watts` is judged against its limit: the inventory's (``gpu_watts``, the facility's
-    figure of a card, where it lists none), or the card's own default limit where the agent reports a
-    larger one (a capped card's limit is lowered before its draw follows). A GPU the inventory does not
-    list draws nothing. The node's whole draw, its GPUs' readings and `cpu_power_watts` (the CPU reading
-    goes first, then the GPUs' if they alone are past it), or its BMC's `node_power_watts` (it goes, with
-    its `power_source`), is judged against its cards' limits and ``node_watts`` (the facility's figure of
-    a node's own draw). A limit nobody knows judges nothing.
+    ``known_gpus``: the node's accepted cards, where its heartbeat's inventory differs and waits for an
+    operator (None: the heartbeat's inventory is the node's). A GPU's ``power_watts`` from a card they do not
+    list (by index, and by UUID where both carry one) is dropped, as is one past the card's maximum
+    (:func:`card_most_watts`). The node's whole draw — its GPUs' readings and ``cpu_power_watts`` (the CPU
+    reading goes first, then the GPUs' if they alone are past it), or its BMC's ``node_power_watts`` (it
+    goes with its ``power_source``) — is judged against its ceiling: ``max_draw_watts`` (the node's, set by
+    the facility), else the inventory's, else its cards' maximums and ``node_watts`` loosely. A BMC figure
+    under BMC_LOW_SHARE of the cards' own readings is dropped: the cards' readings count. A bound nobody
+    knows judges nothing.
     """
     sensors = heartbeat.get("sensors") or {}
+    dropped: list[dict[str, Any]] = list(sensors.get("implausible") or ())
+    inventory = heartbeat.get("inventory") or {}
+    cards = {card["index"]: card for card in (inventory.get("gpus") or [] if known_gpus is None else known_gpus)}
     defaults = {g["index"]: g.get("default_power_limit_watts") for g in sensors.get("gpus") or []}
-    limits: dict[int, float | None] = {}
-    for card in (heartbeat.get("inventory") or {}).get("gpus") or []:
-        figures = [w for w in (card.get("power_limit_watts") or gpu_watts, defaults.get(card["index"])) if w]
-        limits[card["index"]] = max(figures) if figures else None
-    dropped: list[str] = []
+    most_of = {
+        index: card_most_watts(card, gpu_watts=gpu_watts, default=defaults.get(index)) for index, card in cards.items()
+    }
+    listed = "the inventory" if known_gpus is None else "the node's accepted inventory"
     gpus = []
     for i, gpu in enumerate(sensors.get("gpus") or []):
         watts, index = gpu.get("power_watts"), gpu["index"]
-        problem = None
-        if watts is not None and index not in limits:
-            problem = f"{watts:g} W from GPU {index}, which the inventory does not list"
-        elif watts is not None and (limit := limits[index]) is not None:
-            most = limit * READING_MARGIN + READING_SLACK_WATTS
+        card = cards.get(index)
+        where = f"sensors.gpus[{i}].power_watts"
+        entry = None
+        if watts is not None and (card is None or (card.get("uuid") and gpu.get("uuid") and card["uuid"] != gpu["uuid"])):
+            named = f"GPU {index}" if card is None else f"GPU {index} ({gpu['uuid']})"
+            entry = implausible_entry(where, watts, f"{watts:g} W from {named}, which {listed} does not list", "unknown_gpu")
+        elif watts is not None and (limit := most_of[index]) is not None:
+            most = limit * GPU_READING_TOLERANCE + READING_SLACK_WATTS
             if watts > most:
-                problem = (
-                    f"{watts:g} W is more than GPU {index} can draw (its limit is {limit:g} W; up to {most:g} W is "
-                    "believed)"
+                entry = implausible_entry(
+                    where, watts,
+                    f"{watts:g} W is more than GPU {index} can draw (its maximum is {limit:g} W; up to {most:g} W is "
+                    "believed)",
+                    "gpu_power",
                 )
-        if problem is not None:
-            dropped.append(f"sensors.gpus[{i}].power_watts: {problem}; dropped")
+        if entry is not None:
+            dropped.append(entry)
             gpu = {k: v for k, v in gpu.items() if k != "power_watts"}
         gpus.append(gpu)
     gone: set[str] = set()
-    known = [limit for limit in limits.values() if limit is not None]
-    if node_watts is not None and len(known) == len(limits):
+    ceiling = max_draw_watts or inventory.get("max_draw_watts")
+    known = [limit for limit in most_of.values() if limit is not None]
+    most = can = None
+    if ceiling:
+        most = ceiling * NODE_CEILING_TOLERANCE
+        can = f"its ceiling is {ceiling:g} W; up to {most:g} W is believed"
+    elif node_watts is not None and len(known) == len(most_of):
         most = (sum(known) + node_watts) * NODE_READING_MARGIN + READING_SLACK_WATTS
-        can = f"{sum(known):g} W of its cards' limits, {node_watts:g} W of its own; up to {most:g} W is believed"
-        gpu_total = sum(g["power_watts"] for g in gpus if g.get("power_watts") is not None)
+        can = f"{sum(known):g} W of its cards' maximums, {node_watts:g} W of its own; up to {most:g} W is believed"
+    gpu_total = sum(g["power_watts"] for g in gpus if g.get("power_watts") is not None)
+    chassis = sensors.get("node_power_watts")
+    if most is not None:
         cpu = sensors.get("cpu_power_watts")
         if cpu is not None and gpu_total + cpu > most:
-            dropped.append(
-                f"sensors.cpu_power_watts: {cpu:g} W puts the node at {gpu_total + cpu:g} W, more than it can "
-                f"draw ({can}); dropped"
-            )
+            dropped.append(implausible_entry(
+                "sensors.cpu_power_watts", cpu,
+                f"{cpu:g} W puts the node at {gpu_total + cpu:g} W, more than it can draw ({can})", "node_power",
+            ))
             gone.add("cpu_power_watts")
         if gpu_total > most:
-            dropped.append(
-                f"sensors.gpus[].power_watts: {gpu_total:g} W in all is more than the node can draw ({can}); dropped"
-            )
+            dropped.append(implausible_entry(
+                "sensors.gpus[].power_watts", gpu_total,
+                f"{gpu_total:g} W in all is more than the node can draw ({can})", "node_power",
+            ))
             gpus = [{k: v for k, v in g.items() if k != "power_watts"} for g in gpus]
-        chassis = sensors.get("node_power_watts")
+            gpu_total = 0.0
         if chassis is not None and chassis > most:
-            dropped.append(
-                f"sensors.node_power_watts: {chassis:g} W is more than the node can draw ({can}); dropped"
-            )
+            dropped.append(implausible_entry(
+                "sensors.node_power_watts", chassis, f"{chassis:g} W is more than the node can draw ({can})", "node_power"
+            ))
             gone |= {"node_power_watts", "power_source"}  # they come together
+    if chassis is not None and "node_power_watts" not in gone and chassis < gpu_total * BMC_LOW_SHARE:
+        dropped.append(implausible_entry(
+            "sensors.node_power_watts", chassis,
+            f"{chassis:g} W is less than half of what its cards alone read ({gpu_total:g} W): their readings count",
+            "bmc_low",
+        ))
+        gone |= {"node_power_watts", "power_source"}
     if not dropped:
         return sensors, []
-    kept = {key: value for key, value in sensors.items() if key not in gone}
+    kept = {key: value for key, value in sensors.items() if key not in gone and key != "implausible"}
     if "gpus" in sensors:
         kept["gpus"] = gpus
+    kept["implausible"] = dropped
     return kept, dropped
 
 
@@ -735,11 +838,10 @@ def capping_answer(capping: Capping | None) -> dict[str, Any] | None:
     return block
 
 
-def _gpu_capping_sensors(g: Mapping[str, Any], f: str, gpu: dict[str, Any]) -> None:
+def _gpu_capping_sensors(g: Mapping[str, Any], f: str, gpu: dict[str, Any], dropped: list) -> None:
     """The capping keys of one GPU's sensors (GPU_CAPPING_SENSOR_KEYS), checked into `gpu`."""
     for key in ("enforced_power_limit_watts", "default_power_limit_watts"):
-        if g.get(key) is not None:
-            gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
+        _reading(g, key, f, 0, GPU_WATTS_MAX, "W", gpu, dropped)
     if g.get("max_sm_clock_mhz") is not None:
         gpu["max_sm_clock_mhz"] = _integer(g["max_sm_clock_mhz"], f"{f}.max_sm_clock_mhz", 1, SM_CLOCK_MHZ_MAX)
     if g.get("locked_clocks_mhz") is not None:
@@ -757,7 +859,7 @@ def _gpu_capping_sensors(g: Mapping[str, Any], f: str, gpu: dict[str, Any]) -> N
         gpu["capping"] = g["capping"]
 
 
-def _replica_throughput(raw: Any) -> list[dict[str, Any]]:
+def _replica_throughput(raw: Any, dropped: list) -> list[dict[str, Any]]:
     """`sensors.replicas`: each ready replica's generated tokens per second."""
     out, seen = [], set()
     for i, r in enumerate(_list(raw, "sensors.replicas", MAX_REPLICAS)):
@@ -770,9 +872,6 @@ def _replica_throughput(raw: Any) -> list[dict[str, Any]]:
         if item["id"] in seen:
             raise HeartbeatError(f"{f}.id", f"replica {item['id']} is listed twice")
         seen.add(item["id"])
-        if r.get("tokens_per_second") is not None:
-            item["tokens_per_second"] = _number(
-                r["tokens_per_second"], f"{f}.tokens_per_second", 0, TOKENS_PER_SECOND_MAX, "tokens/s"
-            )
+        _reading(r, "tokens_per_second", f, 0, TOKENS_PER_SECOND_MAX, "tokens/s", item, dropped)
         out.append(item)
     return out

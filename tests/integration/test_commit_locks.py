@@ -30,7 +30,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def join_measuring(name: str, rack: str, watts: float) -> None:
     beat = heartbeat_for(node_spec(name, rack=rack, gpus=8))
     beat["sensors"] = {"gpus": [{"index": i, "power_watts": watts / 8} for i in range(8)]}
-    heartbeat_record(node_name=name, heartbeat=beat)
+    for _ in range(2):  # two readings: the measured peak
+        heartbeat_record(node_name=name, heartbeat=beat)
 
 
 def other_connection() -> psycopg.Connection:

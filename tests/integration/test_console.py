@@ -362,8 +362,9 @@ def test_cordon_and_uncordon(login):
 def test_facility_page_shows_domains_bars_and_a_rack_map(login):
     from facility.services import budget_set, hold_create
 
-    heartbeat("gpu01", rack="r1", pdu="r1-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"},
-              sensors=gpu_readings([60] * 8, power=600))
+    for _ in range(2):  # two readings: the measured peak
+        heartbeat("gpu01", rack="r1", pdu="r1-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"},
+                  sensors=gpu_readings([60] * 8, power=600))
     heartbeat("gpu02", rack="r2", pdu="r2-a", labels={"llmgw.io/room": "hall-a", "llmgw.io/row": "1"})
     budget_set(domain="rack:r1", cap_watts=6000)  # 8×600 + 210 CPU + 350 of a 5400 W limit: 40 W left
     budget_set(domain="rack:r2", cap_watts=16000)

@@ -61,19 +61,39 @@ def test_an_unknown_token_is_refused(anon_api):
 
 
 @pytest.mark.parametrize(
-    ("mutate", "detail"),
+    ("mutate", "warning"),
     [
         (lambda hb: hb["sensors"]["gpus"][0].__setitem__("power_watts", -5),
-         "sensors.gpus[0].power_watts: must be between 0 and 5000 W, got -5"),
+         "sensors.gpus[0].power_watts: -5 W is outside what any sensor reads (0 to 5000 W); dropped"),
         (lambda hb: hb["sensors"]["gpus"][0].__setitem__("power_watts", 10_000_000),
-         "sensors.gpus[0].power_watts: must be between 0 and 5000 W, got 1e+07"),
+         "sensors.gpus[0].power_watts: 10,000,000 W is outside what any sensor reads (0 to 5000 W); dropped"),
+        (lambda hb: hb["sensors"]["gpus"][0].__setitem__("slowdown_temperature_celsius", 400),
+         "sensors.gpus[0].slowdown_temperature_celsius: 400 °C is outside what any sensor reads (-40 to 150 °C); "
+         "dropped"),
+        (lambda hb: hb["sensors"].__setitem__("cpu_temperature_celsius", 900),
+         "sensors.cpu_temperature_celsius: 900 °C is outside what any sensor reads (-40 to 150 °C); dropped"),
+    ],
+)
+def test_a_reading_no_sensor_gives_is_dropped_naming_the_field_the_rest_stored(node_client, mutate, warning):
+    client = node_client("gpu01")
+    assert client.post("/api/v1/agents/heartbeat", beat(), format="json").status_code == 200
+    odd = beat()
+    odd["labels"]["team"] = "red"
+    mutate(odd)
+    response = client.post("/api/v1/agents/heartbeat", odd, format="json")
+    assert response.status_code == 200
+    assert response.json()["warnings"] == [warning]
+    node = Node.objects.get(name="gpu01")
+    assert node.agent_labels["team"] == "red"
+    assert [entry["reading"] for entry in node.sensors["implausible"]] == [warning.partition(":")[0]]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "detail"),
+    [
         (lambda hb: hb["sensors"]["gpus"][2].__setitem__("throttle_reasons", ["too_hot"]),
          "sensors.gpus[2].throttle_reasons: unknown reason 'too_hot'; reasons are hw_slowdown, hw_thermal, "
          "power_brake, sw_power_cap, sw_thermal"),
-        (lambda hb: hb["sensors"]["gpus"][0].__setitem__("slowdown_temperature_celsius", 400),
-         "sensors.gpus[0].slowdown_temperature_celsius: must be between -40 and 150 °C, got 400"),
-        (lambda hb: hb["sensors"].__setitem__("cpu_temperature_celsius", 900),
-         "sensors.cpu_temperature_celsius: must be between -40 and 150 °C, got 900"),
         (lambda hb: hb["sensors"].__setitem__("cpu_power_watts", "220"),
          "sensors.cpu_power_watts: must be a number (W), not '220'"),
         (lambda hb: hb["inventory"]["gpus"][1].__setitem__("index", 0),
@@ -168,11 +188,15 @@ def test_three_missed_intervals_make_a_node_not_ready(node_client):
     assert [r.state for r in node_rows()] == ["not-ready"]
 
 
-def test_a_gpu_that_stops_reporting_is_kept_absent(node_client):
+def test_a_gpu_that_stops_reporting_is_kept_absent_once_an_operator_accepts_it(node_client):
+    from agents.services import node_inventory_accept
+
     client = node_client("gpu01")
     client.post("/api/v1/agents/heartbeat", beat(), format="json")
     hb = copy.deepcopy(beat())
     hb["inventory"]["gpus"] = hb["inventory"]["gpus"][:7]
     client.post("/api/v1/agents/heartbeat", hb, format="json")
+    assert not GPU.objects.filter(present=False).exists()  # a change of its GPUs waits for an operator
+    node_inventory_accept(node_name="gpu01")
     assert list(GPU.objects.filter(present=False).values_list("index", flat=True)) == [7]
     assert node_rows()[0].gpus_total == 7

@@ -72,10 +72,10 @@ def test_a_bad_heartbeat_is_refused_by_django_with_the_field_even_for_a_known_no
     node = SimNode(node_spec("gpu01", rack="r1"))
     assert post(node.heartbeat(1.0), token)[0] == 200
     bad = node.heartbeat(2.0)
-    bad["sensors"]["cpu_power_watts"] = -1
+    bad["sensors"]["cpu_power_watts"] = "-1"
     status, body = post(bad, token)
     assert status == 400
-    assert body["detail"] == "sensors.cpu_power_watts: must be between 0 and 20000 W, got -1"
+    assert body["detail"] == "sensors.cpu_power_watts: must be a number (W), not '-1'"
 
 
 def test_a_heartbeat_that_gives_a_key_twice_is_refused_by_django_naming_it_even_for_a_known_node(monkeypatch):

@@ -69,22 +69,25 @@ def test_a_nodes_measured_draw_is_its_peak_over_the_window_on_both_write_paths(j
 
     start = timezone.now()
     heartbeat_record(node_name="gpu01", heartbeat=beat(650.0), now=start)  # the full path: a burst
-    # The same report but for the sensors: the readings writer's fast path, a dip.
+    assert Node.objects.get(name="gpu01").measured_peak_watts is None  # one sample holds no peak
+    # The same report but for the sensors: the readings writer's fast path, a second burst, then a dip.
+    heartbeat_record(node_name="gpu01", heartbeat=beat(640.0), now=start + timedelta(seconds=10))
     heartbeat_record(node_name="gpu01", heartbeat=beat(120.0), now=start + timedelta(seconds=30))
     readings.flush()
     node = Node.objects.get(name="gpu01")
     assert node.measured_watts == 120.0  # the last reading
-    assert node.measured_peak_watts == 650.0  # what placement counts
-    assert node.fresh_measured_watts(start + timedelta(seconds=40)) == 650.0
+    assert node.measured_peak_watts == 640.0  # what placement counts: the second-highest of the window
+    assert node.fresh_measured_watts(start + timedelta(seconds=40)) == 640.0
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {node_draw_sql('n', placed='0')} FROM {Node._meta.db_table} n WHERE n.name = 'gpu01'",  # nothing placed
             [start + timedelta(seconds=40) - timedelta(seconds=measured_fresh_seconds())],
         )
-        assert cursor.fetchone()[0] == 650.0
-    # Past the window the burst no longer counts.
+        assert cursor.fetchone()[0] == 640.0
+    # Past the window the bursts no longer count.
     later = start + timedelta(seconds=measured_window_seconds() + 120)
     heartbeat_record(node_name="gpu01", heartbeat=beat(200.0), now=later)
+    heartbeat_record(node_name="gpu01", heartbeat=beat(210.0), now=later + timedelta(seconds=10))
     readings.flush()
     assert Node.objects.get(name="gpu01").measured_peak_watts == 200.0
 
@@ -96,7 +99,10 @@ def test_the_sql_measured_peak_equals_the_python_rule_on_varied_buckets():
 
     window = 900.0
     base = 1_800_000_000.0
-    bucket_sets = [[], [[base - 960.0, 900.0]], [[base - 840.0, 800.0], [base - 60.0, 300.0]], [[base, 100.0]]]
+    bucket_sets = [
+        [], [[base - 960.0, 900.0]], [[base - 840.0, 800.0], [base - 60.0, 300.0]], [[base, 100.0]],
+        [[base - 840.0, 800.0, 20.0], [base, 650.0, 600.0]], [[base - 60.0, 50.0, 40.0]], [[base, 900.0, 30.0]],
+    ]
     readings = [None, 50.0, 700.0]
     offsets = [0.0, 1.0, 59.9, 60.0, 3600.0]
     sql_buckets, sql_peak = measured_peak_sql("x.p", "x.t", "x.w", window)
@@ -112,7 +118,7 @@ def test_the_sql_measured_peak_equals_the_python_rule_on_varied_buckets():
             got_buckets, got_peak = cursor.fetchone()
             got_buckets = json.loads(got_buckets) if isinstance(got_buckets, str) else got_buckets
             want_buckets, want_peak = measured_peak(buckets, watts, at, window)
-            assert [[float(s), float(h)] for s, h in got_buckets] == want_buckets, (buckets, watts, offset)
+            assert [[float(v) for v in bucket] for bucket in got_buckets] == want_buckets, (buckets, watts, offset)
             assert got_peak == want_peak, (buckets, watts, offset)
             checked += 1
     assert checked == len(bucket_sets) * len(readings) * len(offsets)

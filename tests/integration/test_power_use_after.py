@@ -24,10 +24,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def join_measuring(name: str, rack: str, watts: float, gpus: int = 8) -> None:
-    """A node whose first heartbeat reads ``watts`` over its cards."""
+    """A node whose first two heartbeats read ``watts`` over its cards (its measured peak: two readings)."""
     beat = heartbeat_for(node_spec(name, rack=rack, gpus=gpus))
     beat["sensors"] = {"gpus": [{"index": i, "power_watts": watts / gpus} for i in range(gpus)]}
-    heartbeat_record(node_name=name, heartbeat=beat)
+    for _ in range(2):
+        heartbeat_record(node_name=name, heartbeat=beat)
 
 
 def apply(name: str, replicas: int, **profile) -> None:

@@ -29,7 +29,8 @@ def buffered(names: list[str], watts: float) -> None:
 
 def test_a_batch_of_readings_reaches_the_console_in_one_pass(monkeypatch):
     names = [f"gpu{i:02}" for i in range(NODES)]
-    Node.objects.bulk_create([Node(name=name, last_heartbeat_at=timezone.now()) for name in names])
+    earlier = [[timezone.now().timestamp() // 60 * 60 - 60, 310.0]]  # a reading of the minute before
+    Node.objects.bulk_create([Node(name=name, last_heartbeat_at=timezone.now(), measured_peaks=earlier) for name in names])
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(events.NODES_GROUP, channel)
@@ -46,6 +47,7 @@ def test_a_batch_of_readings_reaches_the_console_in_one_pass(monkeypatch):
     buffered(names, 300.0)
     assert readings.flush() == NODES
 
+    # The peak: the second-highest reading of the window (the earlier 310 W and this 300 W).
     assert Node.objects.filter(name__in=names, measured_watts=300.0, measured_peak_watts=300.0).count() == NODES
     # No event loop here (as in the batch writer's thread): still one pass for the whole batch, one
     # `nodes.readings` message naming every node (pages pick their own from it).

@@ -166,15 +166,41 @@ def test_the_near_limit_alert_fires_on_the_share_the_console_calls_near():
     assert share == NEAR_LIMIT_SHARE
 
 
-def test_the_measured_peak_is_the_highest_reading_of_the_window():
+def test_the_measured_peak_is_the_second_highest_reading_of_the_window():
     from facility.power import measured_peak
 
     buckets, peak = measured_peak([], 650.0, 1000.0, 900.0)
-    assert peak == 650.0
-    buckets, peak = measured_peak(buckets, 120.0, 1030.0, 900.0)  # a dip does not lower it
-    assert peak == 650.0
+    assert peak is None  # one sample holds no peak
+    buckets, peak = measured_peak(buckets, 120.0, 1030.0, 900.0)
+    assert peak == 120.0
+    buckets, peak = measured_peak(buckets, 640.0, 1050.0, 900.0)  # a second burst: the peak is held
+    assert peak == 640.0
+    buckets, peak = measured_peak(buckets, 90.0, 1070.0, 900.0)  # a dip does not lower it
+    assert peak == 640.0
     buckets, peak = measured_peak(buckets, None, 1500.0, 900.0)  # no reading: the window's still counts
-    assert peak == 650.0
-    buckets, peak = measured_peak(buckets, 200.0, 1000.0 + 900.0 + 60.0, 900.0)  # the burst left the window
+    assert peak == 640.0
+    buckets, peak = measured_peak(buckets, 200.0, 1000.0 + 900.0 + 120.0, 900.0)  # the bursts left the window
+    assert peak is None
+    buckets, peak = measured_peak(buckets, 210.0, 1000.0 + 900.0 + 130.0, 900.0)
     assert peak == 200.0
     assert measured_peak([], None, 0.0, 900.0) == ([], None)
+
+
+def test_one_spike_among_steady_readings_never_holds_the_peak():
+    from facility.power import measured_peak
+
+    buckets: list = []
+    for i in range(90):  # 15 minutes of 10-s readings, one of them a glitch of 11 kW
+        buckets, peak = measured_peak(buckets, 11_000.0 if i == 45 else 2_400.0, 1000.0 + 10 * i, 900.0)
+    assert peak == 2_400.0
+    # Two bursts in one bucket hold it: a bucket keeps its two highest readings.
+    buckets, peak = measured_peak(buckets, 5_000.0, 1000.0 + 10 * 90, 900.0)
+    assert peak == 5_000.0
+    assert buckets[-1][1:] == [5_000.0, 2_400.0]
+
+
+def test_buckets_of_an_older_store_count_as_one_reading_each():
+    from facility.power import measured_peak
+
+    assert measured_peak([[960.0, 650.0]], None, 1000.0, 900.0) == ([[960.0, 650.0]], None)
+    assert measured_peak([[900.0, 650.0], [960.0, 300.0]], None, 1000.0, 900.0)[1] == 300.0

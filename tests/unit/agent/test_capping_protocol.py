@@ -100,13 +100,11 @@ def test_the_heartbeat_takes_the_capping_sensor_keys_and_replica_throughput():
 @pytest.mark.parametrize(
     ("sensors", "field"),
     [
-        ({"gpus": [{"index": 0, "enforced_power_limit_watts": 490_000}]}, "sensors.gpus[0].enforced_power_limit_watts"),
         ({"gpus": [{"index": 0, "capping": "denied"}]}, "sensors.gpus[0].capping"),
         ({"gpus": [{"index": 0, "locked_clocks_mhz": [900]}]}, "sensors.gpus[0].locked_clocks_mhz"),
         ({"gpus": [{"index": 0, "max_sm_clock_mhz": 1_980_000}]}, "sensors.gpus[0].max_sm_clock_mhz"),
         ({"gpus": [{"index": 0, "max_sm_clock_mhz": 0}]}, "sensors.gpus[0].max_sm_clock_mhz"),
         ({"gpus": [{"index": 0, "max_sm_clock_mhz": 1980.5}]}, "sensors.gpus[0].max_sm_clock_mhz"),
-        ({"replicas": [{"id": 17, "tokens_per_second": -1}]}, "sensors.replicas[0].tokens_per_second"),
         ({"replicas": [{"id": 17}, {"id": 17}]}, "sensors.replicas[1].id"),
         ({"replicas": [{"tokens_per_second": 3}]}, "sensors.replicas[0].id"),
         ({"replicas": [{"id": 17, "watts": 3}]}, "sensors.replicas[0].watts"),
@@ -116,6 +114,18 @@ def test_bad_capping_sensors_are_refused_naming_the_field(sensors, field):
     with pytest.raises(HeartbeatError) as caught:
         validate_heartbeat({"node": "gpu01", "sensors": sensors})
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("sensors", "field"),
+    [
+        ({"gpus": [{"index": 0, "enforced_power_limit_watts": 490_000}]}, "sensors.gpus[0].enforced_power_limit_watts"),
+        ({"replicas": [{"id": 17, "tokens_per_second": -1}]}, "sensors.replicas[0].tokens_per_second"),
+    ],
+)
+def test_capping_readings_no_sensor_gives_are_dropped_naming_the_field(sensors, field):
+    heartbeat = validate_heartbeat({"node": "gpu01", "sensors": sensors})
+    assert [entry["reading"] for entry in heartbeat["sensors"]["implausible"]] == [field]
 
 
 class CappingReader:

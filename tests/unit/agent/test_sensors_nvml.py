@@ -53,6 +53,7 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
                 "name": "NVIDIA H100 80GB HBM3",
                 "memory_gib": 79.6,
                 "power_limit_watts": 700.0,
+                "power_limit_max_watts": 700.0,  # the top of its limit's range: the most it can draw
             },
             {
                 "index": 1,
@@ -60,6 +61,7 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
                 "name": "NVIDIA H100 80GB HBM3",
                 "memory_gib": 79.6,
                 "power_limit_watts": 700.0,
+                "power_limit_max_watts": 700.0,  # the top of its limit's range: the most it can draw
             },
         ],
         # Nothing of their wiring is scripted here: unknown, never a guess (test_sensors_topology reads some).
