@@ -287,7 +287,9 @@ def _temperature(obj: Mapping[str, Any], key: str, field: str, out: dict, droppe
 
 # `power_limit_max_watts`: the highest limit the card can be set to (NVML's power management limit
 # constraints), what it can draw at most; `max_draw_watts`: the node's declared ceiling (its PSUs' rating).
-GPU_INVENTORY_KEYS = frozenset({"index", "uuid", "name", "memory_gib", "power_limit_watts", "power_limit_max_watts"})
+GPU_INVENTORY_KEYS = frozenset(
+    {"index", "uuid", "name", "memory_gib", "power_limit_watts", "power_limit_min_watts", "power_limit_max_watts"}
+)
 INVENTORY_KEYS = frozenset(
     {"gpus", "cpu_cores", "memory_gib", "hostname", "fabric", "gpu_topology", "max_draw_watts"}
 )
@@ -298,12 +300,13 @@ GPU_SENSOR_KEYS = frozenset(
 SENSOR_KEYS = frozenset({"gpus", "cpu_temperature_celsius", "inlet_temperature_celsius", "cpu_power_watts"})
 # The node's whole draw from its BMC (agents.node.sensors.bmc): the figure, where it comes from, and the BMC's
 # state as a source. `node_power_watts` and `power_source: "bmc"` come together, while the BMC is up;
-# `bmc` is {"state": "up", "resource": "EnvironmentMetrics" | "PowerSubsystem" | "Power"} or
+# `bmc` is {"state": "up", "resource": "EnvironmentMetrics" | "PowerSubsystem" | "Power" | "Sensors"} or
 # {"state": "down", "reason": "…"} (the node's draw is then its GPUs' and CPUs' readings).
 BMC_SENSOR_KEYS = frozenset({"node_power_watts", "power_source", "bmc"})
 BMC_KEYS = frozenset({"state", "reason", "resource"})
 BMC_STATES = ("up", "down")
-BMC_RESOURCES = ("EnvironmentMetrics", "PowerSubsystem", "Power")
+# Sensors: a chassis' power sensor where the other three have none (HPE Cray EX blades).
+BMC_RESOURCES = ("EnvironmentMetrics", "PowerSubsystem", "Power", "Sensors")
 POWER_SOURCES = ("bmc",)
 NODE_POWER_WATTS_MAX = 200_000  # a chassis may hold several nodes (a blade enclosure), never a hall
 MAX_BMC_REASON_LENGTH = 300
@@ -334,7 +337,7 @@ def _inventory(raw: Any) -> dict[str, Any]:
                     gpu[key] = _text(g[key], f"{f}.{key}", longest)
             if g.get("memory_gib") is not None:
                 gpu["memory_gib"] = _number(g["memory_gib"], f"{f}.memory_gib", 0, GPU_MEMORY_GIB_MAX, "GiB")
-            for key in ("power_limit_watts", "power_limit_max_watts"):
+            for key in ("power_limit_watts", "power_limit_min_watts", "power_limit_max_watts"):
                 if g.get(key) is not None:
                     gpu[key] = _number(g[key], f"{f}.{key}", 0, GPU_WATTS_MAX, "W")
             gpus.append(gpu)

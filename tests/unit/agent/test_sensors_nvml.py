@@ -53,6 +53,7 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
                 "name": "NVIDIA H100 80GB HBM3",
                 "memory_gib": 79.6,
                 "power_limit_watts": 700.0,
+                "power_limit_min_watts": 200.0,
                 "power_limit_max_watts": 700.0,  # the top of its limit's range: the most it can draw
             },
             {
@@ -61,6 +62,7 @@ def test_inventory_lists_each_gpu_with_memory_and_power_limit():
                 "name": "NVIDIA H100 80GB HBM3",
                 "memory_gib": 79.6,
                 "power_limit_watts": 700.0,
+                "power_limit_min_watts": 200.0,
                 "power_limit_max_watts": 700.0,  # the top of its limit's range: the most it can draw
             },
         ],
