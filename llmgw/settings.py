@@ -169,7 +169,7 @@ MIDDLEWARE = [
     "llmgw.textguard.StorableTextMiddleware",
     # Async-capable (WhiteNoise is sync only): with every middleware async-capable, a request under ASGI
     # crosses into a thread once, for the view, instead of three times.
-    "servestatic.middleware.ServeStaticMiddleware",
+    "llmgw.staticfiles.ContentHashedServeStaticMiddleware",
     # Pages, partials and JSON compressed (static files come compressed already; sockets never pass here).
     # Django pads compressed pages at random against BREACH-style guessing of the CSRF token.
     "django.middleware.gzip.GZipMiddleware",
@@ -274,7 +274,8 @@ except OSError:
     pass
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "servestatic.storage.CompressedStaticFilesStorage"},
+    # `{% static %}` writes each file's content hash into its address, served immutable (llmgw.staticfiles).
+    "staticfiles": {"BACKEND": "llmgw.staticfiles.ContentHashedStaticFilesStorage"},
 }
 # Served straight from the source folders too, so `make demo` needs no collectstatic.
 SERVESTATIC_USE_FINDERS = True

@@ -202,3 +202,22 @@ def test_the_models_page_has_one_line_a_model(login):
     assert '<a href="#model-llama">llama</a>' in line
     assert re.search(r"<td>batch</td><td class=\"num\">0</td><td class=\"num\">0</td><td class=\"num\">2</td>"
                      r"<td><span class=\"state-held\">2 pending</span></td>", line)
+
+
+def test_static_files_are_addressed_by_their_content_and_cached_for_good(login, client):
+    page = login().get("/facility/").content.decode()
+    found = re.search(r'href="(/static/css/facility\.([0-9a-f]{12})\.css)"', page)
+    assert found, page[:1500]
+    import hashlib
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "static" / "css" / "facility.css"
+    assert found[2] == hashlib.md5(source.read_bytes()).hexdigest()[:12]
+    hashed = client.get(found[1])
+    assert hashed.status_code == 200
+    assert hashed["Cache-Control"] == "max-age=315360000, public, immutable"
+    assert hashed["Content-Length"] == str(len(source.read_bytes()))
+    plain = client.get("/static/css/facility.css")
+    assert plain.status_code == 200 and "immutable" not in plain["Cache-Control"]
+    # An address whose hash is not the file's is no file.
+    assert client.get("/static/css/facility.000000000000.css").status_code == 404
