@@ -1,8 +1,10 @@
-"""The Facility page's costly figures — what shedding would do next and the N−1 report — worked out when
-their inputs change (or once the readings in them are FIGURES_SECONDS old), not on every load.
+"""The Facility page's costly figures — what shedding would do next, the N−1 report and the feeds' loads —
+worked out when their inputs change (or once the readings in them are FIGURES_SECONDS old), not on every
+load.
 
-Both plan or judge the whole site (shedding tries each candidate's replacement on the placement index;
-N−1 judges every feed's loss), so at a thousand nodes they cost most of a page's render. They are kept in
+Each reads or plans on the whole site (shedding tries each candidate's replacement on the placement index;
+N−1 judges every feed's loss; a feed's load is every node behind it), so at a thousand nodes they cost
+most of a page's render. They are kept in
 Django's cache (locmem embedded, Redis where REDIS_URL is set, shared by every web process) under a key
 made of the facility's version: one query of counts, newest ids and times of what they are worked out from
 (budgets, feeds, settings, holds, conditions, overrides, nodes and their domains, models, replicas and
@@ -108,6 +110,12 @@ def feed_loss_figures(*, version: str | None = None) -> tuple[dict[str, Any] | N
     return _cached(
         "feed-loss", lambda: feed_selectors.feed_loss_report() if Feed.objects.exists() else None, version=version
     )
+
+
+def feeds_figures(*, version: str | None = None) -> tuple[list[dict[str, Any]], float]:
+    """Each feed with its capacity, load, reserved and measured draw (feed_selectors.feeds_overview: the load
+    of every node behind it), and when it was worked out."""
+    return _cached("feeds", lambda: feed_selectors.feeds_overview()["feeds"], version=version)
 
 
 def shed_figures(*, version: str | None = None) -> tuple[list[dict[str, Any]], float]:

@@ -33,7 +33,7 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
-from facility import console_figures, feed_selectors, selectors
+from facility import console_figures, selectors
 from facility.conditions import SEVERITY
 from facility.domains import ROLLED_LEVELS, natural_key
 from facility.feeds import rating_text
@@ -615,7 +615,7 @@ def feeds_context(n1: Mapping[str, Any]) -> dict[str, Any]:
             **{f"{key}_text": watts_text(f[f"{key}_watts"]) for key in ("capacity", "load", "reserved", "measured")},
             "loss": by_feed.get(f["name"], []),
         }
-        for f in feed_selectors.feeds_overview()["feeds"]
+        for f in console_figures.feeds_figures()[0]
     ]
     return {"feeds": feeds, "feed_loss": n1["report"]}
 
