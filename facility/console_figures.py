@@ -42,6 +42,10 @@ CACHE_PREFIX = "llmgw:facility-figures:"
 log = logging.getLogger(__name__)
 # The clock the figures' age is read on (a test moves it).
 clock = time.time
+# A cache that failed to answer (Redis down) is not asked again for this long: each try costs up to
+# LLMGW_REDIS_TIMEOUT, and a page asks for three figures.
+CACHE_DOWN_SECONDS = 30.0
+_cache_down_until = 0.0
 
 
 def figures_seconds() -> float:
@@ -86,22 +90,29 @@ def facility_version() -> str:
 def _cached(name: str, work, *, version: str | None = None) -> tuple[Any, float]:
     """`work()`'s value and when it was worked out (epoch seconds), from the cache while the facility's
     version is the same and the value is younger than figures_seconds()."""
+    global _cache_down_until
     key = f"{CACHE_PREFIX}{name}:{version or facility_version()}"
-    try:
-        found = cache.get(key)
-    except Exception:  # Redis down: worked out here (LLMGW_REDIS_TIMEOUT bounds the try)
-        log.warning("facility figures: the cache did not answer", exc_info=True)
-        found = None
+    up = time.monotonic() >= _cache_down_until
+    found = None
+    if up:
+        try:
+            found = cache.get(key)
+        except Exception:  # Redis down: worked out here; LLMGW_REDIS_TIMEOUT bounds the try
+            log.warning("facility figures: the cache did not answer; not asked again for %g s", CACHE_DOWN_SECONDS,
+                        exc_info=True)
+            _cache_down_until, up = time.monotonic() + CACHE_DOWN_SECONDS, False
     now = clock()
     if found is not None and now - found[1] < figures_seconds():
         return found
     value = (work(), now)
-    try:
-        # Kept a little past its age so that a page rendered at the edge still finds it; a newer version
-        # is a new key, and the old one simply expires.
-        cache.set(key, value, timeout=figures_seconds() * 2 + 1)
-    except Exception:
-        log.warning("facility figures: the cache did not keep them", exc_info=True)
+    if up:
+        try:
+            # Kept a little past its age so that a page rendered at the edge still finds it; a newer
+            # version is a new key, and the old one simply expires.
+            cache.set(key, value, timeout=figures_seconds() * 2 + 1)
+        except Exception:
+            log.warning("facility figures: the cache did not keep them", exc_info=True)
+            _cache_down_until = time.monotonic() + CACHE_DOWN_SECONDS
     return value
 
 

@@ -221,3 +221,27 @@ def test_static_files_are_addressed_by_their_content_and_cached_for_good(login, 
     assert plain.status_code == 200 and "immutable" not in plain["Cache-Control"]
     # An address whose hash is not the file's is no file.
     assert client.get("/static/css/facility.000000000000.css").status_code == 404
+
+
+def test_with_the_cache_down_the_page_works_its_figures_out_and_stops_asking(site, login, settings, monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here: a Redis that is down
+    settings.CACHES = {"default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": f"redis://127.0.0.1:{port}/0",
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }}
+    monkeypatch.setattr(console_figures, "_cache_down_until", 0.0)
+    calls = n1_worked_out(monkeypatch)
+    client = login()
+    page = client.get("/facility/")
+    assert page.status_code == 200 and "N−1:" in page.content.decode()
+    assert len(calls) == 1 and console_figures._cache_down_until > 0
+    asked = []
+    from django.core.cache import caches
+
+    monkeypatch.setattr(caches["default"], "get", lambda *a, **k: asked.append(a))
+    assert client.get("/facility/").status_code == 200
+    assert len(calls) == 2 and asked == []  # worked out again, the cache not asked while it is down
