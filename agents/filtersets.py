@@ -45,7 +45,11 @@ def filter_pattern() -> str:
     check a filter before sending it): what :func:`parse_terms` accepts, no more and no less."""
     levels = "|".join(LEVELS)
     name = rf"[A-Za-z0-9._-]{{1,{MAX_VALUE_LENGTH}}}"
-    label = rf"[A-Za-z][A-Za-z0-9._/-]{{0,252}}[ \t]*=[ \t]*[^\x00-\x20\x7f]{{1,{MAX_VALUE_LENGTH}}}"
+    # A key that is a level (`rack=r1-01`) is that domain: its value a domain's name.
+    label = (
+        rf"(?!(?:{levels})[ \t]*=)[A-Za-z][A-Za-z0-9._/-]{{0,252}}[ \t]*=[ \t]*[^\x00-\x20\x7f]{{1,{MAX_VALUE_LENGTH}}}"
+        rf"|(?:{levels})[ \t]*=[ \t]*{name}"
+    )
     # A level alone (`rack`) is a domain half written, not a name.
     bare = rf"(?!(?:{levels})(?![A-Za-z0-9._-])){name}"
     term = rf"(?:{label}|(?:{levels}):{name}|{bare})"
@@ -97,6 +101,11 @@ def parse_terms(text: str) -> list[Term]:
                 raise DomainError(f"{word!r}: a label is key=value, with a value")
             if len(value) > MAX_VALUE_LENGTH:
                 raise DomainError(f"{word!r}: a label's value is at most {MAX_VALUE_LENGTH} characters")
+            if key in LEVELS:
+                # `rack=r1-01` is how a person writes the rack r1-01 (no label is keyed by a bare level:
+                # the location labels are llmgw.io/rack and its kin), the same as `rack:r1-01`.
+                terms.append(Term("domain", str(parse_domain(f"{key}:{value}"))))
+                continue
             terms.append(Term("label", word, key, value))
         elif ":" in word or word in LEVELS:
             # A level alone (`rack`) is a domain half written: the parser says how to write it.

@@ -17,7 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -209,6 +209,19 @@ def node_summary(params) -> dict[str, Any]:
     return {"total": len(lines), "counts": counts}
 
 
+# A filter's text is sent back (in the sort and page links, the socket's form) up to this many characters
+# a value: a longer one is refused by the filter, and is not worth repeating on every link of the page.
+ECHOED_CHARS = 300
+
+
+def echoed(params: QueryDict) -> QueryDict:
+    """The query as the page repeats it: each value cut to ECHOED_CHARS."""
+    out = QueryDict(mutable=True)
+    for key, values in list(params.lists())[:20]:
+        out.setlist(key[:100], [value[:ECHOED_CHARS] for value in values[:10]])
+    return out
+
+
 def node_list_context(request: HttpRequest) -> dict[str, Any]:
     """Filter, sort and page the nodes; only the page's rows are loaded whole."""
     filterset, queryset = filtered_nodes(request.GET)
@@ -233,7 +246,7 @@ def node_list_context(request: HttpRequest) -> dict[str, Any]:
         lines.sort(key=lambda line: keys.get(line.pk, -1), reverse=descending)
     page = Paginator(lines, PAGE_SIZE).get_page(request.GET.get("page"))
     rows = rows_for([line.pk for line in page.object_list])
-    params = request.GET.copy()
+    params = echoed(request.GET)
     params.pop("page", None)
     params.pop("sort", None)
     return {
@@ -248,7 +261,7 @@ def node_list_context(request: HttpRequest) -> dict[str, Any]:
         "descending": descending,
         "sort_columns": SORT_COLUMNS,
         "query": params.urlencode(),
-        "filter_query": request.GET.urlencode(),
+        "filter_query": echoed(request.GET).urlencode(),
         "known_domains": NodeDomain.objects.order_by("domain").values_list("domain", flat=True).distinct(),
         "states": STATES,
     }

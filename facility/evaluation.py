@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
@@ -310,6 +311,13 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
     return events
 
 
+def condition_stale_after() -> float:
+    """How long ago a domain's condition may have been judged before it is shown as stale: three rounds of
+    the evaluation (LLMGW_CONDITIONS_INTERVAL), at least two minutes. Past it, the round that judges
+    conditions has stopped (the beat or the worker is down) and the condition is not today's."""
+    return max(120.0, 3 * float(getattr(settings, "CONDITIONS_INTERVAL_SECONDS", 15.0)))
+
+
 def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, Any]]:
     """Each domain's condition as placement reads it: the override where one is set, else the evaluated one.
 
@@ -338,13 +346,15 @@ def effective_conditions(*, now: datetime | None = None) -> dict[str, dict[str, 
             "inlet": _inlet_of(row, state, rule.thresholds),
             # Who read it (agents, prometheus, static, simulated), stale readings included.
             "sources": sorted({str(r.get("source") or "") for r in (row.readings or {}).values()}),
+            # When it was last judged (epoch seconds): a condition judged long ago is not today's.
+            "evaluated_at": row.evaluated_at.timestamp() if row.evaluated_at else None,
         }
     for override in ConditionOverride.objects.all():
         if override.until is not None and override.until <= now:
             continue
         entry = found.setdefault(
             override.domain,
-            {"readings": {}, "age_seconds": None, "since": None, "inlet": None, "sources": [],
+            {"readings": {}, "age_seconds": None, "since": None, "inlet": None, "sources": [], "evaluated_at": None,
              "enforce": config.rule(override.domain).enforce},
         )
         entry.update(condition=override.condition, detail=f"set by hand: {override.reason}", overridden=True)

@@ -127,6 +127,9 @@ CONDITION_FAMILIES = (
      [*LABELS, "condition"]),
     ("llmgw_domain_reading_age_seconds", "How old the domain's latest reading of a signal is.", [*LABELS, "signal"]),
     ("llmgw_facility_source_up", "1 while a facility source answered its last poll.", ["source"]),
+    ("llmgw_domain_condition_age_seconds",
+     "How long ago the domain's condition was last judged (set by hand: not given); it grows while the "
+     "evaluation has stopped.", LABELS),
 )
 
 
@@ -138,12 +141,16 @@ def condition_families() -> Iterator[Metric]:
     from facility.evaluation import effective_conditions
     from facility.models import DomainCondition, SourceStatus
 
-    condition, age, up = (GaugeMetricFamily(name, doc, labels=labels) for name, doc, labels in CONDITION_FAMILIES)
+    condition, age, up, judged = (
+        GaugeMetricFamily(name, doc, labels=labels) for name, doc, labels in CONDITION_FAMILIES
+    )
     now = timezone.now().timestamp()
     for domain, state in sorted(effective_conditions().items()):
         labels = [domain, domain.split(":", 1)[0]]
         for name in CONDITIONS:
             condition.add_metric([*labels, name], 1.0 if state["condition"] == name else 0.0)
+        if not state["overridden"] and state.get("evaluated_at") is not None:
+            judged.add_metric(labels, max(0.0, now - state["evaluated_at"]))
     for domain, readings in DomainCondition.objects.values_list("domain", "readings"):
         for signal, reading in sorted((readings or {}).items()):
             age.add_metric([domain, domain.split(":", 1)[0], signal], max(0.0, now - reading["at"]))
@@ -152,6 +159,7 @@ def condition_families() -> Iterator[Metric]:
     yield condition
     yield age
     yield up
+    yield judged
 
 
 _collector: DomainPowerCollector | None = None

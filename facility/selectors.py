@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -12,7 +13,7 @@ from agents.models import Node, NodeDomain, measured_window_seconds
 from facility import power
 from facility.conditions import SEVERITY
 from facility.domains import LEVELS, ROLLED_LEVELS, Domain, natural_key, parse_domain
-from facility.evaluation import effective_conditions
+from facility.evaluation import condition_stale_after, effective_conditions
 from facility.feed_services import feed_cap_warning
 from facility.models import Budget, ConditionEvent, FacilitySettings, Hold, SourceStatus
 
@@ -107,7 +108,7 @@ def facility_overview() -> dict[str, Any]:
                 "limit_watts": None if figure.limit_watts is None else round(figure.limit_watts, 1),
                 "other_watts": budget_by_domain[domain].other_watts if domain in budget_by_domain else None,
                 "over_limit": figure.is_over_limit,
-                "condition": condition_dict(conditions.get(text)),
+                "condition": condition_dict(conditions.get(text), now=now),
                 "hold": (
                     {
                         "reason": hold.reason,
@@ -169,12 +170,18 @@ def domain_figures(*, domain: str) -> power.DomainPower:
     return power.domain_power(parsed, members, budgets().get(parsed), settings)
 
 
-def condition_dict(state: dict[str, Any] | None) -> dict[str, Any]:
-    """A domain's condition as shown: condition, mode, the reading in words, readings and their age."""
+def condition_dict(state: dict[str, Any] | None, *, now: datetime | None = None) -> dict[str, Any]:
+    """A domain's condition as shown: condition, mode, the reading in words, readings and their age, when it
+    was last judged (``judged_at``, epoch seconds) and whether that is longer ago than
+    evaluation.condition_stale_after() (``stale``: the evaluation has stopped; set by hand is never stale)."""
     if state is None:
         return {"condition": "unknown", "mode": None, "detail": "no reading", "overridden": False,
-                "readings": {}, "age_seconds": None, "inlet": None}
+                "readings": {}, "age_seconds": None, "inlet": None, "judged_at": None, "stale": False}
+    judged = state.get("evaluated_at")
+    epoch = (now or timezone.now()).timestamp()
     return {
+        "judged_at": judged,
+        "stale": not state["overridden"] and judged is not None and epoch - judged > condition_stale_after(),
         "condition": state["condition"],
         "mode": "enforce" if state["enforce"] else "observe",
         "detail": state["detail"] or ("no fresh reading" if state["condition"] == "unknown" else ""),

@@ -125,6 +125,14 @@ class ConditionStateSerializer(serializers.Serializer):
     readings = serializers.DictField(child=serializers.FloatField(), help_text="signal → latest value")
     age_seconds = serializers.FloatField(allow_null=True, help_text="age of the oldest of those readings")
     inlet = InletSerializer(allow_null=True, help_text="the latest inlet reading with its thresholds")
+    judged_at = serializers.FloatField(
+        allow_null=True, required=False, help_text="when the condition was last judged (seconds since the epoch)"
+    )
+    stale = serializers.BooleanField(
+        required=False,
+        help_text="judged longer ago than three rounds of the evaluation (at least 2 min): it has stopped, "
+        "the condition is not today's",
+    )
 
 
 class SourceStatusSerializer(serializers.Serializer):

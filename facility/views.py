@@ -17,10 +17,9 @@ of the overview (:func:`facility_fragments`); split, each part would read the ov
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import defaultdict
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -34,11 +33,10 @@ from django.views.decorators.http import require_POST
 
 from agents.models import Node
 from agents.views import CAPPING_FAILURES, require_operator, require_reader
-from facility import feed_selectors, selectors
+from facility import console_figures, selectors
 from facility.conditions import SEVERITY
 from facility.domains import ROLLED_LEVELS, natural_key
 from facility.feeds import rating_text
-from facility.models import Feed
 from facility.power import NEAR_LIMIT_SHARE, kw
 from facility.response import CappingConfig, SheddingConfig
 from llmgw.errors import LlmgwError
@@ -55,6 +53,8 @@ TIGHT = 0.25
 STATE_ORDER = {"hot": 0, "over": 1, "warm": 2, "near": 3, "tight": 4, "ok": 5, "none": 6, "unknown": 6}
 # Levels a condition rolls up to (a row with a hot rack is not ok); the most specific level first on a tie.
 LEVEL_RANK = {"rack": 0, "pdu": 1, "leg": 2, "row": 3, "room": 4, "site": 5}
+# Levels the summary counts apart from racks and PDUs when they are over or near their limit.
+OTHER_POWER_LEVELS = ("leg", "row", "room", "site")
 # The worst-first list shows this many domains a page.
 WORST_PAGE = 15
 # The colourings of the rack map.
@@ -143,9 +143,9 @@ def n1_by_rack(feeds: Mapping[str, set[str]], node_racks: Mapping[str, str]) -> 
     """What the loss of one feed would do to each rack: ``{known, report, racks: {rack: [text, …]}}`` — a rack
     is at risk when a feed's loss takes it, one of its PDUs or legs past what carries it, or leaves nodes of
     it dark. Not known without feeds."""
-    if not Feed.objects.exists():
-        return {"known": False, "report": {"text": "0 violations", "feeds": []}, "racks": {}}
-    report = feed_selectors.feed_loss_report()
+    report, at = console_figures.feed_loss_figures()
+    if report is None:
+        return {"known": False, "report": {"text": "0 violations", "feeds": []}, "racks": {}, "at": at}
     pdu_racks: dict[str, set[str]] = defaultdict(set)
     for rack, pdus in feeds.items():
         for pdu in pdus:
@@ -165,7 +165,7 @@ def n1_by_rack(feeds: Mapping[str, set[str]], node_racks: Mapping[str, str]) -> 
             for rack in hit:
                 if v["text"] not in racks[rack]:
                     racks[rack].append(v["text"])
-    return {"known": True, "report": report, "racks": dict(racks)}
+    return {"known": True, "report": report, "racks": dict(racks), "at": at}
 
 
 def capping_by_domain(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -321,9 +321,21 @@ def summary_of(domains: list[dict[str, Any]], n1: Mapping[str, Any]) -> list[dic
             and not (d["level"] in ROLLED_LEVELS and SEVERITY.get(d.get("racks_worst", "unknown"), 0) >= SEVERITY[state])
         ]
 
-    groups = [
-        ("over", "over", "over their power limit", [d["domain"] for d in domains if d["headroom"] == "over"]),
-        ("near", "near", "near their power limit", [d["domain"] for d in domains if d["headroom"] == "near"]),
+    def power(state: str, levels: tuple[str, ...]) -> list[str]:
+        return [d["domain"] for d in domains if d["headroom"] == state and d["level"] in levels]
+
+    # Racks and PDUs counted apart (a PDU over its limit is not another rack over); rows, rooms and the site
+    # only when one of them is.
+    groups = []
+    for state, words in (("over", "over their power limit"), ("near", "near their power limit")):
+        others = power(state, OTHER_POWER_LEVELS)
+        groups += [
+            (state, f"rack{{s}} {state}", f"racks {words}", power(state, ("rack",))),
+            (f"pdu-{state}", f"PDU{{s}} {state}", f"PDUs {words}", power(state, ("pdu",))),
+            *([(f"other-{state}", f"other domain{{s}} {state}", f"rows, rooms or legs {words}", others)]
+              if others else []),
+        ]
+    groups += [
         ("hot", "hot", "hot", heat("hot")),
         ("warm", "warm", "warm", heat("warm")),
         ("held", "held", "held", [d["domain"] for d in domains if d["hold"]]),
@@ -334,7 +346,8 @@ def summary_of(domains: list[dict[str, Any]], n1: Mapping[str, Any]) -> list[dic
     out = []
     for key, label, title, names in groups:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        out.append({"key": key, "label": label, "count": len(names), "title": f"{title}: {shown}" if names else f"none {title}"})
+        out.append({"key": key, "label": label.format(s="" if len(names) == 1 else "s"), "count": len(names),
+                    "title": f"{title}: {shown}" if names else f"none {title}"})
     if not n1["known"]:
         out[-1].update(count=None, title="no feeds known: N−1 is not judged")
     return out
@@ -355,6 +368,7 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
     roll_up(domains, node_racks)
     for d in domains:
         d["state"] = domain_state(d)
+        d["folded"] = []
         if d["level"] == "rack":
             room, row = places.get(d["name"], ("", ""))
             d["room"], d["row"] = room or "no room", row or "no row"
@@ -383,15 +397,25 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         rows = []
         for row in sorted(rooms[room], key=natural_key):
             racks = sorted(rooms[room][row], key=lambda r: natural_key(r["name"]))
-            rows.append({"row": row, "slug": slug(f"{room}-{row}"), "racks": racks,
-                         "domain": by_name.get(f"row:{row}"), "rolled": worst_of(racks, by_name.get(f"row:{row}"))})
+            own = by_name.get(f"row:{row}")
+            rows.append({"row": row, "slug": slug(f"{room}-{row}"), "racks": racks, "domain": own,
+                         "rolled": worst_of(racks, own), "power": power_worst(racks, own),
+                         "counts": counts_of(racks)})
         all_racks = [r for row in rows for r in row["racks"]]
-        rack_map.append({"room": room, "slug": slug(room), "rows": rows, "racks": len(all_racks),
-                         "domain": by_name.get(f"room:{room}"), "rolled": worst_of(all_racks, by_name.get(f"room:{room}")),
+        own = by_name.get(f"room:{room}")
+        rack_map.append({"room": room, "slug": slug(room), "rows": rows, "racks": len(all_racks), "domain": own,
+                         "rolled": worst_of(all_racks, own), "power": power_worst(all_racks, own),
                          "counts": counts_of(all_racks)})
     # One worst-first list: power and heat together, only domains with a budget or a condition (or a hold).
+    fold_roll_ups(domains, by_name)
     ranked = sorted(
-        (d for d in domains if shown(d) and (d["limit_watts"] is not None or d["rolled"] != "unknown" or d["hold"])),
+        (
+            d for d in domains
+            if shown(d) and (
+                d["limit_watts"] is not None or d["hold"]
+                or (d["cond"] if d.get("folded_into") else d["rolled"]) != "unknown"
+            )
+        ),
         key=worst_key,
     )
     paginator = Paginator(ranked, WORST_PAGE)
@@ -408,6 +432,7 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "window_text": _duration(window) if window else "the measured window",
         "modes": observe,
         "summary": summary_of(domains, n1),
+        "stale": stale_of(domains),
         "rack_map": rack_map,
         "racks_shown": sum(room["racks"] for room in rack_map),
         "worst": page,
@@ -425,6 +450,56 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         **feeds_context(n1),
         **conditions_context(overview),
         "capping": capping_shown(config, cap_rows),
+    }
+
+
+def fold_roll_ups(domains: list[dict[str, Any]], by_name: Mapping[str, dict[str, Any]]) -> None:
+    """A row's, room's or site's heat that comes from one of its racks is listed once, with that rack: the
+    rack names them (``folded``, the most specific first) and each is ranked for its own figures and its own
+    condition only (``folded_into``: the rack; left out of the list with neither a budget nor a condition)."""
+    for d in domains:
+        if d["level"] not in ROLLED_LEVELS or not d["rolled_from"].startswith("rack "):
+            continue
+        rack = by_name.get(f"rack:{d['rolled_from'][len('rack '):]}")
+        if rack is None:
+            continue
+        rack["folded"].append(d)
+        d["folded_into"] = rack["domain"]
+        d["state"] = domain_state({**d, "rolled": d["cond"]})
+    for d in domains:
+        d["folded"].sort(key=lambda f: LEVEL_RANK.get(f["level"], 9))
+
+
+# Power on one scale, worst first, for a row's or room's heading.
+POWER_RANK = {"over": 0, "near": 1, "tight": 2, "ok": 3}
+
+
+def power_worst(racks: list[Mapping[str, Any]], own: Mapping[str, Any] | None) -> dict[str, str]:
+    """A row's or room's power for its heading: the worst of its own budget's and its racks' (``over``,
+    ``near``, ``tight``, ``ok``; ``none`` without a budget anywhere), and where from."""
+    state, where = (own["headroom"], "its own budget") if own and own["headroom"] in POWER_RANK else ("none", "")
+    for rack in racks:
+        if rack["headroom"] in POWER_RANK and (state == "none" or POWER_RANK[rack["headroom"]] < POWER_RANK[state]):
+            state, where = rack["headroom"], f"rack {rack['name']}"
+    return {"state": state, "from": where}
+
+
+# The stale banner names this many domains; the rest are counted.
+STALE_NAMED = 8
+
+
+def stale_of(domains: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The domains whose condition was judged longer ago than the evaluation's bound (the evaluation has
+    stopped: each shows what was judged last), the first STALE_NAMED named, and the oldest judgement's time
+    (epoch seconds); None when every condition is fresh."""
+    found = sorted((d for d in domains if d["condition"].get("stale")), key=lambda d: d["condition"]["judged_at"])
+    if not found:
+        return None
+    return {
+        "count": len(found),
+        "names": [d["domain"] for d in found[:STALE_NAMED]],
+        "more": max(0, len(found) - STALE_NAMED),
+        "oldest": found[0]["condition"]["judged_at"],
     }
 
 
@@ -540,7 +615,7 @@ def feeds_context(n1: Mapping[str, Any]) -> dict[str, Any]:
             **{f"{key}_text": watts_text(f[f"{key}_watts"]) for key in ("capacity", "load", "reserved", "measured")},
             "loss": by_feed.get(f["name"], []),
         }
-        for f in feed_selectors.feeds_overview()["feeds"]
+        for f in console_figures.feeds_figures()[0]
     ]
     return {"feeds": feeds, "feed_loss": n1["report"]}
 
@@ -548,34 +623,38 @@ def feeds_context(n1: Mapping[str, Any]) -> dict[str, Any]:
 # -- the fragments: the page's parts, rendered alike for the page and for the live socket -------------------
 
 
-def oob(html: str) -> str:
-    """An element's HTML swapped in by id from the socket (hx-swap-oob on its first tag)."""
-    return re.sub(r"^(\s*<[a-zA-Z]+)", r'\1 hx-swap-oob="true"', html, count=1)
-
-
-def render_parts(context: dict[str, Any]) -> dict[str, Any]:
+def render_parts(context: dict[str, Any], *, oob: bool = False) -> dict[str, Any]:
     """Render the tiles, row and room headings and worst-first rows one by one (each kept in the context for
-    the page's templates as ``html``), and return them by element id with the structures they sit in."""
+    the page's templates as ``html``), and return them by element id with the structures they sit in. With
+    `oob` (the socket's), each part also as the socket sends it alone (``oob_parts``): its template writes
+    hx-swap-oob on its own root element, while the whole map or list keeps the plain parts (an hx-swap-oob
+    nested in a swapped element would be torn out of it and swapped on its own)."""
     tiles: dict[str, str] = {}
     heads: dict[str, str] = {}
-    for room in context["rack_map"]:
-        room["head_html"] = mark_safe(render_to_string("facility/_room_head.html", {"room": room}).strip())
-        heads[f"room-head-{room['slug']}"] = room["head_html"]
-        for row in room["rows"]:
-            row["head_html"] = mark_safe(render_to_string("facility/_row_head.html", {"row": row}).strip())
-            heads[f"row-head-{row['slug']}"] = row["head_html"]
-            for rack in row["racks"]:
-                rack["html"] = mark_safe(render_to_string("facility/_tile.html", {"r": rack}).strip())
-                tiles[f"rack-{rack['name']}"] = rack["html"]
     rows: dict[str, str] = {}
+    sent: dict[str, str] = {}
+
+    def part(template: str, key: str, into: dict[str, str], part_context: dict[str, Any]) -> str:
+        html = mark_safe(render_to_string(template, part_context).strip())
+        into[key] = html
+        if oob:
+            sent[key] = render_to_string(template, {**part_context, "oob": True}).strip()
+        return html
+
+    for room in context["rack_map"]:
+        room["head_html"] = part("facility/_room_head.html", f"room-head-{room['slug']}", heads, {"room": room})
+        for row in room["rows"]:
+            row["head_html"] = part("facility/_row_head.html", f"row-head-{row['slug']}", heads, {"row": row})
+            for rack in row["racks"]:
+                rack["html"] = part("facility/_tile.html", f"rack-{rack['name']}", tiles, {"r": rack})
     for d in context["worst"].object_list:
-        d["row_html"] = mark_safe(render_to_string("facility/_worst_row.html", {"d": d}).strip())
-        rows[f"wf-{d['slug']}"] = d["row_html"]
+        d["row_html"] = part("facility/_worst_row.html", f"wf-{d['slug']}", rows, {"d": d})
     map_shape = repr([(room["slug"], [(row["slug"], [r["name"] for r in row["racks"]]) for row in room["rows"]])
                       for room in context["rack_map"]])
     worst_shape = repr(([d["slug"] for d in context["worst"].object_list], context["worst"].number,
                         context["worst_total"]))
-    return {"tiles": tiles, "heads": heads, "rows": rows, "map_shape": map_shape, "worst_shape": worst_shape}
+    return {"tiles": tiles, "heads": heads, "rows": rows, "map_shape": map_shape, "worst_shape": worst_shape,
+            "oob_parts": sent}
 
 
 def facility_fragments(params: Mapping[str, str], *, detail: str = "", can_operate: bool = False,
@@ -584,7 +663,8 @@ def facility_fragments(params: Mapping[str, str], *, detail: str = "", can_opera
     map and the worst-first list whole (with the shape they have) and part by part (tiles, headings, rows)."""
     context = facility_context(params)
     context.update(can_operate=can_operate, csrf_token=csrf_token, errors={}, oob=True)
-    parts = render_parts(context)
+    parts = render_parts(context, oob=True)
+    sent = parts["oob_parts"]
     cards = {
         "facility-summary": render_to_string("facility/_summary.html", context),
         "holds": render_to_string("facility/_holds.html", context),
@@ -598,9 +678,9 @@ def facility_fragments(params: Mapping[str, str], *, detail: str = "", can_opera
     return {
         "cards": cards,
         "map": (parts["map_shape"], render_to_string("facility/_rack_map.html", context),
-                {key: oob(html) for key, html in {**parts["heads"], **parts["tiles"]}.items()}),
+                {key: sent[key] for key in (*parts["heads"], *parts["tiles"])}),
         "worst": (parts["worst_shape"], render_to_string("facility/_worst.html", context),
-                  {key: oob(html) for key, html in parts["rows"].items()}),
+                  {key: sent[key] for key in parts["rows"]}),
     }
 
 
@@ -703,7 +783,7 @@ def page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
             "errors": {},
             "values": {},
             "preview": None,
-            "shed_moves": shed_moves_shown(),
+            "shed": shed_moves_shown(request.GET.get("shed_page") or 1),
             **extra,
         }
     )
@@ -717,11 +797,26 @@ def facility_page(request: HttpRequest) -> HttpResponse:
     return _page(request, page_context(request))
 
 
-def shed_moves_shown() -> list[dict[str, Any]]:
-    """What shedding would do next, as `llmgw ctl facility shed --dry-run` lists it (empty while it is off)."""
-    from placement.shedding import shed_plan
+# The shedding card shows this many moves a page; `llmgw ctl facility shed --dry-run` lists them all.
+SHED_PAGE = 20
 
-    return shed_plan()
+
+def at_text(at: datetime, now: datetime) -> str:
+    """A time as the page shows it, on the 24-hour UTC clock: ``17:05:00 UTC``, with its date when it is not
+    today's (``Dec 08 00:15:00 UTC``)."""
+    at = at.astimezone(UTC)
+    return at.strftime("%H:%M:%S UTC") if at.date() == now.astimezone(UTC).date() else at.strftime("%b %d %H:%M:%S UTC")
+
+
+def shed_moves_shown(page: str | int = 1) -> dict[str, Any]:
+    """What shedding would do next, as `llmgw ctl facility shed --dry-run` lists it (empty while it is off),
+    SHED_PAGE moves a page, from the figures kept in the cache (console_figures) and when they were worked
+    out (``at``: epoch seconds)."""
+    moves, at = console_figures.shed_figures()
+    now = datetime.now(UTC)
+    shown = Paginator(moves, SHED_PAGE).get_page(page)
+    rows = [{**m, "at_text": at_text(datetime.fromisoformat(m["at"]), now)} for m in shown.object_list]
+    return {"moves": rows, "page": shown, "total": len(moves), "at": at}
 
 
 def _hold_form(request: HttpRequest, *, status: int = 200, **context: Any) -> HttpResponse:
@@ -795,6 +890,14 @@ def hold_release(request: HttpRequest) -> HttpResponse:
     if request.htmx:
         return render(request, "facility/_holds.html", {**facility_context({}), "can_operate": True, "errors": {}})
     return redirect("facility")
+
+
+@login_required
+def shed_card(request: HttpRequest) -> HttpResponse:
+    """The shedding card alone, at the page of moves asked (`page`): its pages swap it in place."""
+    require_reader(request)
+    page = request.GET.get("page") or "1"
+    return render(request, "facility/_shed.html", {"shed": shed_moves_shown(page if page.isdigit() else 1)})
 
 
 @login_required

@@ -23,6 +23,7 @@ urlpatterns = [
     path("facility/holds", facility_views.hold_create, name="facility-hold"),
     path("facility/holds/release", facility_views.hold_release, name="facility-release"),
     path("facility/holds/preview", facility_views.hold_preview, name="facility-hold-preview"),
+    path("facility/shed", facility_views.shed_card, name="facility-shed"),
     path("facility/what-if", facility_views.hold_preview, name="facility-what-if"),
     path("facility/domains/<str:domain>/", facility_views.domain_detail, name="facility-domain"),
     path("facility/domains/<str:domain>/history", facility_views.domain_history, name="facility-domain-history"),

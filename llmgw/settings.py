@@ -169,7 +169,10 @@ MIDDLEWARE = [
     "llmgw.textguard.StorableTextMiddleware",
     # Async-capable (WhiteNoise is sync only): with every middleware async-capable, a request under ASGI
     # crosses into a thread once, for the view, instead of three times.
-    "servestatic.middleware.ServeStaticMiddleware",
+    "llmgw.staticfiles.ContentHashedServeStaticMiddleware",
+    # Pages, partials and JSON compressed (static files come compressed already; sockets never pass here).
+    # Django pads compressed pages at random against BREACH-style guessing of the CSRF token.
+    "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -271,7 +274,8 @@ except OSError:
     pass
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "servestatic.storage.CompressedStaticFilesStorage"},
+    # `{% static %}` writes each file's content hash into its address, served immutable (llmgw.staticfiles).
+    "staticfiles": {"BACKEND": "llmgw.staticfiles.ContentHashedStaticFilesStorage"},
 }
 # Served straight from the source folders too, so `make demo` needs no collectstatic.
 SERVESTATIC_USE_FINDERS = True
@@ -336,6 +340,25 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# The Facility page's costly figures (N−1, what shedding would do) are kept here, by the facility's version
+# (facility.console_figures): shared by every web process through Redis, in this process embedded.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "llmgw",
+            "OPTIONS": {
+                "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
+                "socket_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
+            },
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "llmgw"}}
+# Figures whose readings (measured draw) changed are worked out again once this old, in seconds.
+FACILITY_FIGURES_SECONDS = env_number("LLMGW_FACILITY_FIGURES_SECONDS", "30", float)
 
 # Celery: Redis when REDIS_URL is set; otherwise every task runs in-process where it is sent.
 CELERY_BROKER_URL = REDIS_URL or "memory://"

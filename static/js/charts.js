@@ -10,21 +10,29 @@
   function kw(v) { return v == null ? "—" : (v / 1000).toFixed(1) + " kW"; }
   function pad(n) { return (n < 10 ? "0" : "") + n; }
   var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-  // The time axis in 24-hour time, with the date where the range spans days.
+  // Every time on the 24-hour UTC clock, as the rest of the console and the server's logs give it: a
+  // facility team across time zones reads one clock.
+  function utcDay(d) { return d.getUTCDate() + " " + MONTHS[d.getUTCMonth()]; }
+  function utcClock(d) { return pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()); }
+  function utcText(t) { if (t == null) { return "—"; } var d = new Date(t * 1000); return utcDay(d) + " " + utcClock(d) + " UTC"; }
+  // uPlot places its ticks on this clock's hours and days (its default is the browser's own zone).
+  function tzDate(t) { return window.uPlot.tzDate(new Date(t * 1000), "Etc/UTC"); }
+  // The time axis in 24-hour UTC time, with the date where the range spans days.
   function timeAxis() {
     return {
+      label: "UTC",
       space: 110,  // a label as long as "1 Dec 16:00" between two ticks
       values: function (u, ticks) {
         var span = u.scales.x.max - u.scales.x.min;
         return ticks.map(function (t) {
           var d = new Date(t * 1000);
-          var day = d.getDate() + " " + MONTHS[d.getMonth()];
-          return span > 3 * 86400 ? day : span > 86400 ? day + " " + pad(d.getHours()) + ":" + pad(d.getMinutes())
-            : pad(d.getHours()) + ":" + pad(d.getMinutes());
+          return span > 3 * 86400 ? utcDay(d) : span > 86400 ? utcDay(d) + " " + utcClock(d) : utcClock(d);
         });
       },
     };
   }
+  // The legend's time under the cursor, on the same clock.
+  function timeSeries() { return {label: "time", value: function (u, t) { return utcText(t); }}; }
   function line(label, stroke, extra) {
     var s = {label: label, stroke: stroke, points: {show: false}};
     Object.keys(extra || {}).forEach(function (k) { s[k] = extra[k]; });
@@ -36,7 +44,7 @@
   function powerChart(el, data, width) {
     var n = data.t.length;
     var value = function (u, v) { return kw(v); };
-    var series = [{}, line("use", "#2f5d8a", {width: 2, value: value}),
+    var series = [timeSeries(), line("use", "#2f5d8a", {width: 2, value: value}),
                   line("reserved", "#7d8799", {dash: [4, 3], value: value}),
                   line("measured peak", "#d98a00", {value: value})];
     var rows = [data.t, data.use, data.reserved, data.measured];
@@ -49,7 +57,7 @@
       rows.push(flat(n, data.cap));
     }
     return new window.uPlot({
-      width: width, height: 200, series: series,
+      width: width, height: 200, series: series, tzDate: tzDate,
       scales: {y: {range: function (u, lo, hi) { return [0, Math.max(hi, data.cap || 0, 1) * 1.05]; }}},
       axes: [timeAxis(), {label: "power", size: 64, values: function (u, vals) { return vals.map(kw); }}],
       cursor: {drag: {x: true, y: false}},
@@ -59,8 +67,8 @@
   function inletChart(el, data, width) {
     var n = data.t.length;
     return new window.uPlot({
-      width: width, height: 160,
-      series: [{}, line("inlet", "#6a3d9a", {width: 2, value: function (u, v) { return celsius(v); }}),
+      width: width, height: 160, tzDate: tzDate,
+      series: [timeSeries(), line("inlet", "#6a3d9a", {width: 2, value: function (u, v) { return celsius(v); }}),
                line("warm above", "#b8860b", {dash: [6, 4], value: function () { return celsius(data.warm); }}),
                line("hot above", "#b22222", {dash: [6, 4], value: function () { return celsius(data.hot); }})],
       axes: [timeAxis(), {label: "inlet air", size: 64, values: function (u, vals) { return vals.map(function (v) { return v + " °C"; }); }}],

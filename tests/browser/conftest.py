@@ -165,8 +165,8 @@ def redis_page(browser, redis_server, operator, request):
     yield from open_page(browser, redis_server, operator, request)
 
 
-def open_page(browser, server, operator, request):
-    context = browser.new_context(base_url=server, viewport={"width": 1440, "height": 900})
+def open_page(browser, server, operator, request, **context_options):
+    context = browser.new_context(base_url=server, viewport={"width": 1440, "height": 900}, **context_options)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)

@@ -374,7 +374,8 @@ def test_facility_page_shows_domains_bars_and_a_rack_map(login):
     assert re.search(r'class="tile p-near c-unknown n-unknown" id="rack-r1"', page)
     assert re.search(r'class="tile p-ok c-unknown n-unknown held" id="rack-r2"', page)
     assert "room hall-a" in page and "row 1" in page
-    assert re.search(r'id="summary-near".*><strong>1</strong> near', page)
+    assert re.search(r'id="summary-near".*><strong>1</strong> rack near', page)
+    assert re.search(r'id="summary-pdu-near".*><strong>0</strong> PDUs near', page)
     assert re.search(r'id="summary-held".*><strong>1</strong> held', page)
     # Worst first: the near rack leads; a domain with neither a budget nor a condition is left out.
     rows = re.findall(r'<tr class="s-(\w+)" id="wf-([\w-]+)"', page)

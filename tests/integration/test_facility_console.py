@@ -87,14 +87,17 @@ def test_heat_ranks_with_power_and_rolls_up_to_rows_and_rooms(pinned):
     ranked = [(d["domain"], d["state"]) for d in context["worst"].object_list]
     assert ranked[0] == ("rack:r1", "hot")
     assert ranked.index(("rack:r2", "near")) < ranked.index(("pdu:r2-a", "ok"))
-    assert ("row:1", "hot") in ranked and ("room:hall-a", "hot") in ranked
+    # The row and room are hot because of r1: listed once, with the rack, not again on their own.
+    assert not [d for d, _ in ranked if d.startswith(("row:", "room:", "site:"))]
     row = context["domains_by_name"]["row:1"]
     assert (row["rolled"], row["rolled_from"]) == ("hot", "rack r1")
+    assert [f["domain"] for f in context["domains_by_name"]["rack:r1"]["folded"]][:2] == ["row:1", "room:hall-a"]
     # Observe (the default) says what enforce would do; over the power limit is always refused.
     rack = context["domains_by_name"]["rack:r1"]
     assert rack["actions"] == ["would refuse new replicas"]
     summary = {s["key"]: s["count"] for s in context["summary"]}
     assert summary["hot"] == 1 and summary["near"] == 1  # the rack, not its row, room and site as well
+    assert summary["pdu-near"] == 0
     [room] = context["rack_map"]
     assert [r["name"] for row in room["rows"] for r in row["racks"]] == ["r1", "r2"]  # as they stand
     assert room["rows"][0]["rolled"] == {"condition": "hot", "from": "rack r1"}
