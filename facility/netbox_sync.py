@@ -153,3 +153,14 @@ def sync_status() -> list[dict[str, Any]]:
             "scheduled_every_seconds": config.sync_every if config and (config.site or "") == row.site else None,
         })
     return out
+
+
+def sync_waiting() -> list[dict[str, Any]]:
+    """The sites whose NetBox changes wait for a yes (for the Facility page): how many, the first few, since when."""
+    from facility.models import DcimSync
+
+    return [
+        {"site": row.site or "every site", "count": len(row.pending), "first": list(row.pending[:3]),
+         "since": row.differs_since.timestamp() if row.differs_since else None}
+        for row in DcimSync.objects.exclude(pending=[]).order_by("site")
+    ]

@@ -37,6 +37,7 @@ from facility import console_figures, selectors
 from facility.conditions import SEVERITY
 from facility.domains import ROLLED_LEVELS, natural_key
 from facility.feeds import rating_text
+from facility.netbox_sync import sync_waiting
 from facility.power import NEAR_LIMIT_SHARE, kw
 from facility.response import CappingConfig, SheddingConfig
 from llmgw.errors import LlmgwError
@@ -433,6 +434,7 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "modes": observe,
         "summary": summary_of(domains, n1),
         "stale": stale_of(domains),
+        "netbox_waiting": sync_waiting(),
         "rack_map": rack_map,
         "racks_shown": sum(room["racks"] for room in rack_map),
         "worst": page,

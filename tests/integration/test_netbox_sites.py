@@ -264,3 +264,13 @@ def test_while_netbox_answers_the_import_holds_no_database_connection(admin_clie
                                content_type="application/json")
     assert answer.status_code == 200, answer.content
     assert held == [False] and answer.json()["feeds_added"]
+
+
+def test_the_facility_page_says_what_waits_for_a_yes(tmp_path, capsys, joined, admin_client):
+    data = two_sites()
+    run(tmp_path, capsys, data, "--site", "sto1")
+    feed(data, "sto1", "A01-A")["amperage"] = 20
+    run(tmp_path, capsys, data, "--site", "sto1")
+    page = admin_client.get("/facility/").content.decode()
+    assert "NetBox (sto1): 1 change waits for a yes" in page
+    assert "pdu R-A01-PDU-A: cap 2.9 kW -&gt; 3.7 kW, from feed A01-A 230 V 20 A 1φ 80 %" in page
