@@ -355,9 +355,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": max(LLMGW_REDIS_TIMEOUT_SECONDS, 2.0),
 }
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 0}
-# Two queues: `celery` (reconciles, drains, history, feed caps, NetBox sync) and `conditions` (the thermal judgement
-# alone), so a backlog of the first never starves the second. `llmgw worker` consumes both; the shipped
-# units and compose also run a worker on `conditions` alone (deploy/), which a backlog cannot reach.
+# Two queues: `celery` (reconciles, drains, history, feed caps, NetBox sync) and `conditions` (the
+# thermal judgement alone), so a backlog of the first never starves the second. `llmgw worker` consumes
+# both; the shipped units and compose also run a worker on `conditions` alone (deploy/), which a backlog
+# cannot reach.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = {"celery": {}, "conditions": {}}
 CELERY_TASK_ROUTES = {"facility.tasks.evaluate_conditions": {"queue": "conditions"}}
