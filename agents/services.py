@@ -35,10 +35,11 @@ from llmgw.errors import Conflict, InvalidInput, NotFound
 log = logging.getLogger(__name__)
 
 
-def _nodes_changed(*node_names: str, heartbeat: bool = False) -> None:
+def _nodes_changed(*node_names: str, heartbeat: bool = False, domains_moved: bool = True) -> None:
     """Tell the layers above (placement reconciles) that nodes it depends on changed; ``heartbeat``
-    says a heartbeat found it (a node joined, came back or reported new labels or GPUs)."""
-    signals.nodes_changed.send(sender=Node, node_names=node_names, heartbeat=heartbeat)
+    says a heartbeat found it (a node joined, came back or reported new labels or GPUs), ``domains_moved``
+    whether a node's domains may have changed (the caps its feeds give follow only then)."""
+    signals.nodes_changed.send(sender=Node, node_names=node_names, heartbeat=heartbeat, domains_moved=domains_moved)
 
 
 def clean_node_name(name: Any, field: str = "node") -> str:
@@ -651,11 +652,10 @@ def _heartbeat_record_full(
             _inventory_pending(node, reported, now)
     node.save()
     inventory_changed = inventory_changed or topology_changed
-    if labels_changed:
-        node_refresh_labels(node)
+    domains_moved = node_refresh_labels(node) if labels_changed else False
     signals.node_reported.send(sender=Node, node=node, states=heartbeat.get("replicas") or [], now=now)
     if created or not was_ready or labels_changed or inventory_changed:
-        _nodes_changed(node.name, heartbeat=True)
+        _nodes_changed(node.name, heartbeat=True, domains_moved=domains_moved)
     _notify(node.name)
     return node
 

@@ -10,7 +10,9 @@ from django.dispatch import Signal
 node_reported = Signal()
 
 # Something placement depends on changed on nodes: a node appeared or came back, its labels, inventory,
-# cordon or drain changed (sent inside the writing transaction). Arguments: ``node_names``.
+# cordon or drain changed (sent inside the writing transaction). Arguments: ``node_names``, ``heartbeat``
+# (a heartbeat found it: a join or comeback), ``domains_moved`` (a node's domains may have changed; a
+# sender that does not say leaves it to the receiver to assume so, but for a heartbeat's comeback).
 nodes_changed = Signal()
 
 # A node's labels are about to put it in domains it is not in yet (sent inside the writing transaction,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from django.conf import settings
+
+log = logging.getLogger(__name__)
 
 # Each periodic task ends before its next run: a round that would overrun is cut (the next one starts
 # afresh; the state is in the database).
@@ -67,3 +71,46 @@ def _sync_logged() -> None:
         sync()
     except LlmgwError as exc:  # recorded on the site's row, shown by ctl facility import status
         logging.getLogger("llmgw.netbox").warning("NetBox sync failed: %s", exc.message)
+
+
+# The single-flight flag of the feed-derived caps that nodes joining ask for (llmgw.coalesce).
+FEED_CAPS_PENDING = "feed-caps"
+
+
+@shared_task(name="facility.tasks.feed_caps_refresh", ignore_result=True, soft_time_limit=60, time_limit=90)
+def feed_caps_refresh() -> None:
+    """Rewrite the caps the feeds give (facility.feed_services.feed_caps_refresh); a change tells placement."""
+    from facility.feed_services import _refresh_and_signal
+    from llmgw.celery import app
+    from llmgw.coalesce import pending_clear
+
+    if not app.conf.task_always_eager:
+        pending_clear(FEED_CAPS_PENDING)  # before it reads: a join committed after this asks again
+    _refresh_and_signal()
+
+
+def feed_caps_queue() -> None:
+    """Ask for the feed-derived caps to be rewritten, once for a burst of joins, never in the request that
+    asked: on workers one task pending at a time (llmgw.coalesce); in the embedded server its reconcile
+    thread does it before its next round; elsewhere in-process (a command, a test), at once."""
+    from kombu.exceptions import OperationalError as BrokerUnreachable
+
+    from llmgw import inprocess
+    from llmgw.celery import app
+    from llmgw.coalesce import pending_claim, pending_clear
+
+    if app.conf.task_always_eager:
+        if inprocess.running():
+            from facility.feed_services import _refresh_and_signal
+
+            inprocess.ask(FEED_CAPS_PENDING, _refresh_and_signal)
+        else:
+            feed_caps_refresh()
+        return
+    if not pending_claim(FEED_CAPS_PENDING):
+        return
+    try:
+        feed_caps_refresh.apply_async(expires=300)
+    except BrokerUnreachable as exc:
+        pending_clear(FEED_CAPS_PENDING)
+        log.warning("feed caps not queued (%s); the next join or change asks again", exc)

@@ -22,6 +22,9 @@ GATHER_SECONDS = 0.5
 
 _wake = threading.Event()
 _thread: threading.Thread | None = None
+# Work asked of the thread before its next reconcile, by name: many asks of one name are one run.
+_jobs: dict[str, Callable[[], None]] = {}
+_jobs_lock = threading.Lock()
 
 
 def running() -> bool:
@@ -34,6 +37,25 @@ def wake() -> None:
     _wake.set()
 
 
+def ask(name: str, job: Callable[[], None]) -> None:
+    """Have the thread run ``job`` before its next reconcile (the facility work a heartbeat asks for: never
+    in the heartbeat's own request); asks of one ``name`` before it runs are one run."""
+    with _jobs_lock:
+        _jobs[name] = job
+    _wake.set()
+
+
+def _jobs_run() -> None:
+    with _jobs_lock:
+        jobs = list(_jobs.items())
+        _jobs.clear()
+    for name, job in jobs:
+        try:
+            job()
+        except Exception:  # the next ask runs it again; a failed one must not end the loop
+            log.exception("%s failed", name)
+
+
 def start(interval: float, reconcile: Callable[[], None]) -> threading.Thread:
     """Start the thread: `reconcile` every `interval` seconds, and GATHER_SECONDS after a wake."""
     global _thread
@@ -44,6 +66,7 @@ def start(interval: float, reconcile: Callable[[], None]) -> threading.Thread:
                 time.sleep(GATHER_SECONDS)
             _wake.clear()
             try:
+                _jobs_run()
                 reconcile()
             except Exception:  # the next round tries again; a failed one must not end the loop
                 log.exception("periodic reconcile failed")

@@ -378,8 +378,20 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": max(LLMGW_REDIS_TIMEOUT_SECONDS, 2.0),
 }
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 0}
+# Two queues: `celery` (reconciles, drains, history, feed caps, NetBox sync) and `conditions` (the
+# thermal judgement alone), so a backlog of the first never starves the second. `llmgw worker` consumes
+# both; the shipped units and compose also run a worker on `conditions` alone (deploy/), which a backlog
+# cannot reach.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = {"celery": {}, "conditions": {}}
+CELERY_TASK_ROUTES = {"facility.tasks.evaluate_conditions": {"queue": "conditions"}}
 RECONCILE_INTERVAL_SECONDS = env_number("LLMGW_RECONCILE_INTERVAL", "15", float)
 CONDITIONS_INTERVAL_SECONDS = env_number("LLMGW_CONDITIONS_INTERVAL", "15", float)
+# One model's share of a reconcile round (its scaling, drain step and plans), in seconds: past it the
+# model is skipped for this round, with why, and the others go on (0: no bound).
+LLMGW_RECONCILE_MODEL_BUDGET_SECONDS = env_number(
+    "LLMGW_RECONCILE_MODEL_BUDGET", str(RECONCILE_INTERVAL_SECONDS / 3), float
+)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "placement.tasks.reconcile",

@@ -41,6 +41,9 @@ class Model(models.Model):
     # places cleanly.
     error = models.TextField(blank=True, default="", help_text="Why the last reconcile of it failed.")
     error_at = models.DateTimeField(null=True, blank=True)
+    # The digest of what its last clean reconcile read (placement.reconcile_inputs): a round passes over
+    # the model while its inputs still give this digest. Empty: never reconciled, or since changed.
+    reconciled_digest = models.CharField(max_length=32, blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
+from llmgw.coalesce import pending_claim, pending_clear
 from llmgw.errors import is_write_conflict
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,9 @@ WRITE_CONFLICT_TRIES = 3
 RECONCILE_LOCK = 0x6C6C6D67  # "llmg"
 
 
+# The single-flight flag of the reconciles changes ask for (llmgw.coalesce).
+RECONCILE_PENDING = "reconcile"
+
 # A reconcile ends before the next beat's: one that would overrun is cut, and the next takes it up.
 RECONCILE_SOFT_LIMIT = settings.RECONCILE_INTERVAL_SECONDS * 0.9
 
@@ -31,7 +35,8 @@ def reconcile() -> None:
     """Bring every model to its desired replicas (and move what drains); safe to run any time, twice.
 
     On workers one runs at a time (single-flight): a reconcile asked for while another runs is tried
-    again two seconds later, so what changed meanwhile is not left for the next beat.
+    again two seconds later, so what changed meanwhile is not left for the next beat; of those, one
+    waits at a time. A round works only on the models whose inputs moved (placement.reconcile).
     """
     from llmgw.celery import app
     from placement.reconcile import reconcile_all
@@ -39,10 +44,13 @@ def reconcile() -> None:
     if app.conf.task_always_eager or connection.vendor != "postgresql":
         _with_retries(reconcile_all)
         return
+    # Before anything is read: a change committed after this asks for the next one (llmgw.coalesce).
+    pending_clear(RECONCILE_PENDING)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
         if not cursor.fetchone()[0]:
-            reconcile.apply_async(countdown=2, expires=60)
+            if pending_claim(RECONCILE_PENDING):  # one waits behind the running one, never a queue of them
+                reconcile_queue(countdown=2, expires=60)
             return
     try:
         _with_retries(reconcile_all)
@@ -87,13 +95,17 @@ def _enqueue() -> None:
         if run.unfinished:
             inprocess.wake()
         return
-    reconcile_queue(expires=300)
+    # Coalesced: while one reconcile is pending, asking again sends nothing (it reads every change made
+    # before it starts). A burst of nodes joining queues one reconcile, not one per node.
+    if pending_claim(RECONCILE_PENDING):
+        reconcile_queue(expires=300)
 
 
-def reconcile_queue(**options) -> None:
-    """Send a reconcile to the workers (apply_async's `options`). With Redis out of reach the send fails
-    within LLMGW_REDIS_TIMEOUT, and that is said in the answer of the request that asked rather than
-    raised: the change is stored already, and beat's reconcile takes it up once Redis is back."""
+def reconcile_queue(**options) -> bool:
+    """Send a reconcile to the workers (apply_async's `options`); whether it was sent. With Redis out of
+    reach the send fails within LLMGW_REDIS_TIMEOUT, and that is said in the answer of the request that
+    asked rather than raised: the change is stored already, and beat's reconcile takes it up once Redis
+    is back."""
     from kombu.exceptions import OperationalError as BrokerUnreachable
 
     from llmgw.dependencies import task_not_queued
@@ -101,7 +113,10 @@ def reconcile_queue(**options) -> None:
     try:
         reconcile.apply_async(**options)
     except BrokerUnreachable as exc:
+        pending_clear(RECONCILE_PENDING)
         task_not_queued("reconcile", exc)
+        return False
+    return True
 
 
 def request_reconcile() -> None:

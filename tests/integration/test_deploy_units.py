@@ -41,7 +41,8 @@ SCHEMA = REPO / "tests" / "fixtures" / "compose-spec" / "compose-spec.json"
 LLMGW = str(Path(sys.executable).with_name("llmgw"))
 # Where the units expect `pip install llmgw` (a virtualenv at /opt/llmgw).
 UNIT_BINARY = "/opt/llmgw/bin/llmgw"
-SERVER_UNITS = ("llmgw-web@.service", "llmgw-worker.service", "llmgw-beat.service", "llmgw-migrate.service")
+SERVER_UNITS = ("llmgw-web@.service", "llmgw-worker.service", "llmgw-conditions.service", "llmgw-beat.service",
+                "llmgw-migrate.service")
 # Read by llmgw-web@.service's command line, not by llmgw's settings.
 UNIT_ONLY_VARIABLES = {"LLMGW_WEB_HOST"}
 
@@ -143,10 +144,11 @@ def test_each_unit_runs_its_role():
         "llmgw-agent.service": [f"{UNIT_BINARY} agent --config /etc/llmgw/agent.yaml"],
         "llmgw-web@.service": [f"{UNIT_BINARY} serve ${{LLMGW_WEB_HOST}}:%i"],
         "llmgw-worker.service": [f"{UNIT_BINARY} worker"],
+        "llmgw-conditions.service": [f"{UNIT_BINARY} worker --queues conditions --concurrency 1 --hostname conditions@%%H"],
         "llmgw-beat.service": [f"{UNIT_BINARY} beat --schedule /var/lib/llmgw/celerybeat-schedule"],
         "llmgw-migrate.service": [f"{UNIT_BINARY} migrate --noinput"],
     }
-    for name in ("llmgw-web@.service", "llmgw-worker.service", "llmgw-beat.service"):
+    for name in ("llmgw-web@.service", "llmgw-worker.service", "llmgw-conditions.service", "llmgw-beat.service"):
         unit = unit_settings(SYSTEMD / name)["Unit"]
         assert "llmgw-migrate.service" in unit["Wants"][0].split() and "llmgw-migrate.service" in unit["After"][0].split()
     migrate = unit_settings(SYSTEMD / "llmgw-migrate.service")["Service"]
@@ -276,9 +278,10 @@ def test_compose_will_not_start_without_its_secrets():
 
 def test_compose_runs_the_migrations_once_before_the_rest():
     services = compose_document()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "web-1", "web-2", "worker", "beat", "proxy", "prometheus"}
+    assert set(services) == {"postgres", "redis", "migrate", "web-1", "web-2", "worker", "conditions", "beat", "proxy",
+                             "prometheus"}
     llmgw = {name for name, s in services.items() if s.get("image") == "llmgw:local"}
-    assert llmgw == {"migrate", "web-1", "web-2", "worker", "beat"}
+    assert llmgw == {"migrate", "web-1", "web-2", "worker", "conditions", "beat"}
     migrate = services["migrate"]
     assert migrate["command"] == ["migrate", "--noinput"] and migrate["restart"] == "no"
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
@@ -300,7 +303,7 @@ def test_compose_names_only_settings_llmgw_reads_and_files_that_exist():
     document = compose_document()
     services = document["services"]
     read = settings_variables()
-    for name in ("migrate", "web-1", "web-2", "worker", "beat"):
+    for name in ("migrate", "web-1", "web-2", "worker", "conditions", "beat"):
         assert set(services[name]["environment"]) <= read, name
         build = services[name]["build"]
         assert (COMPOSE / build["context"] / build["dockerfile"]).is_file()
