@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -126,9 +127,12 @@ INSTALLED_APPS = [
     "django_prometheus",
     "channels",
     "llmgw",
+    "llmgw.access",
     "facility",
     "agents",
     "placement",
+    # Failed logins counted by username and by address; a lockout after AXES_FAILURE_LIMIT (llmgw.access.lockout).
+    "axes",
 ]
 
 # What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
@@ -155,6 +159,8 @@ CTL_WEB_ONLY_APPS = {
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "rest_framework.authtoken",
+    "llmgw.access",
+    "axes",
 }
 CTL_READ_APPS = [
     {"llmgw": "llmgw.apps.LlmgwReadConfig"}.get(app, app)
@@ -180,6 +186,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with llmgw.access.lockout's page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "llmgw.urls"
@@ -253,6 +261,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
 ]
+# Logins (the console's and the admin's) through django-axes first: it refuses a locked-out username or address
+# before the password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# After this many failed logins for one username, or from one address, logins are refused for
+# LLMGW_LOGIN_LOCKOUT_MINUTES (each counted on its own: a guesser moving between names is stopped by address,
+# one spread over addresses by name). `llmgw ctl user unlock NAME` lifts it early.
+AXES_FAILURE_LIMIT = env_number("LLMGW_LOGIN_FAILURES", "10", int)
+AXES_COOLOFF_TIME = timedelta(minutes=env_number("LLMGW_LOGIN_LOCKOUT_MINUTES", "15", float))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "llmgw.access.lockout.lockout_response"
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -279,7 +302,7 @@ SERVESTATIC_AUTOREFRESH = DEBUG
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "llmgw.access.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["llmgw.permissions.IsViewer"],
@@ -316,6 +339,13 @@ SPECTACULAR_SETTINGS = {
         "ConditionEnum": "facility.serializers.CONDITIONS",
     },
 }
+
+# A new or rotated API token's lifetime unless one is given (`90d`, `12h`, `never`).
+LLMGW_TOKEN_LIFETIME = os.environ.get("LLMGW_TOKEN_LIFETIME", "90d")
+# Wrong API tokens from one address: after this many within the window its token requests get 429 until the
+# window ends (counted in each web process; 0 counts none).
+LLMGW_TOKEN_FAILURES = env_number("LLMGW_TOKEN_FAILURES", "20", int)
+LLMGW_TOKEN_FAILURE_WINDOW_SECONDS = env_number("LLMGW_TOKEN_FAILURE_WINDOW_SECONDS", "300", int)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # Redis down or out of reach costs a request this long at most (connecting, or waiting for an answer): a
