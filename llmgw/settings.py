@@ -445,6 +445,9 @@ LLMGW_MAX_HEADER_BYTES = env_number("LLMGW_MAX_HEADER_BYTES", str(16 * 1024), in
 LLMGW_HEADER_TIMEOUT_SECONDS = env_number("LLMGW_HEADER_TIMEOUT_SECONDS", "10", float)
 LLMGW_KEEP_ALIVE_SECONDS = env_number("LLMGW_KEEP_ALIVE_SECONDS", "5", int)
 LLMGW_MAX_CONNECTIONS = env_number("LLMGW_MAX_CONNECTIONS", "2048", int)
+# On SIGTERM a web process closes its sockets at once and gives what still runs this long, then cancels it;
+# `llmgw serve` ends within this and 8 s more whatever happens (systemd's TimeoutStopSec is 30 s).
+LLMGW_SHUTDOWN_SECONDS = env_number("LLMGW_SHUTDOWN_SECONDS", "10", float)
 
 # The NetBox instances the server itself may read for POST /api/v1/facility/import/netbox {"url": …} (a remote
 # `llmgw ctl facility import netbox --url`), space or comma separated: none by default, so a client's
@@ -464,5 +467,7 @@ LOGGING = {
         # In-process tasks (no REDIS_URL) would log every run and the absent broker.
         "celery.app.trace": {"level": "INFO" if REDIS_URL else "WARNING"},
         "kombu.connection": {"level": "INFO" if REDIS_URL else "ERROR"},
+        # django-axes logs every login at INFO; failures and lockouts are WARNING.
+        "axes": {"level": "WARNING"},
     },
 }
