@@ -348,6 +348,10 @@ LLMGW_TOKEN_FAILURES = env_number("LLMGW_TOKEN_FAILURES", "20", int)
 LLMGW_TOKEN_FAILURE_WINDOW_SECONDS = env_number("LLMGW_TOKEN_FAILURE_WINDOW_SECONDS", "300", int)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+LLMGW_SOCKET_GROUP_EXPIRY_SECONDS = env_number("LLMGW_SOCKET_GROUP_EXPIRY_SECONDS", "300", int)
+# Console sockets one web process holds at most; one more is closed at once (1013, try again
+# later: the page says live updates are paused, and tries again).
+LLMGW_MAX_SOCKETS = env_number("LLMGW_MAX_SOCKETS", "500", int)
 # Redis down or out of reach costs a request this long at most (connecting, or waiting for an answer): a
 # live update is then dropped and a reconcile not queued, and the answer says so (llmgw.dependencies).
 LLMGW_REDIS_TIMEOUT_SECONDS = env_number("LLMGW_REDIS_TIMEOUT", "2", float)
@@ -361,7 +365,10 @@ if REDIS_URL:
                 "address": REDIS_URL,
                 "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
                 "socket_timeout": LLMGW_REDIS_TIMEOUT_SECONDS + 10,
-            }]},
+            }],
+            # A socket's membership of a group lapses this long after it last joined: each live socket joins
+            # again every third of it (agents.consumers), so only the members of a killed process lapse.
+            "group_expiry": LLMGW_SOCKET_GROUP_EXPIRY_SECONDS},
         }
     }
 else:
