@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl
 
 from asgiref.sync import async_to_sync
@@ -61,6 +62,10 @@ def page_message(text_data: str | None) -> dict:
 
 # SyncConsumer.dispatch's own function, unwrapped from the shared thread it is bound to.
 _dispatch_in_thread = SyncConsumer.__dict__["dispatch"].func
+# The threads handshakes run in (the role check, the session's user): apart from the renders' thread, and
+# few, so a burst of pages opening holds at most this many database connections.
+HANDSHAKE_THREADS = 2
+handshakes = ThreadPoolExecutor(max_workers=HANDSHAKE_THREADS, thread_name_prefix="llmgw-handshake")
 
 
 class ReaderConsumer(WebsocketConsumer):
@@ -93,7 +98,8 @@ class ReaderConsumer(WebsocketConsumer):
             # The handshake (the role check, the groups joined) in a thread of its own: sync handlers share
             # one thread, and a new socket's handshake queued there behind the renders of every open page
             # took as long as all of them together.
-            await DatabaseSyncToAsync(_dispatch_in_thread, thread_sensitive=False)(self, message)
+            connect = DatabaseSyncToAsync(_dispatch_in_thread, thread_sensitive=False, executor=handshakes)
+            await connect(self, message)
         else:
             await super().dispatch(message)
 

@@ -25,11 +25,12 @@ class NoSuchSocket(AsyncWebsocketConsumer):
 
 
 class SocketAuth(AuthMiddleware):
-    """Channels' AuthMiddleware, reading the user in a thread of its own: by default it waits in the one
-    thread the sockets' sync handlers share, behind the renders of every open page."""
+    """Channels' AuthMiddleware, reading the user in the handshakes' threads (agents.consumers.handshakes): by
+    default it waits in the one thread the sockets' sync handlers share, behind the renders of every open page."""
 
     async def resolve_scope(self, scope):
-        scope["user"]._wrapped = await DatabaseSyncToAsync(get_user.func, thread_sensitive=False)(scope)
+        user = DatabaseSyncToAsync(get_user.func, thread_sensitive=False, executor=consumers.handshakes)
+        scope["user"]._wrapped = await user(scope)
 
 
 def socket_auth_stack(inner):
