@@ -12,9 +12,12 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl
 
 from asgiref.sync import async_to_sync
+from channels.consumer import SyncConsumer
+from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import WebsocketConsumer
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -57,6 +60,14 @@ def page_message(text_data: str | None) -> dict:
     return {} if any(text_fault(text) for text in texts) else message
 
 
+# SyncConsumer.dispatch's own function, unwrapped from the shared thread it is bound to.
+_dispatch_in_thread = SyncConsumer.__dict__["dispatch"].func
+# The threads handshakes run in (the role check, the session's user): apart from the renders' thread, and
+# few, so a burst of pages opening holds at most this many database connections.
+HANDSHAKE_THREADS = 2
+handshakes = ThreadPoolExecutor(max_workers=HANDSHAKE_THREADS, thread_name_prefix="llmgw-handshake")
+
+
 class ReaderConsumer(WebsocketConsumer):
     """A console socket, only for a user who may read: joins `groups_to_join()`, leaves them however it ends.
 
@@ -74,11 +85,38 @@ class ReaderConsumer(WebsocketConsumer):
         self.joined: list[str] = []
         self.left = False
         self.membership = asyncio.Lock()  # a join in flight is done before the leave, never after it
+        rejoining = asyncio.ensure_future(self.rejoin_forever())
         try:
             await super().__call__(scope, receive, send)
         finally:
+            rejoining.cancel()
             # Shielded: a cancelled socket (the server's shutdown) still leaves.
             await asyncio.shield(self.leave_groups())
+
+    async def dispatch(self, message):
+        if message.get("type") == "websocket.connect":
+            # The handshake (the role check, the groups joined) in a thread of its own: sync handlers share
+            # one thread, and a new socket's handshake queued there behind the renders of every open page
+            # took as long as all of them together.
+            connect = DatabaseSyncToAsync(_dispatch_in_thread, thread_sensitive=False, executor=handshakes)
+            await connect(self, message)
+        else:
+            await super().dispatch(message)
+
+    async def rejoin_forever(self) -> None:
+        """Join the groups again every third of the layer's group expiry: members a process killed left behind
+        expire (channels-redis' group_expiry, LLMGW_SOCKET_GROUP_EXPIRY), the live sockets never do."""
+        expiry = getattr(getattr(self, "channel_layer", None), "group_expiry", None) or 86400
+        while True:
+            await asyncio.sleep(max(expiry / 3, 0.5))
+            async with self.membership:
+                if self.left:
+                    return
+                for group in self.joined:
+                    try:
+                        await asyncio.wait_for(self.channel_layer.group_add(group, self.channel_name), self.LEAVE_SECONDS)
+                    except Exception:  # the layer is down: the next round joins again
+                        log.warning("socket %s did not rejoin group %s", self.channel_name, group, exc_info=True)
 
     def groups_to_join(self) -> list[str]:
         raise NotImplementedError

@@ -160,8 +160,7 @@ def metrics_token() -> str:
 
 def _is_viewer(request: HttpRequest) -> bool:
     """A logged-in viewer, or `Authorization: Token <key>` of a user with the viewer role."""
-    from rest_framework.authtoken.models import Token
-
+    from llmgw.access.authentication import TokenRefused, token_user
     from llmgw.permissions import can_read
 
     if can_read(getattr(request, "user", None)):
@@ -169,8 +168,10 @@ def _is_viewer(request: HttpRequest) -> bool:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "token" or not key.strip():
         return False
-    token = Token.objects.select_related("user").filter(key=key.strip()).first()
-    return token is not None and token.user.is_active and can_read(token.user)
+    try:  # the API's own check: an expired, rotated or revoked token is refused here too
+        return can_read(token_user(key))
+    except TokenRefused:
+        return False
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

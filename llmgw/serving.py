@@ -6,11 +6,21 @@ Bodies have their limits in :mod:`llmgw.bodies` (413, 408); these come before a 
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from typing import Any
 
 import h11
+import uvicorn
 from django.conf import settings
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("llmgw.serve")
+
+# After the graceful part of a stop (LLMGW_SHUTDOWN_SECONDS), this long more for the cancelled sockets to leave
+# their groups (ReaderConsumer.LEAVE_SECONDS) before the process ends regardless.
+STOP_MARGIN_SECONDS = 8.0
 
 
 class HeaderDeadlineH11Protocol(H11Protocol):
@@ -82,4 +92,34 @@ def uvicorn_limits() -> dict[str, Any]:
         "limit_concurrency": settings.LLMGW_MAX_CONNECTIONS,
         # A console socket's messages are small; a larger one closes the socket (1009).
         "ws_max_size": settings.LLMGW_WS_MAX_BYTES,
+        # On SIGTERM every socket is closed at once (1012, going away); what still runs after this is cancelled.
+        "timeout_graceful_shutdown": settings.LLMGW_SHUTDOWN_SECONDS,
     }
+
+
+class BoundedStopServer(uvicorn.Server):
+    """uvicorn's server, whose stop (SIGTERM, Ctrl-C) ends the process within LLMGW_SHUTDOWN_SECONDS and a
+    margin, whatever still runs.
+
+    uvicorn closes the sockets and cancels what outlives its graceful timeout, but a console socket's render
+    blocked in its thread (a slow query, a lock held elsewhere) is not stopped by cancelling: the socket's end
+    waits for it in the one thread sync consumers share, and the interpreter's exit joins that thread. The
+    stop deadline ends the process then, as systemd would with SIGKILL, but before TimeoutStopSec and with a
+    line in the log saying why."""
+
+    _stop_deadline: threading.Timer | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._stop_deadline is None:
+            seconds = settings.LLMGW_SHUTDOWN_SECONDS + STOP_MARGIN_SECONDS
+            self._stop_deadline = threading.Timer(seconds, stop_now, args=(seconds,))
+            self._stop_deadline.daemon = True
+            self._stop_deadline.start()
+        super().handle_exit(sig, frame)
+
+
+def stop_now(seconds: float) -> None:
+    log.warning("stopping: work still running %g s after the stop was asked; ending the process", seconds)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -126,9 +127,12 @@ INSTALLED_APPS = [
     "django_prometheus",
     "channels",
     "llmgw",
+    "llmgw.access",
     "facility",
     "agents",
     "placement",
+    # Failed logins counted by username and by address; a lockout after AXES_FAILURE_LIMIT (llmgw.access.lockout).
+    "axes",
 ]
 
 # What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
@@ -155,6 +159,8 @@ CTL_WEB_ONLY_APPS = {
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "rest_framework.authtoken",
+    "llmgw.access",
+    "axes",
 }
 CTL_READ_APPS = [
     {"llmgw": "llmgw.apps.LlmgwReadConfig"}.get(app, app)
@@ -183,6 +189,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with llmgw.access.lockout's page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "llmgw.urls"
@@ -256,6 +264,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
 ]
+# Logins (the console's and the admin's) through django-axes first: it refuses a locked-out username or address
+# before the password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# After this many failed logins for one username, or from one address, logins are refused for
+# LLMGW_LOGIN_LOCKOUT_MINUTES (each counted on its own: a guesser moving between names is stopped by address,
+# one spread over addresses by name). `llmgw ctl user unlock NAME` lifts it early.
+AXES_FAILURE_LIMIT = env_number("LLMGW_LOGIN_FAILURES", "10", int)
+AXES_COOLOFF_TIME = timedelta(minutes=env_number("LLMGW_LOGIN_LOCKOUT_MINUTES", "15", float))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "llmgw.access.lockout.lockout_response"
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -283,7 +306,7 @@ SERVESTATIC_AUTOREFRESH = DEBUG
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "llmgw.access.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["llmgw.permissions.IsViewer"],
@@ -321,7 +344,18 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# A new or rotated API token's lifetime unless one is given (`90d`, `12h`, `never`).
+LLMGW_TOKEN_LIFETIME = os.environ.get("LLMGW_TOKEN_LIFETIME", "90d")
+# Wrong API tokens from one address: after this many within the window its token requests get 429 until the
+# window ends (counted in each web process; 0 counts none).
+LLMGW_TOKEN_FAILURES = env_number("LLMGW_TOKEN_FAILURES", "20", int)
+LLMGW_TOKEN_FAILURE_WINDOW_SECONDS = env_number("LLMGW_TOKEN_FAILURE_WINDOW_SECONDS", "300", int)
+
 REDIS_URL = os.environ.get("REDIS_URL", "")
+LLMGW_SOCKET_GROUP_EXPIRY_SECONDS = env_number("LLMGW_SOCKET_GROUP_EXPIRY_SECONDS", "300", int)
+# Console sockets one web process holds at most; one more is closed at once (1013, try again
+# later: the page says live updates are paused, and tries again).
+LLMGW_MAX_SOCKETS = env_number("LLMGW_MAX_SOCKETS", "500", int)
 # Redis down or out of reach costs a request this long at most (connecting, or waiting for an answer): a
 # live update is then dropped and a reconcile not queued, and the answer says so (llmgw.dependencies).
 LLMGW_REDIS_TIMEOUT_SECONDS = env_number("LLMGW_REDIS_TIMEOUT", "2", float)
@@ -335,7 +369,10 @@ if REDIS_URL:
                 "address": REDIS_URL,
                 "socket_connect_timeout": LLMGW_REDIS_TIMEOUT_SECONDS,
                 "socket_timeout": LLMGW_REDIS_TIMEOUT_SECONDS + 10,
-            }]},
+            }],
+            # A socket's membership of a group lapses this long after it last joined: each live socket joins
+            # again every third of it (agents.consumers), so only the members of a killed process lapse.
+            "group_expiry": LLMGW_SOCKET_GROUP_EXPIRY_SECONDS},
         }
     }
 else:
@@ -450,6 +487,9 @@ LLMGW_MAX_HEADER_BYTES = env_number("LLMGW_MAX_HEADER_BYTES", str(16 * 1024), in
 LLMGW_HEADER_TIMEOUT_SECONDS = env_number("LLMGW_HEADER_TIMEOUT_SECONDS", "10", float)
 LLMGW_KEEP_ALIVE_SECONDS = env_number("LLMGW_KEEP_ALIVE_SECONDS", "5", int)
 LLMGW_MAX_CONNECTIONS = env_number("LLMGW_MAX_CONNECTIONS", "2048", int)
+# On SIGTERM a web process closes its sockets at once and gives what still runs this long, then cancels it;
+# `llmgw serve` ends within this and 8 s more whatever happens (systemd's TimeoutStopSec is 30 s).
+LLMGW_SHUTDOWN_SECONDS = env_number("LLMGW_SHUTDOWN_SECONDS", "10", float)
 
 # The NetBox instances the server itself may read for POST /api/v1/facility/import/netbox {"url": …} (a remote
 # `llmgw ctl facility import netbox --url`), space or comma separated: none by default, so a client's
@@ -469,5 +509,7 @@ LOGGING = {
         # In-process tasks (no REDIS_URL) would log every run and the absent broker.
         "celery.app.trace": {"level": "INFO" if REDIS_URL else "WARNING"},
         "kombu.connection": {"level": "INFO" if REDIS_URL else "ERROR"},
+        # django-axes logs every login at INFO; failures and lockouts are WARNING.
+        "axes": {"level": "WARNING"},
     },
 }

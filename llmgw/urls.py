@@ -41,6 +41,9 @@ api_v1 = [
         "nodes/<str:name>/inventory/accept", agents_api.NodeInventoryAcceptView.as_view(), name="node-inventory-accept"
     ),
     path("tokens", users_api.TokenListView.as_view(), name="tokens"),
+    path("tokens/<str:username>", users_api.TokenDetailView.as_view(), name="token"),
+    path("tokens/<str:username>/rotate", users_api.TokenRotateView.as_view(), name="token-rotate"),
+    path("users/<str:username>/unlock", users_api.UserUnlockView.as_view(), name="user-unlock"),
     path("agents/heartbeat", agents_api.HeartbeatView.as_view(), name="heartbeat"),
     path("apply", placement_api.ModelsApplyView.as_view(), name="apply"),
     path("models", placement_api.ModelListView.as_view(), name="models"),

@@ -1,25 +1,47 @@
-"""Writes to users and their API tokens: the one path `llmgw ctl token create` and POST /api/v1/tokens take."""
+"""Writes to users and their API tokens: the one path `llmgw ctl token …`, `llmgw ctl user unlock` and
+/api/v1/tokens take. A user has one API token: made (or made again) by an admin, rotated (a new key, the
+old one refused at once) or revoked (removed); it expires after its lifetime (LLMGW_TOKEN_LIFETIME)."""
 
 from __future__ import annotations
 
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
-from rest_framework.authtoken.models import Token
 
-from llmgw.errors import InvalidInput
-from llmgw.permissions import ROLES
+from llmgw.access import models as access
+from llmgw.access.models import ApiToken, key_hash
+from llmgw.access.tokens import parse_lifetime
+from llmgw.errors import InvalidInput, NotFound
+from llmgw.permissions import ROLES, user_roles
 
 MAX_USERNAME = 150  # Django's User.username
+# Whoever asks: a token listing shows at most this many (one a user).
+MAX_LISTED = 10_000
 
 
-@transaction.atomic
-def token_create(*, username: str, role: str) -> str:
-    """The user's API token (made, with the user, if missing), after giving them the role."""
-    if role not in ROLES:
-        raise InvalidInput(f"role: {role!r} is not a role; roles are {', '.join(ROLES)}", field="role")
+def default_lifetime() -> timedelta | None:
+    """A new or rotated token's lifetime when none is given: LLMGW_TOKEN_LIFETIME (90d unless set)."""
+    return parse_lifetime(settings.LLMGW_TOKEN_LIFETIME)
+
+
+def lifetime_from(expires: str | None) -> timedelta | None:
+    """`expires` as given (`30d`, `never`), or the default when not given; InvalidInput naming it."""
+    if expires is None:
+        return default_lifetime()
+    try:
+        return parse_lifetime(expires)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="expires") from None
+
+
+def check_username(username: str) -> None:
     if not isinstance(username, str) or not username or len(username) > MAX_USERNAME:
         raise InvalidInput(f"username: give a name of at most {MAX_USERNAME} characters", field="username")
     try:
@@ -30,13 +52,101 @@ def token_create(*, username: str, role: str) -> str:
         raise InvalidInput(
             f"username: {username!r} is not a username: letters, digits and @ . + - _ only", field="username"
         ) from None
+
+
+def _new_key(user, lifetime: timedelta | None) -> str:
+    """A fresh key for `user`, replacing the one they had (that one is refused from now)."""
+    key = secrets.token_hex(20)
+    made = access.now()
+    ApiToken.objects.update_or_create(
+        user=user,
+        defaults={"key_hash": key_hash(key), "prefix": key[: access.PREFIX_CHARS], "created": made,
+                  "last_used": None, "expires": None if lifetime is None else made + lifetime},
+    )
+    return key
+
+
+@transaction.atomic
+def token_create(*, username: str, role: str, expires: str | None = None) -> str:
+    """A new API token for the user (made, with the user, if missing), after giving them the role. Any token the
+    user had stops working: its key is stored only as a hash, so it cannot be shown again."""
+    if role not in ROLES:
+        raise InvalidInput(f"role: {role!r} is not a role; roles are {', '.join(ROLES)}", field="role")
+    check_username(username)
+    lifetime = lifetime_from(expires)
     user, _ = get_user_model().objects.get_or_create(username=username)
     for name in ROLES:
         Group.objects.get_or_create(name=name)
     user.groups.remove(*Group.objects.filter(name__in=ROLES))
     user.groups.add(Group.objects.get(name=role))
-    token, _ = Token.objects.get_or_create(user=user)
-    return token.key
+    return _new_key(user, lifetime)
+
+
+def _token_of(username: str) -> ApiToken:
+    check_username(username)
+    token = ApiToken.objects.select_related("user").filter(user__username=username).first()
+    if token is None:
+        raise NotFound(f"username: {username} has no API token (llmgw ctl token create {username})", field="username")
+    return token
+
+
+@transaction.atomic
+def token_rotate(*, username: str, expires: str | None = None) -> str:
+    """A new key for the user's token, with a fresh lifetime; the old key is refused from now on."""
+    lifetime = lifetime_from(expires)
+    token = _token_of(username)
+    ApiToken.objects.select_for_update().filter(pk=token.pk).first()
+    return _new_key(token.user, lifetime)
+
+
+def token_revoke(*, username: str) -> None:
+    """Remove the user's token: requests with it are refused from now on (the user stays, with their role)."""
+    _token_of(username).delete()
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    username: str
+    role: str
+    prefix: str
+    created: datetime
+    last_used: datetime | None
+    expires: datetime | None
+    expired: bool
+
+
+def role_of(user) -> str:
+    if user.is_superuser or user.is_staff:
+        return "admin"
+    roles = user_roles(user)
+    return "operator" if "operator" in roles else "viewer" if "viewer" in roles else "none"
+
+
+def token_list(*, username: str | None = None) -> list[TokenRow]:
+    """Every user's token (or one user's), by username: who, their role, when made, last used and expiring."""
+    tokens = ApiToken.objects.select_related("user").prefetch_related("user__groups").order_by("user__username")
+    if username is not None:
+        tokens = tokens.filter(user__username=username)
+    at = access.now()
+    rows = []
+    for token in tokens[:MAX_LISTED]:
+        user = token.user
+        # The groups were prefetched: the role from them, not a query per user.
+        user._llmgw_roles = {g.name for g in user.groups.all() if g.name in ROLES} | (
+            set(ROLES) if user.is_staff or user.is_superuser else set()
+        )
+        rows.append(TokenRow(user.username, role_of(user), token.prefix, token.created, token.last_used,
+                             token.expires, token.expires is not None and token.expires <= at))
+    return rows
+
+
+def user_unlock(*, username: str) -> int:
+    """Lift a login lockout (django-axes) of the user: the failed attempts recorded under their name are
+    forgotten. Returns how many records were removed (0: the user was not locked out)."""
+    from axes.utils import reset
+
+    check_username(username)
+    return reset(username=username)
 
 
 def is_admin_account(username: str) -> bool:

@@ -65,6 +65,23 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
 
 
+@pytest.fixture(autouse=True)
+def _wrong_tokens_not_counted():
+    """Wrong API tokens are counted per address (429 after LLMGW_TOKEN_FAILURES): every test's client is
+    127.0.0.1, and the suite's refusals added up would slow the tests after them. The test of the count
+    turns it on."""
+    try:
+        from django.conf import settings
+
+        before = settings.LLMGW_TOKEN_FAILURES
+    except Exception:  # pure unit tests run without Django
+        yield
+        return
+    settings.LLMGW_TOKEN_FAILURES = 0
+    yield
+    settings.LLMGW_TOKEN_FAILURES = before
+
+
 @pytest.fixture
 def make_user(db):
     from llmgw.users import token_create

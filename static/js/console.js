@@ -6,11 +6,17 @@
     var el = document.getElementById("live-status");
     if (!el) { return; }
     el.dataset.state = state;
-    el.textContent = state === "open" ? "live" : "live updates down: reconnecting…";
+    el.textContent = state === "open" ? "live"
+      : state === "paused" ? "live updates paused: the server has too many pages open; retrying…"
+      : "live updates down: reconnecting…";
   }
   if (document.querySelector("[ws-connect]")) { mark("connecting"); }
   document.body.addEventListener("htmx:wsOpen", function () { mark("open"); });
-  document.body.addEventListener("htmx:wsClose", function () { mark("closed"); });
+  document.body.addEventListener("htmx:wsClose", function (e) {
+    // 1013: the server holds as many sockets as it may (LLMGW_MAX_SOCKETS); the extension tries again later.
+    var code = e.detail && e.detail.event ? e.detail.event.code : 0;
+    mark(code === 1013 ? "paused" : "closed");
+  });
   document.body.addEventListener("htmx:wsError", function () { mark("closed"); });
 
   // Ages and durations count up live from the time the server rendered (`<time class="since" data-since>`,

@@ -370,10 +370,13 @@ def test_tokens_are_made_remotely_by_an_admin_only(live_server, make_user, capsy
     admin, key = make_user("alice", role="operator")
     admin.is_staff = True
     admin.save()
-    # The user's one token: here and there print the same key, and it works.
-    out = same(capsys, live_server.url, key, tmp_path, "token", "create", "bob", "--role", "viewer")
-    got = remote(live_server.url, out.strip(), "nodes", home=tmp_path)
+    # The user's one token, new each time (here and there): the last one works, the one before does not.
+    here, there = both(capsys, live_server.url, key, tmp_path, "token", "create", "bob", "--role", "viewer")
+    assert here[0] == there[0] == 0 and len(here[1]) == len(there[1]) == 41 and here[1] != there[1]
+    got = remote(live_server.url, there[1].strip(), "nodes", home=tmp_path)
     assert got.returncode == 0 and "gpu01" in got.stdout, got.stderr
+    got = remote(live_server.url, here[1].strip(), "nodes", home=tmp_path)
+    assert got.returncode == 1 and "no such token (revoked, rotated or mistyped)" in got.stderr
     # A node token is new each time; the old one stops working.
     code, old, _ = local(capsys, "node", "token", "gpu01")
     got = remote(live_server.url, key, "node", "token", "gpu01", home=tmp_path)

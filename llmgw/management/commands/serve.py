@@ -64,7 +64,7 @@ class Command(LlmgwCommand):
     def handle(self, *args, addrport: str, access_log: bool = False, workers: int = 1, **options):
         import uvicorn
 
-        from llmgw.serving import uvicorn_limits
+        from llmgw.serving import BoundedStopServer, uvicorn_limits
 
         host, _, port = addrport.rpartition(":")
         if not (port.isascii() and port.isdigit()):
@@ -81,13 +81,21 @@ class Command(LlmgwCommand):
             start_inprocess_reconcile(settings.RECONCILE_INTERVAL_SECONDS)
         self.stdout.write(f"llmgw serving at http://{host or '127.0.0.1'}:{port}/")
         self.stdout.flush()
-        uvicorn.run(
-            "llmgw.asgi:application",
-            host=host or "127.0.0.1",
-            port=int(port),
-            workers=workers,
-            access_log=access_log,
-            log_level="info" if access_log else "warning",
-            lifespan="off",
+        served = {
+            "host": host or "127.0.0.1",
+            "port": int(port),
+            "workers": workers,
+            "access_log": access_log,
+            "log_level": "info" if access_log else "warning",
+            "lifespan": "off",
             **uvicorn_limits(),
-        )
+        }
+        if workers == 1:
+            # The stop bounded in time (SIGTERM: out within LLMGW_SHUTDOWN_SECONDS and a margin).
+            server = BoundedStopServer(uvicorn.Config("llmgw.asgi:application", **served))
+            server.run()
+            if not server.started:
+                raise SystemExit(3)  # uvicorn.run's own code for a server that never started
+        else:
+            # uvicorn's own processes: each stops after LLMGW_SHUTDOWN_SECONDS (its graceful timeout).
+            uvicorn.run("llmgw.asgi:application", **served)
