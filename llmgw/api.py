@@ -27,6 +27,7 @@ from llmgw.errors import (
     InvalidInput,
     LlmgwError,
     cut_short,
+    error_body_cut,
     is_write_conflict,
 )
 from llmgw.jsonguard import MAX_JSON_DEPTH
@@ -145,7 +146,15 @@ def documented(
 
 
 def exception_handler(exc, context):
-    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape."""
+    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape;
+    every text in it cut to ERROR_TEXT_CHARS (llmgw.errors.error_body_cut)."""
+    response = _error_response(exc, context)
+    if response is not None and isinstance(response.data, dict):
+        response.data = error_body_cut(response.data)
+    return response
+
+
+def _error_response(exc, context):
     if isinstance(exc, LlmgwError):
         body = {"field": None, **exc.as_dict()}
         if body["field"] is None and isinstance(exc, InvalidInput):
