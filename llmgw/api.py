@@ -161,7 +161,8 @@ def _error_response(exc, context):
             # A file's refusal that names a line, not a key (YAML that does not parse): the body field
             # that held the file.
             body["field"] = getattr(context.get("view"), "text_field", None)
-        return Response(body, status=exc.status)
+        retry_after = getattr(exc, "retry_after", None)  # llmgw.parselimit.Busy
+        return Response(body, status=exc.status, headers={"Retry-After": str(retry_after)} if retry_after else None)
     if isinstance(exc, DatabaseError) and is_write_conflict(exc):
         # Every writer locks nodes in one order, so this is rare; the client may simply try again.
         return Response({"detail": WRITE_CONFLICT_TEXT, "field": None}, status=status.HTTP_409_CONFLICT)

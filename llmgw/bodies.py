@@ -14,6 +14,8 @@ import time
 
 from django.conf import settings
 
+from llmgw.dependencies import heartbeat_lane
+
 HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
 
 
@@ -172,6 +174,8 @@ class BoundedBodies:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"] == HEARTBEAT_PATH:
+            heartbeat_lane.set(True)  # this request's context only (each request runs in its own)
         declared = declared_length(scope)
         if has_body(scope) and is_anonymous_api_call(scope) and (declared is None or declared <= body_limit(scope)[0]):
             return await self.app(without_body(scope), body_unread(receive), closing(send))
