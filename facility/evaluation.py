@@ -166,9 +166,7 @@ def _prometheus(config: SourcesConfig, now: datetime, client: Any) -> dict[Domai
         return _stored_poll(status)
     own_client = client is None
     if own_client:
-        import httpx
-
-        client = httpx.Client(timeout=sources.PROMETHEUS_DEADLINE_SECONDS)
+        client = outbound.client(timeout=sources.PROMETHEUS_DEADLINE_SECONDS)
     try:
         poll = poll_prometheus(source.url, list(source.signals), client=client, now=now.timestamp())
     finally:

@@ -61,21 +61,28 @@ def netbox_api(*, url: str, token: str, total_seconds: float = NETBOX_TOTAL_SECO
                 raise requests.Timeout(f"the import's {total_seconds:g} s were spent")
             kwargs["timeout"] = left
             kwargs["stream"] = True
-            response = super().request(*args, **kwargs)
-            try:
-                body = outbound.read_within(
-                    lambda n: response.raw.read1(n, decode_content=True),
-                    deadline_at=time.monotonic() + left, max_bytes=NETBOX_MAX_BYTES, what="NetBox's answer",
-                )
-            except outbound.OutboundError as exc:
-                response.close()
-                raise requests.Timeout(str(exc)) from None
+            late = f"NetBox's answer took longer than its deadline ({left:g} s)"
+            # One deadline for the whole request: connect, status line, headers and body (outbound.Deadline).
+            with outbound.Deadline(left) as deadline:
+                try:
+                    response = super().request(*args, **kwargs)
+                    body = outbound.read_within(
+                        lambda n: response.raw.read1(n, decode_content=True),
+                        deadline_at=deadline.at, max_bytes=NETBOX_MAX_BYTES, what="NetBox's answer",
+                    )
+                except outbound.OutboundError as exc:
+                    response.close()
+                    raise requests.Timeout(str(exc)) from None
+                except Exception:
+                    if deadline.expired:
+                        raise requests.Timeout(late) from None
+                    raise
             response._content = body  # read whole within the bounds; .json() and .text read it from here
             response._content_consumed = True
             return response
 
     api = pynetbox.api(url.rstrip("/"), token=token)
-    api.http_session = BoundedSession()
+    api.http_session = outbound.bound_session(BoundedSession())
     return api
 
 

@@ -149,9 +149,9 @@ def poll_prometheus(
     url: str, signals: list[QuerySignal], *, client: Any, now: float,
     deadline_seconds: float = PROMETHEUS_DEADLINE_SECONDS,
 ) -> Poll:
-    """Run each query against ``url`` (an httpx.Client-like ``client``), all within ``deadline_seconds``
-    and each answer within PROMETHEUS_MAX_BYTES; never raises for a bad or slow answer (a task's time
-    limit still goes through)."""
+    """Run each query against ``url`` (``client``: llmgw.outbound.client()), all within ``deadline_seconds``
+    (connect, status line, headers and body together) and each answer within PROMETHEUS_MAX_BYTES; never
+    raises for a bad or slow answer (a task's time limit still goes through)."""
     poll = Poll()
     base = url.rstrip("/")
     deadline_at = time.monotonic() + deadline_seconds

@@ -27,6 +27,7 @@ from llmgw.errors import (
     InvalidInput,
     LlmgwError,
     cut_short,
+    error_body_cut,
     is_write_conflict,
 )
 from llmgw.jsonguard import MAX_JSON_DEPTH
@@ -145,14 +146,23 @@ def documented(
 
 
 def exception_handler(exc, context):
-    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape."""
+    """LlmgwError → its status with {"detail", "field"}; everything else as DRF answers it, in that shape;
+    every text in it cut to ERROR_TEXT_CHARS (llmgw.errors.error_body_cut)."""
+    response = _error_response(exc, context)
+    if response is not None and isinstance(response.data, dict):
+        response.data = error_body_cut(response.data)
+    return response
+
+
+def _error_response(exc, context):
     if isinstance(exc, LlmgwError):
         body = {"field": None, **exc.as_dict()}
         if body["field"] is None and isinstance(exc, InvalidInput):
             # A file's refusal that names a line, not a key (YAML that does not parse): the body field
             # that held the file.
             body["field"] = getattr(context.get("view"), "text_field", None)
-        return Response(body, status=exc.status)
+        retry_after = getattr(exc, "retry_after", None)  # llmgw.parselimit.Busy
+        return Response(body, status=exc.status, headers={"Retry-After": str(retry_after)} if retry_after else None)
     if isinstance(exc, DatabaseError) and is_write_conflict(exc):
         # Every writer locks nodes in one order, so this is rare; the client may simply try again.
         return Response({"detail": WRITE_CONFLICT_TEXT, "field": None}, status=status.HTTP_409_CONFLICT)

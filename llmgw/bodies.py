@@ -14,6 +14,8 @@ import time
 
 from django.conf import settings
 
+from llmgw.dependencies import heartbeat_lane
+
 HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
 
 
@@ -89,10 +91,11 @@ def whole(body: bytes, receive):
     sent = False
 
     async def replayed():
-        nonlocal sent
+        nonlocal sent, body
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            given, body = body, b""  # the app keeps what it needs; a reference here would outlive the request
+            return {"type": "http.request", "body": given, "more_body": False}
         return await receive()
 
     return replayed
@@ -109,8 +112,61 @@ async def bounded_body(scope, receive, send) -> bytes | None:
     return None
 
 
+def has_body(scope) -> bool:
+    return bool(declared_length(scope)) or any(key.lower() == b"transfer-encoding" for key, _ in scope.get("headers") or ())
+
+
+def is_anonymous_api_call(scope) -> bool:
+    """An API request with no credentials at all (no Authorization header, no session cookie): every API
+    endpoint refuses it (401) before it looks at the body."""
+    if not scope["path"].startswith("/api/"):
+        return False
+    cookie = f"{settings.SESSION_COOKIE_NAME}=".encode()
+    for key, value in scope.get("headers") or ():
+        key = key.lower()
+        if key == b"authorization" or (key == b"cookie" and cookie in value):
+            return False
+    return True
+
+
+def without_body(scope) -> dict:
+    """``scope`` saying it has no body (its body is left unread)."""
+    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in (b"content-length", b"transfer-encoding")]
+    return {**scope, "headers": [*headers, (b"content-length", b"0")]}
+
+
+def body_unread(receive):
+    """A `receive` that gives an empty body, then nothing (what the client still sends is never read)."""
+    given = False
+
+    async def replayed():
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # until the server cancels the wait: the request is answered
+
+    return replayed
+
+
+def closing(send):
+    """A `send` whose answer closes the connection (a body left unread cannot be followed by a request)."""
+
+    async def sent(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return sent
+
+
 class BoundedBodies:
-    """ASGI middleware: read each HTTP body within its limits, then hand it to `app` whole."""
+    """ASGI middleware: read each HTTP body within its limits, then hand it to `app` whole.
+
+    A body sent to the API by someone who gives no credentials is not read at all (one that says it is over
+    the limit is still 413): the API refuses the request (401) before it would look at it; the app sees an
+    empty body, and the connection closes.
+    """
 
     def __init__(self, app):
         self.app = app
@@ -118,6 +174,13 @@ class BoundedBodies:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"] == HEARTBEAT_PATH:
+            heartbeat_lane.set(True)  # this request's context only (each request runs in its own)
+        declared = declared_length(scope)
+        if has_body(scope) and is_anonymous_api_call(scope) and (declared is None or declared <= body_limit(scope)[0]):
+            return await self.app(without_body(scope), body_unread(receive), closing(send))
         body = await bounded_body(scope, receive, send)
         if body is not None:
-            await self.app(scope, whole(body, receive), send)
+            replayed = whole(body, receive)
+            del body  # whole() hands it over and lets it go
+            await self.app(scope, replayed, send)

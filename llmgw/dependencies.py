@@ -6,6 +6,9 @@ a new one; refused is at once), then DependenciesMiddleware answers **503** with
 page. Nothing remembers the outage: the pool checks a connection before it hands it out, and gives up a
 failed reconnection soon (settings), so the first requests after the database is back are served.
 
+Heartbeats have connections of their own (LLMGW_DB_HEARTBEAT_POOL_SIZE, `heartbeat_lane`): however many
+other requests hold the pool's, a heartbeat is not answered 503 while the database is up.
+
 Redis: heartbeats and reads do not need it. A change that asks for a reconcile is stored and answered;
 when the task could not be queued (`task_not_queued`), the answer says so: a `Warning` header, the API's
 `warning` field (llmgw.api.ApiView), and a message on the console's next page.
@@ -38,6 +41,12 @@ DATABASE_DOWN_PAGE = (
 # SQLSTATEs that say the server cannot serve now: connection exceptions (class 08), shutting down or
 # starting up (57P01-57P03), too many connections (53300).
 UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+# Whether this request is a heartbeat: its database connection then comes from the heartbeats' own pool
+# (llmgw.postgresql), so an operator's burst that holds every other connection never makes it wait. Set for
+# the request by llmgw.bodies.BoundedBodies; threads the request's code runs in see it.
+heartbeat_lane: contextvars.ContextVar[bool] = contextvars.ContextVar("llmgw_heartbeat_lane", default=False)
 
 
 def is_database_unavailable(exc: BaseException) -> bool:

@@ -17,6 +17,31 @@ def cut_short(text: str, longest: int) -> str:
     return text if len(text) <= longest else text[: longest - 1] + "…"
 
 
+# Characters of any one text in an error body: a refusal that quotes what was sent (DRF's `"…" is not a valid
+# choice.`, a key named in `errors`) is cut in its middle, so a 2 MB value is not echoed back (its own
+# words at either end stay).
+ERROR_TEXT_CHARS = 300
+
+
+def cut_middle(text: str, longest: int = ERROR_TEXT_CHARS) -> str:
+    """``text`` within ``longest`` characters: its start and its end, an ellipsis where the middle was cut."""
+    if len(text) <= longest:
+        return text
+    tail = longest // 3
+    return text[: longest - tail - 1] + "…" + text[-tail:]
+
+
+def error_body_cut(body: Any) -> Any:
+    """An error body with every text in it (keys too) within ERROR_TEXT_CHARS characters."""
+    if isinstance(body, str):
+        return cut_middle(body)
+    if isinstance(body, dict):
+        return {error_body_cut(key): error_body_cut(value) for key, value in body.items()}
+    if isinstance(body, list | tuple):
+        return [error_body_cut(value) for value in body]
+    return body
+
+
 def value_shown(value: Any) -> str:
     """Any value a person sent, as a refusal quotes it: a float as %g, an integer of 400 digits by its
     size (str() of it may be refused, a float of it overflows), anything else its repr cut short."""

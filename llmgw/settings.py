@@ -250,6 +250,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # A connection is checked as the pool hands it out (one empty round trip): the ones that died with
         # the database are dropped there, so the first requests after it returns do not fail on them.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        # Heartbeats' requests take their connections from a pool of their own (llmgw.postgresql): however
+        # many connections an operator's burst holds, a heartbeat still finds one.
+        DATABASES["default"]["ENGINE"] = "llmgw.postgresql"
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default: one writer at a time, waiting rather than failing when the in-process work and
     # a request write together.
@@ -478,6 +481,12 @@ LLMGW_MEASURED_WINDOW_SECONDS = env_number("LLMGW_MEASURED_WINDOW_SECONDS", "900
 LLMGW_HEARTBEAT_MAX_BYTES = env_number("LLMGW_HEARTBEAT_MAX_BYTES", str(256 * 1024), int)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_number("LLMGW_REQUEST_MAX_BYTES", str(2_621_440), int)
 LLMGW_BODY_TIMEOUT_SECONDS = env_number("LLMGW_BODY_TIMEOUT_SECONDS", "10", float)
+# A web process parses this many operator documents (YAML, JSON bodies) at once; past them, after a second's
+# wait, the answer is 429 with Retry-After (llmgw.parselimit). Heartbeats are not counted.
+LLMGW_PARSE_CONCURRENCY = env_number("LLMGW_PARSE_CONCURRENCY", "2", int)
+# The connections of the heartbeats' own pool in each process (PostgreSQL, with the pool on), besides
+# LLMGW_DB_POOL_SIZE's for everything else.
+LLMGW_DB_HEARTBEAT_POOL_SIZE = env_number("LLMGW_DB_HEARTBEAT_POOL_SIZE", "4", int)
 # WebSocket messages from the console (a list of the rows a page shows) are small; larger ones are refused.
 LLMGW_WS_MAX_BYTES = env_number("LLMGW_WS_MAX_BYTES", str(256 * 1024), int)
 # The server's own limits (llmgw.serving): a request's head (request line and headers) in bytes, the time

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from llmgw.errors import InvalidInput, cut_short
+from llmgw.parselimit import parse_slot
 
 if TYPE_CHECKING:  # PyYAML is imported where a file is read, not by every module that names Document
     import yaml
@@ -220,10 +221,15 @@ def _float_12(text: str) -> float:
 def load_documents(text: str, filename: str, *, max_chars: int = MAX_CHARS) -> list[Document]:
     """Every document of a YAML stream, or InvalidInput naming the line where it does not parse or what
     bound it passes. Parsed once: each document's tree is walked (bounded) before its data is built."""
-    import yaml
-
     if len(text) > max_chars:
         raise InvalidInput(f"{filename}: {len(text):,} characters; a file llmgw reads is at most {max_chars:,}")
+    with parse_slot(filename):  # seconds of CPU for the largest: a few at once per process (llmgw.parselimit)
+        return _documents(text, filename)
+
+
+def _documents(text: str, filename: str) -> list[Document]:
+    import yaml
+
     try:
         nodes = list(yaml.compose_all(text, Loader=_loader()))
     except yaml.YAMLError as exc:

@@ -42,7 +42,7 @@ def pytest_configure(config) -> None:
     again), never this process's teardown."""
     from django.conf import settings
 
-    if settings.configured and settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    if settings.configured and settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         settings.DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c deadlock_timeout=10s"
 
 

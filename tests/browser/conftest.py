@@ -44,7 +44,7 @@ def database_url() -> str:
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    if not db["ENGINE"].endswith("postgresql"):
         pytest.fail("the browser tests share their database with a server process: run them on PostgreSQL "
                     "(DATABASE_URL=postgres://postgres@127.0.0.1:5432/llmgw)")
     auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")

@@ -23,7 +23,7 @@ def test_database_url() -> str:
     from django.db import connection
 
     s = connection.settings_dict
-    if s["ENGINE"] != "django.db.backends.postgresql":
+    if not s["ENGINE"].endswith("postgresql"):
         pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://… (make test does)")
     user = s.get("USER") or "postgres"
     host = s.get("HOST") or "127.0.0.1"

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -358,15 +359,15 @@ class StandInWeb:
         self.server.server_close()
 
 
-@pytest.fixture
-def proxy(tmp_path: Path):
-    """compose's nginx.conf in a real nginx, web-1 and web-2 stand-ins behind it, all on 127.0.0.1."""
+@contextlib.contextmanager
+def compose_nginx(tmp_path: Path, ports: dict[str, int]):
+    """compose's nginx.conf in a real nginx on 127.0.0.1, with web-1 and web-2 at ``ports``; yields its URL."""
     nginx = _tool("nginx", "nginx")
-    webs = {"web-1": StandInWeb("web-1"), "web-2": StandInWeb("web-2")}
+    tmp_path.mkdir(exist_ok=True)
     port = _free_port()
     conf = (COMPOSE / "nginx.conf").read_text()
-    for name, web in webs.items():
-        conf, n = re.subn(rf"\b{name}:8000\b", f"127.0.0.1:{web.port}", conf)
+    for name, web_port in ports.items():
+        conf, n = re.subn(rf"\b{name}:8000\b", f"127.0.0.1:{web_port}", conf)
         assert n == 2, f"nginx.conf names {name}:8000 {n} times"
     conf, n = re.subn(r"listen 8000;", f"listen 127.0.0.1:{port};", conf)
     assert n == 1
@@ -393,11 +394,21 @@ def proxy(tmp_path: Path):
 
     try:
         _wait("nginx answering", up, timeout=20)
-        yield url, webs
+        yield url
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=20)
         log.close()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path):
+    """compose's nginx.conf in a real nginx, web-1 and web-2 stand-ins behind it, all on 127.0.0.1."""
+    webs = {"web-1": StandInWeb("web-1"), "web-2": StandInWeb("web-2")}
+    try:
+        with compose_nginx(tmp_path, {name: web.port for name, web in webs.items()}) as url:
+            yield url, webs
+    finally:
         for web in webs.values():
             web.stop()
 
@@ -422,7 +433,15 @@ def test_the_proxy_shares_the_load_and_sends_metrics_to_one_process(proxy):
         # A body as large as llmgw takes reaches it (llmgw says 413 itself past that); far larger does not.
         large = client.post("/api/v1/facility/import/netbox", content=b"x" * 2_621_440)
         assert large.status_code == 200 and large.json()["received"] == 2_621_440
-        assert client.post("/api/v1/facility/import/netbox", content=b"x" * 4_000_000).status_code == 413
+        # Past it, nginx answers in the API's error shape and the web processes never see the body.
+        refused = client.post("/api/v1/facility/import/netbox", content=b"x" * (2_621_440 + 1))
+        assert refused.status_code == 413
+        assert refused.json() == {"detail": "body: over the 2621440-byte limit", "field": "body"}
+        beat = client.post("/api/v1/agents/heartbeat", content=b"x" * 262_144)
+        assert beat.status_code == 200 and beat.json()["received"] == 262_144
+        refused = client.post("/api/v1/agents/heartbeat", content=b"x" * (262_144 + 1))
+        assert refused.status_code == 413
+        assert refused.json() == {"detail": "heartbeat: over the 262144-byte limit", "field": "heartbeat"}
         # web-1 gone: web-2 answers everything, /metrics too.
         webs["web-1"].stop()
         assert {client.get("/metrics").json()["who"] for _ in range(3)} == {"web-2"}
@@ -493,9 +512,9 @@ def make_facility() -> None:
     conditions_evaluate()
 
 
-@pytest.fixture
-def llmgw_server(transactional_db, tmp_path: Path):
-    """A real `llmgw serve` on the test database, /metrics behind LLMGW_METRICS_TOKEN."""
+@contextlib.contextmanager
+def served_llmgw(tmp_path: Path, name: str = "llmgw"):
+    """A real `llmgw serve` on the test database, /metrics behind LLMGW_METRICS_TOKEN; yields its host:port."""
     from django.conf import settings
 
     from tests.integration.conftest import redis_url, test_database_url
@@ -503,8 +522,8 @@ def llmgw_server(transactional_db, tmp_path: Path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_CONFIG", "REDIS_URL", "DATABASE_URL"}}
     env.update(DATABASE_URL=test_database_url(), REDIS_URL=redis_url(), SECRET_KEY=settings.SECRET_KEY,
-               LLMGW_DATA_DIR=str(tmp_path / "llmgw"), LLMGW_METRICS_TOKEN=TOKEN)
-    log = tmp_path / "serve.log"
+               LLMGW_DATA_DIR=str(tmp_path / name), LLMGW_METRICS_TOKEN=TOKEN)
+    log = tmp_path / f"{name}.log"
     with open(log, "w") as out:
         process = subprocess.Popen([LLMGW, "serve", f"127.0.0.1:{port}"], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
@@ -527,6 +546,32 @@ def llmgw_server(transactional_db, tmp_path: Path):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+@pytest.fixture
+def llmgw_server(transactional_db, tmp_path: Path):
+    """A real `llmgw serve` on the test database, /metrics behind LLMGW_METRICS_TOKEN."""
+    with served_llmgw(tmp_path) as address:
+        yield address
+
+
+def test_oversize_posts_through_the_proxy_take_no_web_process_out(transactional_db, tmp_path: Path):
+    """Bodies past llmgw's limits, from anyone, never make nginx take a web process out of the rotation:
+    after them every request through the proxy is answered by llmgw (here 401: no credentials), none 502."""
+    with served_llmgw(tmp_path, "web-1") as web_1, served_llmgw(tmp_path, "web-2") as web_2:
+        ports = {"web-1": int(web_1.rpartition(":")[2]), "web-2": int(web_2.rpartition(":")[2])}
+        with compose_nginx(tmp_path / "nginx", ports) as url, httpx.Client(base_url=url, timeout=30) as client:
+            # As large as nginx took before it knew llmgw's limits (3 MB): the more of a body is still being
+            # sent when llmgw refuses it, the surer nginx sees the connection reset.
+            refused = [client.post("/api/v1/agents/heartbeat", content=b"{" + b" " * 3_000_000 + b"}",
+                                   headers={"Content-Type": "application/json"}) for _ in range(12)]
+            refused += [client.post("/api/v1/facility/import/netbox", content=b"x" * 3_000_000) for _ in range(6)]
+            # Straight after, every request reaches llmgw (web-1 and web-2 in turn): none is a 502.
+            assert [client.get("/api/v1/nodes").status_code for _ in range(8)] == [401] * 8
+            assert [r.status_code for r in refused] == [413] * 18
+            assert {r.json()["field"] for r in refused} == {"heartbeat", "body"}
+            beat = client.post("/api/v1/agents/heartbeat", json={"node": "n1"})
+            assert beat.status_code == 401
 
 
 @pytest.fixture

@@ -271,8 +271,9 @@ def test_an_oversize_heartbeat_in_one_write_is_answered_413_at_once(server, size
 
 def test_an_oversize_chunked_heartbeat_is_answered_413_once_the_limit_is_passed(server):
     body = b"a" * 300_000
+    # With a token (unknown): a body from someone giving no credentials is not read at all (401).
     head = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n").encode()
+            "Authorization: Token unknown\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
     answer = raw_request(server, head, chunked)
     assert status_of(answer) == 413
@@ -281,10 +282,18 @@ def test_an_oversize_chunked_heartbeat_is_answered_413_once_the_limit_is_passed(
 def test_a_stalled_body_is_answered_408(server, settings):
     settings.LLMGW_BODY_TIMEOUT_SECONDS = 0.5
     head = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            "Content-Length: 1000\r\n\r\n").encode()
+            "Authorization: Token unknown\r\nContent-Length: 1000\r\n\r\n").encode()
     answer = raw_request(server, head, b'{"node": "gp')  # then nothing more
     assert status_of(answer) == 408
     assert b"not received within 0.5 seconds" in answer
+
+
+def test_a_body_from_someone_giving_no_credentials_is_answered_401_unread(server):
+    head = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n").encode()
+    answer = raw_request(server, head, b'{"node": "gp')  # the rest never comes, and is never waited for
+    assert status_of(answer) == 401
+    assert b"connection: close" in answer.lower()
 
 
 def test_an_oversize_body_elsewhere_is_413_too(server):
