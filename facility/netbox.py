@@ -99,6 +99,8 @@ class NetboxPlan:
     ambiguous_nodes: set[str] = field(default_factory=set)
     # The sites this import read (None: every site NetBox has).
     sites_read: set[str] | None = None
+    # Each node's PSUs' maximum draw together (NetBox's power ports): the most it can draw, its readings' ceiling.
+    max_draw: dict[str, float] = field(default_factory=dict)
 
 
 class _Names:
@@ -495,6 +497,9 @@ def plan_from_objects(
             continue
         plan.labels[name] = labels
         plan.objects.append(Imported("device", did, where, name, f"{where}/{device['name']}"))
+        draws = [p.get("maximum_draw") for p in ports_of.get(did, ())]
+        if draws and all(isinstance(d, int | float) and not isinstance(d, bool) and d > 0 for d in draws):
+            plan.max_draw[name] = float(sum(draws))
     return plan
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from agents.models import Node, StoreLabel
-from agents.services import labels_set, store_labels_waiting_set
+from agents.services import MAX_DRAW_WATTS_MAX, labels_set, node_max_draw_set, store_labels_waiting_set
 from facility import feed_services
 from facility import feeds as pure
 from facility.domains import domains_of, effective_labels
@@ -501,6 +501,7 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False, confirm: bool = Fa
             labels_set(node_name=node, changes=diff["labels"][node], set_by=SET_BY, waiting_bound=False)
         _feeds_write(plan)
         _objects_write(plan)
+        _max_draws_write(plan)
         feed_services.feed_caps_refresh()
         _sync_record(plan, held, applied=True)
         facility_changed.send(sender=Feed)
@@ -563,6 +564,14 @@ def _objects_write(plan: NetboxPlan) -> None:
             changed.append(row)
     DcimObject.objects.bulk_create(new, batch_size=500)
     DcimObject.objects.bulk_update(changed, fields, batch_size=500)
+
+
+def _max_draws_write(plan: NetboxPlan) -> None:
+    """Each joined node's ceiling from its PSUs' maximum draw in NetBox (a reading above it is implausible)."""
+    have = dict(Node.objects.filter(name__in=list(plan.max_draw)).values_list("name", "max_draw_watts"))
+    for name, watts in sorted(plan.max_draw.items()):
+        if name in have and have[name] != watts:
+            node_max_draw_set(node_name=name, watts=min(watts, MAX_DRAW_WATTS_MAX))
 
 
 def _sync_record(plan: NetboxPlan, held: list[str], *, applied: bool) -> None:

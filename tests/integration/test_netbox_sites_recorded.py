@@ -76,6 +76,8 @@ def test_two_sites_imported_one_after_the_other_keep_each_others_caps_as_netbox_
     api(tmp_path, capsys, "s1-two-sites", "--site", "sto1")
     sto1 = netbox_rack_caps("s1-two-sites", "sto1", qualify=False)
     assert caps() == sto1 == {"rack:R-A01": 2944, "rack:R-A02": 2392, "rack:R-B01": 2944}
+    # A node's PSUs' maximum draw in NetBox is its readings' ceiling.
+    assert Node.objects.get(name="gpu03").max_draw_watts == 5000 + 5000
     result = api(tmp_path, capsys, "s1-two-sites", "--site", "got1")
     assert result["feeds_removed"] == [] and result["needs_yes"] == []
     got1 = netbox_rack_caps("s1-two-sites", "got1", qualify=True)
