@@ -487,12 +487,9 @@ def report_sensors() -> None:
     from tests.conftest import node_spec
 
     for name, legs in NODE_LEGS.items():
-        # Two readings a node: one alone never sets the measured peak (the window's second-highest does).
-        for step in (0.5, 0.0):
-            beat = heartbeat_for(node_spec(name, rack="r1", pdu="p-a,p-b", gpus=2, labels={"llmgw.io/leg": legs}))
-            beat["sensors"] = sensors(hot=name == "n1")
-            beat["sensors"]["gpus"][0]["power_watts"] -= step
-            heartbeat_record(node_name=name, heartbeat=beat)
+        beat = heartbeat_for(node_spec(name, rack="r1", pdu="p-a,p-b", gpus=2, labels={"llmgw.io/leg": legs}))
+        beat["sensors"] = sensors(hot=name == "n1")
+        heartbeat_record(node_name=name, heartbeat=beat)
 
 
 def make_facility() -> None:
@@ -516,7 +513,7 @@ def make_facility() -> None:
 
 
 @contextlib.contextmanager
-def served_llmgw(tmp_path: Path, name: str = "llmgw"):
+def served_llmgw(tmp_path: Path, name: str = "llmgw", **settings_env: str):
     """A real `llmgw serve` on the test database, /metrics behind LLMGW_METRICS_TOKEN; yields its host:port."""
     from django.conf import settings
 
@@ -525,7 +522,7 @@ def served_llmgw(tmp_path: Path, name: str = "llmgw"):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_CONFIG", "REDIS_URL", "DATABASE_URL"}}
     env.update(DATABASE_URL=test_database_url(), REDIS_URL=redis_url(), SECRET_KEY=settings.SECRET_KEY,
-               LLMGW_DATA_DIR=str(tmp_path / name), LLMGW_METRICS_TOKEN=TOKEN)
+               LLMGW_DATA_DIR=str(tmp_path / name), LLMGW_METRICS_TOKEN=TOKEN, **settings_env)
     log = tmp_path / f"{name}.log"
     with open(log, "w") as out:
         process = subprocess.Popen([LLMGW, "serve", f"127.0.0.1:{port}"], env=env, stdout=out,

@@ -158,3 +158,42 @@ def test_a_heartbeats_request_runs_on_the_heartbeat_lane(path, lane):
     asyncio.run(BoundedBodies(app)(scope, receive, send))
     assert seen == [lane]
     assert heartbeat_lane.get() is False  # the request's own context only
+
+
+# Merge keys of merge keys: refused at the 500,000th value, after seconds of one process's CPU.
+MERGE_BOMB = "a: &a {" + ", ".join(f"k{i}: 1" for i in range(9)) + "}\n" + "".join(
+    f"{name}: &{name} {{<<: [{', '.join([f'*{prev}'] * 9)}]}}\n" for prev, name in zip("abcdef", "bcdefg", strict=True)
+)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_served_process_answers_heartbeats_while_an_operators_bombs_hold_its_pool(tmp_path, make_user):
+    """A real `llmgw serve` with a pool of one connection: operators' costly documents hold it for seconds,
+    and a heartbeat that needs the database (a token not cached) is still answered by it, not 503."""
+    import httpx
+
+    from tests.integration.test_deploy_units import served_llmgw
+
+    _, key = make_user("op", "operator")
+    with served_llmgw(tmp_path, "web", LLMGW_DB_POOL_SIZE="1", LLMGW_DB_POOL_TIMEOUT="1") as address:
+        url = f"http://{address}"
+        bombs = []
+
+        def bomb():
+            bombs.append(httpx.post(f"{url}/api/v1/facility/apply", json={"text": MERGE_BOMB}, timeout=60,
+                                    headers={"Authorization": f"Token {key}"}).status_code)
+
+        threads = [threading.Thread(target=bomb) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        beats = []
+        for _ in range(10):
+            answer = httpx.post(f"{url}/api/v1/agents/heartbeat", json={"node": "n1"}, timeout=30,
+                                headers={"Authorization": "Token not-a-known-one"})
+            beats.append((answer.status_code, answer.json()["detail"]))
+        for thread in threads:
+            thread.join(60)
+    assert set(beats) == {(401, "unknown node token (make one with: llmgw ctl node token NODE)")}
+    # The operators share the one connection among themselves: one is refused its document, the others may
+    # wait past the pool's timeout (503) or find no parsing slot (429).
+    assert 400 in bombs and set(bombs) <= {400, 429, 503}
