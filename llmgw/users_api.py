@@ -12,6 +12,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from facility.serializers import StrictSerializer
+from llmgw.access.tokens import LIFETIME_PATTERN
 from llmgw.api import ApiView, TextField, documented
 from llmgw.permissions import ROLES, IsAdmin, can_administer
 from llmgw.users import (
@@ -33,14 +34,19 @@ class UsernameField(TextField):
 EXPIRES_HELP = "the token's lifetime: e.g. 90d, 12h, 30m, or never; LLMGW_TOKEN_LIFETIME (90d) when not given"
 
 
+@extend_schema_field({"type": "string", "pattern": LIFETIME_PATTERN, "maxLength": 6})
+class LifetimeField(TextField):
+    """A token's lifetime (`90d`, `never`): the schema states its form, the service checks it."""
+
+
 class TokenCreateSerializer(StrictSerializer):
     username = UsernameField(max_length=MAX_USERNAME, help_text="made if missing; letters, digits and @ . + - _")
     role = serializers.ChoiceField(choices=ROLES, help_text="the user's one role from now (viewer or operator)")
-    expires = TextField(max_length=20, required=False, help_text=EXPIRES_HELP)
+    expires = LifetimeField(max_length=6, required=False, help_text=EXPIRES_HELP)
 
 
 class TokenRotateSerializer(StrictSerializer):
-    expires = TextField(max_length=20, required=False, help_text=EXPIRES_HELP)
+    expires = LifetimeField(max_length=6, required=False, help_text=EXPIRES_HELP)
 
 
 class TokenSerializer(serializers.Serializer):

@@ -74,7 +74,9 @@ def test_expires_given_or_never(clock, capsys):
     assert client_with(forever).get("/api/v1/nodes").status_code == 200
     capsys.readouterr()
     code, _, err = run(capsys, "token", "create", "dave", "--expires", "soon")
-    assert (code, err) == (1, "error: expires: 'soon' is not a lifetime; write e.g. 90d, 12h, 30m, or never\n")
+    assert (code, err) == (
+        1, "error: expires: 'soon' is not a lifetime; write 1 to 9999 and d, h or m (e.g. 90d, 12h, 30m), or never\n"
+    )
 
 
 def test_a_new_create_or_a_rotate_gives_a_new_key_and_the_old_one_stops_at_once(clock, capsys):
@@ -148,7 +150,7 @@ def test_api_a_user_lists_rotates_and_revokes_only_their_own(admin_key):
                                       format="json")
     assert (bad.status_code, bad.json()["field"]) == (400, "expires")
     assert bad.json()["detail"] == (
-        "expires: a lifetime must be longer than 0; write never for a token that does not expire"
+        "expires: '0d' is not a lifetime; write 1 to 9999 and d, h or m (e.g. 90d, 12h, 30m), or never"
     )
 
 

@@ -105,7 +105,7 @@ def test_a_listing_loads_only_what_it_reads_and_prints_the_same(capsys):
     assert got["loaded"] == []
     # Every model of llmgw's apps is there (a listing's query may join any of them); none of the web
     # stack's: the console's sessions, the admin's log, users and their API tokens, which no listing reads.
-    web_only = {"admin", "sessions", "auth", "contenttypes", "authtoken"}
+    web_only = {"admin", "sessions", "auth", "contenttypes", "authtoken", "access", "axes"}
     assert got["models"] == sorted(
         m._meta.label for m in apps.get_models() if m._meta.app_label not in web_only
     )
@@ -121,11 +121,11 @@ def test_a_listing_loads_only_what_it_reads_and_prints_the_same(capsys):
 
 
 def test_a_command_that_writes_starts_the_whole_stack():
-    from rest_framework.authtoken.models import Token
+    from llmgw.access.models import ApiToken
 
     got = run_probe(WRITE_PROBE)
     assert got == {"code": 0, "celery": True, "live_pages": True, "llmgw": "LlmgwConfig"}
-    assert Token.objects.filter(user__username="probe").exists()
+    assert ApiToken.objects.filter(user__username="probe").exists()
 
 
 def test_the_command_runs_with_the_collector_on_over_its_own_objects_only():
