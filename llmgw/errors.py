@@ -20,7 +20,7 @@ def cut_short(text: str, longest: int) -> str:
 # Characters of any one text in an error body: a refusal that quotes what was sent (DRF's `"…" is not a valid
 # choice.`, a key named in `errors`) is cut in its middle, so a 2 MB value is not echoed back (its own
 # words at either end stay).
-ERROR_TEXT_CHARS = 300
+ERROR_TEXT_CHARS = 1000
 
 
 def cut_middle(text: str, longest: int = ERROR_TEXT_CHARS) -> str:
