@@ -27,7 +27,8 @@ from facility import feed_services
 from facility import feeds as pure
 from facility.domains import domains_of, effective_labels
 from facility.models import Budget, DcimObject, DcimSync, Feed, Source
-from facility.netbox import ENDPOINTS, MANAGED_KEYS, Known, NetboxPlan, plan_from_csv, plan_from_objects
+from facility.netbox import ENDPOINTS, MANAGED_KEYS, Known, NetboxPlan, plan_from_objects
+from facility.netbox_csv import plan_from_csv
 from facility.power import kw
 from facility.renames import domains_rename
 from facility.signals import facility_changed

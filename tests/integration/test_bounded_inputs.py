@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agents.node.config import AgentConfigError, parse_config
 from agents.simulator.cluster import load_cluster
-from facility import netbox
+from facility import netbox_csv
 from facility.sources import parse_query_signals, parse_scenario, poll_prometheus
 from llmgw.errors import InvalidInput
 from llmgw.yamldoc import load_documents
@@ -362,7 +362,7 @@ csv_like = st.one_of(
 @given(text=csv_like)
 def test_the_csv_reader_answers_any_input_with_a_refusal_naming_the_line_or_a_plan(text):
     try:
-        plan = netbox.plan_from_csv(text)
+        plan = netbox_csv.plan_from_csv(text)
     except InvalidInput as exc:
         assert exc.message.startswith("csv")
     else:

@@ -16,7 +16,7 @@ import pytest
 
 from agents.models import Node, StoreLabel
 from agents.services import labels_set
-from facility import netbox
+from facility import netbox, netbox_csv
 from facility.feed_selectors import feed_loss_report
 from facility.models import Budget, Feed
 from facility.netbox_import import netbox_import
@@ -91,7 +91,7 @@ def test_every_capacity_is_the_one_netbox_computes(tmp_path):
     import csv
 
     rows = list(csv.DictReader((CSV_DIR / "power-feeds.all-data.csv").read_text().splitlines()))
-    plan = netbox.plan_from_csv((CSV_DIR / "power-feeds.all-data.csv").read_text())
+    plan = netbox_csv.plan_from_csv((CSV_DIR / "power-feeds.all-data.csv").read_text())
     ours = {f.name.rsplit(".", 1)[-1] + "@" + (f.name.split(".")[0] if "." in f.name else ""): f for f in plan.feeds}
     for row in rows:
         key = row["Name"] + "@" + ("MDB-A" if row["Name"] == "A1" and row["Power Panel"] == "MDB-A" else "")
@@ -201,7 +201,7 @@ def test_an_operators_label_wins_and_is_listed(tmp_path, capsys, joined):
 
 
 def plan_from_csv_refusal(text: str, percent: float) -> str:
-    from facility.netbox import plan_from_csv
+    from facility.netbox_csv import plan_from_csv
     from llmgw.errors import InvalidInput
 
     with pytest.raises(InvalidInput) as refused:

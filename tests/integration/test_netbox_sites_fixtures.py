@@ -20,7 +20,7 @@ import json
 import pynetbox
 import pytest
 
-from facility import netbox
+from facility import netbox, netbox_csv
 from tests.fakes.netbox import FIXTURES, FakeNetbox, newest_version, recorded, series_steps
 
 SERIES = FIXTURES / newest_version() / "sites"
@@ -190,4 +190,4 @@ def test_todays_importer_reads_each_step(step):
         plan = netbox.plan_from_objects(data, nodes={"gpu01", "gpu05"}, site=site)
         assert isinstance(plan, netbox.NetboxPlan)
     text = (FIXTURES / newest_version() / step / "power-feeds.all-data.csv").read_text()
-    assert isinstance(netbox.plan_from_csv(text), netbox.NetboxPlan)
+    assert isinstance(netbox_csv.plan_from_csv(text), netbox.NetboxPlan)
