@@ -12,6 +12,7 @@ import gc
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
@@ -207,6 +208,10 @@ def run(argv: list[str], *, own_process: bool) -> int:
         if args.remote is None:
             if not django_started():
                 whereabouts.local_data_find()
+                if not os.environ.get("DATABASE_URL"):
+                    note = whereabouts.demo_stopped_note(Path(os.environ["LLMGW_DATA_DIR"]))
+                    if note:
+                        print(printable(note), file=sys.stderr)
             django_setup(read_only=getattr(args.handler, "read_only", False))
             sqlite_file_check()
         if own_process:
