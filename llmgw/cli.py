@@ -28,7 +28,7 @@ on a GPU node:
 SERVER_MODULES = frozenset({
     "django", "rest_framework", "drf_spectacular", "drf_spectacular_sidecar", "django_filters", "django_htmx",
     "servestatic", "uvicorn", "celery", "redis", "psycopg", "channels", "channels_redis", "pynetbox", "daphne",
-    "django_prometheus", "prometheus_client", "dj_database_url",
+    "django_prometheus", "prometheus_client", "dj_database_url", "axes",
 })
 INSTALL_SERVER = "pip install 'llmgw[server]'"
 
