@@ -1,6 +1,6 @@
 """A cooling failure three ways — nothing, capping, shedding — on a simulated 1,000-node facility.
 
-Replays deploy/scenarios/crac-failure.yaml (its hot track drives the ten racks of row 1, 250 nodes;
+Replays llmgw/demo/scenarios/crac-failure.yaml (its hot track drives the ten racks of row 1, 250 nodes;
 the other track the 30 racks of rows 2–4) on a simulated clock, one step per 30 s evaluation, for the
 scenario's 50 minutes. Nothing sleeps; it takes a second or two.
 
@@ -45,7 +45,7 @@ from facility.conditions import HOT, INLET, DomainState, Reading, Thresholds, ev
 from facility.response import CappingConfig, ShedRule, capped_step, restored_step  # noqa: E402
 from facility.sources import parse_scenario  # noqa: E402
 
-SCENARIO = Path(__file__).resolve().parents[1] / "deploy" / "scenarios" / "crac-failure.yaml"
+SCENARIO = Path(__file__).resolve().parents[1] / "llmgw" / "demo" / "scenarios" / "crac-failure.yaml"
 NODES, GPUS, PER_RACK = 1000, 8, 25
 SERVING_NODES = 900
 ROW1_RACKS = 10

@@ -61,8 +61,12 @@ def register(commands) -> None:
         description="Hold a domain: nothing new is placed on its nodes, including nodes labelled into it later.",
         epilog='example: llmgw ctl facility hold rack:r12-07 --reason "PDU swap" --drain',
     )
-    h.add_argument("domain", help="level:name, e.g. rack:r12-07, pdu:r12-07-a, row:12")
+    h.add_argument("domain", help="level:name, e.g. rack:r12-07, pdu:r12-07-a, row:12; or a bare name (r12-07)")
     h.add_argument("--reason", required=True, help="why; shown with every refusal it causes")
+    h.add_argument(
+        "--new", action="store_true",
+        help="hold a domain nothing knows yet (no node, feed, budget or import names it), ahead of its nodes",
+    )
     h.add_argument(
         "--drain", action="store_true", default=None, help="also move its replicas out, the replacement up first"
     )
@@ -435,11 +439,13 @@ def _unchanged(counts: dict) -> str:
 def hold(args) -> int:
     def local() -> dict:
         created = placement_services.hold_create(domain=args.domain, reason=args.reason, drain=args.drain,
-                                                 created_by="ctl")
+                                                 created_by="ctl", new=args.new)
         h = created.hold
         return {"domain": h.domain, "reason": h.reason, "drain": h.drain, "warning": "; ".join(created.warnings) or None}
 
     body = {"domain": args.domain, "reason": args.reason, "drain": args.drain}
+    if args.new:  # an older server knows no `new`: sent only when given
+        body["new"] = True
     h = write(args, "POST", "facility/holds", body, local)
     print(f"{h['domain']} held{' and draining' if h['drain'] else ''}: {h['reason']}"
           + (f" ({h['warning']})" if h.get("warning") else ""))
@@ -447,10 +453,18 @@ def hold(args) -> int:
 
 
 def release(args) -> int:
-    write(args, "DELETE", f"facility/holds/{path_part(args.domain, 'domain', safe=':')}", None,
-          lambda: placement_services.hold_release(domain=args.domain))
-    print(f"{args.domain} released")
+    body = write(args, "DELETE", f"facility/holds/{path_part(args.domain, 'domain', safe=':')}", None,
+                 lambda: {"domain": _release(args.domain)})
+    print(f"{(body or {}).get('domain') or args.domain} released")
     return 0
+
+
+def _release(domain: str) -> str:
+    from facility.services import held_domain
+
+    domain = held_domain(domain)
+    placement_services.hold_release(domain=domain)
+    return domain
 
 
 def budget_set(args) -> int:

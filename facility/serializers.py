@@ -229,10 +229,13 @@ class FacilitySerializer(serializers.Serializer):
 
 
 class HoldSerializer(StrictSerializer):
-    domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07")
+    domain = DomainField(max_length=300, help_text="level:name, e.g. rack:r12-07, or a bare name one known domain has")
     reason = WordsField(max_length=500)
     drain = StrictBooleanField(required=False, allow_null=True, default=None,
                                      help_text="not given: as it was (false for a new hold)")
+    new = StrictBooleanField(required=False, default=False, help_text=(
+        "true: hold a domain nothing knows yet (no node, feed, budget or DCIM import names it), ahead of"
+        " its nodes; without it such a domain is refused as a likely typo"))
 
 
 class HoldBodySerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ budgets, feeds, conditions, sources, shedding, capping), all or nothing in one t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from facility.models import (
     Budget,
     ConditionEvent,
     ConditionOverride,
+    DcimObject,
     FacilitySettings,
+    Feed,
     Hold,
     ScenarioRun,
     Source,
@@ -482,12 +485,68 @@ def hold_check(*, domain: Any, reason: Any) -> dict[str, str]:
     return {"domain": domain, "reason": reason}
 
 
+def known_domains() -> set[str]:
+    """Every domain something names: a node's labels, a feed's PDUs and racks, a budget, a hold, a DCIM
+    import's racks, PDUs and sites. A hold on any other is a typo unless said to be new."""
+    from agents.models import NodeDomain
+
+    known = set(NodeDomain.objects.values_list("domain", flat=True).distinct())
+    known.update(Budget.objects.values_list("domain", flat=True))
+    known.update(Hold.objects.values_list("domain", flat=True))
+    for pdus, racks in Feed.objects.values_list("pdus", "racks"):
+        known.update(f"pdu:{name}" for name in pdus or [] if isinstance(name, str))
+        known.update(f"rack:{name}" for name in racks or [] if isinstance(name, str))
+    for kind, name in DcimObject.objects.filter(kind__in=LEVELS).values_list("kind", "name"):
+        known.add(name if ":" in name else f"{kind}:{name}")
+    return known
+
+
+def hold_domain(text: Any, *, new: bool | None = False) -> str:
+    """The domain a hold names, canonical: ``rack:r1-01``, or a bare name (``r1-01``) where one known
+    domain has it (its rack first, as ``nodes --domain`` reads it). A domain nothing knows (no node, feed,
+    budget or DCIM import names it) is refused as the typo it likely is, unless ``new``: held ahead of
+    its nodes (the API's ``new``, ctl's ``--new``). ``new`` None: the interface showed the warning and had
+    it confirmed itself (the console's "Hold anyway", the admin's form). InvalidInput names ``domain``."""
+    if isinstance(text, str) and ":" not in text and _BARE_NAME_RE.fullmatch(text.strip()):
+        name = text.strip()
+        known = known_domains()
+        found = sorted(d for d in known if d.partition(":")[2] == name)
+        if f"rack:{name}" in found:
+            found = [f"rack:{name}"]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise InvalidInput(f"domain: {name} names {', '.join(found)}: say which (level:name)", field="domain")
+        # The racks' names first, then any domain's (as a node filter's suggestions).
+        nearest = (nearest_names(name, [d[5:] for d in known if d.startswith("rack:")], count=NEAREST_SHOWN)
+                   or nearest_names(name, {d.partition(":")[2] for d in known}, count=NEAREST_SHOWN))
+        hint = f"; known names nearest it: {', '.join(nearest)}" if nearest else ""
+        raise InvalidInput(f"domain: nothing is named {name}{hint}; write level:name (rack:{name})", field="domain")
+    domain = clean_domain(text)
+    if new is False and domain not in known_domains():
+        warning = domain_warning(domain=domain) or f"nothing names {domain} yet"
+        raise InvalidInput(
+            f"domain: {warning}; to hold a domain ahead of its nodes, say it is new (new: true; ctl: --new)",
+            field="domain",
+        )
+    return domain
+
+
+_BARE_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
 @transaction.atomic
-def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_by: str = "") -> Hold:
+def hold_create(
+    *, domain: str, reason: str, drain: bool | None = None, created_by: str = "", new: bool | None = None
+) -> Hold:
     """Hold a domain: nothing new is placed in it (nodes labelled into it later included); drain moves out.
 
-    Holding a domain already held updates its reason, and its drain flag when one is given.
+    Holding a domain already held updates its reason, and its drain flag when one is given. A domain
+    nothing knows needs ``new`` (:func:`hold_domain`).
     """
+    if new is not None and not isinstance(new, bool):
+        raise InvalidInput("new: must be true or false", field="new")
+    domain = hold_domain(domain, new=new)
     values = hold_check(domain=domain, reason=reason)
     domain, reason = values["domain"], values["reason"]
     if drain is None:
@@ -507,12 +566,33 @@ def hold_create(*, domain: str, reason: str, drain: bool | None = None, created_
 @transaction.atomic
 def hold_release(*, domain: str) -> None:
     """Undo a hold (and its drain): its nodes take placements again; moved replicas stay where they are."""
-    domain = clean_domain(domain)
+    domain = held_domain(domain)
     deleted, _ = Hold.objects.filter(domain=domain).delete()
     if not deleted:
         raise NotFound(f"{domain} is not held", field="domain")
     facility_changed_send()
     _notify_nodes_changed()
+
+
+def held_domain(text: Any) -> str:
+    """The held domain a release names: ``rack:r1-01``, or a bare name one hold has; NotFound naming the
+    held domains nearest it when none is held by that name."""
+    held = sorted(Hold.objects.values_list("domain", flat=True))
+    if isinstance(text, str) and ":" not in text and _BARE_NAME_RE.fullmatch(text.strip()):
+        found = [d for d in held if d.partition(":")[2] == text.strip()]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise InvalidInput(f"domain: {text.strip()} names {', '.join(found)}: say which (level:name)",
+                               field="domain")
+        domain = text.strip()
+    else:
+        domain = clean_domain(text)
+    if domain not in held:
+        nearest = nearest_names(domain, held, count=NEAREST_SHOWN)
+        hint = f"; held nearest that name: {', '.join(nearest)}" if nearest else ""
+        raise NotFound(f"{domain} is not held{hint}", field="domain")
+    return domain
 
 
 def _lock_members(domain: str) -> None:

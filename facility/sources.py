@@ -209,7 +209,7 @@ class Track:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """A named list of tracks: ``deploy/scenarios/crac-failure.yaml``."""
+    """A named list of tracks: ``llmgw/demo/scenarios/crac-failure.yaml``."""
 
     name: str
     tracks: tuple[Track, ...]

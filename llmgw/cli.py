@@ -23,13 +23,40 @@ on a GPU node:
 """
 
 
+# The top-level modules of the server extra (pyproject's [project.optional-dependencies] server): a
+# command missing one runs on an install without it (`pip install llmgw`, a GPU node's).
+SERVER_MODULES = frozenset({
+    "django", "rest_framework", "drf_spectacular", "drf_spectacular_sidecar", "django_filters", "django_htmx",
+    "servestatic", "uvicorn", "celery", "redis", "psycopg", "channels", "channels_redis", "pynetbox", "daphne",
+    "django_prometheus", "prometheus_client", "dj_database_url", "axes",
+})
+INSTALL_SERVER = "pip install 'llmgw[server]'"
+
+
+def server_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("django") is not None
+    except ImportError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command; ``argv`` None is the process's own command line (the `llmgw` script), which then
     exits after it: only then does ctl take the collector over for its start (llmgw.ctl.main).
 
-    A setting from the environment that does not parse is one ``error:`` line and exit 2."""
+    A setting from the environment that does not parse is one ``error:`` line and exit 2; so is a control
+    plane command on an install without the server extra (what to install said)."""
     try:
         return _main(argv)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in SERVER_MODULES:
+            raise
+        command = (list(sys.argv[1:] if argv is None else argv) or ["?"])[0]
+        print(f"error: llmgw {command} is the control plane's, and this install lacks its packages "
+              f"(no module named {exc.name!r}): {INSTALL_SERVER}", file=sys.stderr)
+        return 2
     except Exception as exc:  # by name: a remote ctl listing never imports Django
         if type(exc).__name__ != "ImproperlyConfigured":
             raise
@@ -41,7 +68,10 @@ def _main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
-        print(USAGE)
+        if server_installed():
+            print(USAGE)
+        else:  # a GPU node's install: the agent's; the control plane's commands need the server extra
+            print(USAGE.replace("control plane:\n", f"control plane (not installed here: {INSTALL_SERVER}):\n"))
         return 0
     command, rest = argv[0], argv[1:]
     if command == "agent":

@@ -12,6 +12,7 @@ import gc
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
@@ -30,7 +31,7 @@ examples:
   llmgw ctl facility apply -f server.yaml
   llmgw ctl facility hold rack:r12-07 --reason "PDU swap" --drain
   llmgw ctl facility -o json
-  llmgw ctl login --server https://llmgw.example.org --token-file my.token
+  llmgw ctl token create alice --role operator | llmgw ctl login --server https://llmgw.example.org
   llmgw ctl --server https://llmgw.example.org nodes     # or LLMGW_URL (and LLMGW_TOKEN)
 """
 
@@ -56,9 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     login = commands.add_parser(
         "login",
         help="keep an API token for remote mode",
-        description=f"Check a token against --server and keep it in {remote_mode.token_path()} (mode 0600).",
+        description=(
+            f"Check a token against --server and keep it in {remote_mode.token_path()} (mode 0600). The token "
+            "comes from `llmgw ctl token create USER --role operator`, run where the database is (an admin "
+            "makes it); login reads it from --token-file, else from standard input, else asks for it."
+        ),
+        epilog=(
+            "examples:\n"
+            "  llmgw ctl login --server https://llmgw.example.org                 # asks for the token\n"
+            "  llmgw ctl token create alice --role operator | llmgw ctl login --server http://127.0.0.1:8000\n"
+            "  llmgw ctl login --server https://llmgw.example.org --token-file alice.token"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    login.add_argument("--token-file", required=True, help="a file holding the token (- reads standard input)")
+    login.add_argument(
+        "--token-file", help="a file holding the token (- reads standard input; not given: standard input, or asked)"
+    )
     login.set_defaults(handler=login_command)
     for name in COMMAND_MODULES:
         try:
@@ -76,14 +90,26 @@ def login_command(args) -> int:
         raise LlmgwError("login: give --server URL (or LLMGW_URL)")
     from llmgw.yamldoc import read_input
 
-    source = "standard input" if args.token_file == "-" else args.token_file
-    try:
-        # Within a bound: a token is one word, and --token-file /dev/zero must not be read until memory runs out.
-        text = read_input(args.token_file, max_chars=MAX_TOKEN_FILE_CHARS)
-    except InvalidInput as exc:
-        raise InvalidInput(exc.message, field="token_file") from None
+    token_file = args.token_file
+    if token_file is None and sys.stdin.isatty():
+        import getpass
+
+        print("An API token: `llmgw ctl token create USER --role operator` where the database is makes one.",
+              file=sys.stderr)
+        text, source = getpass.getpass("token: ")[:MAX_TOKEN_FILE_CHARS], "the prompt"
+    else:
+        token_file = token_file or "-"
+        source = "standard input" if token_file == "-" else token_file
+        try:
+            # Within a bound: a token is one word, and --token-file /dev/zero must not be read until memory runs out.
+            text = read_input(token_file, max_chars=MAX_TOKEN_FILE_CHARS)
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, field="token_file") from None
     if not text.strip():
-        raise InvalidInput(f"{source}: holds no token", field="token_file")
+        raise InvalidInput(
+            f"{source}: holds no token (`llmgw ctl token create USER --role operator` where the database is makes one)",
+            field="token_file",
+        )
     if len(text.split()) > 1:  # a token is one word: two lines would go out as a broken header
         raise InvalidInput(f"{source}: holds more than one word; a token file holds the token alone", field="token_file")
     args.remote.token, args.remote.token_from = text.strip(), source
@@ -182,6 +208,10 @@ def run(argv: list[str], *, own_process: bool) -> int:
         if args.remote is None:
             if not django_started():
                 whereabouts.local_data_find()
+                if not os.environ.get("DATABASE_URL"):
+                    note = whereabouts.demo_stopped_note(Path(os.environ["LLMGW_DATA_DIR"]))
+                    if note:
+                        print(printable(note), file=sys.stderr)
             django_setup(read_only=getattr(args.handler, "read_only", False))
             sqlite_file_check()
         if own_process:

@@ -152,16 +152,47 @@ def limits_page() -> str:
 
 # -- metrics and alert rules ---------------------------------------------------------------------------
 
-_FAMILY = re.compile(r'\(\s*"(llmgw_[a-z0-9_]+)",\s*(?:"[a-z_]+",\s*)?"([^"]{3,})"')
+def metric_families() -> dict[str, str]:
+    """Every ``llmgw_*`` family the collectors' code names, with its help text, read from their syntax: a
+    call or tuple naming the family, then its help as a string or a module constant (``THROTTLED_DOC``).
+    A counter is listed as served, ``_total`` added."""
+    import ast
+
+    families: dict[str, str] = {}
+    for path in METRIC_MODULES:
+        tree = ast.parse((ROOT / path).read_text())
+        constants = {
+            target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)
+        }
+
+        def text(node: ast.AST, constants=constants) -> str | None:
+            if isinstance(node, ast.Name) and node.id in constants:
+                node = constants[node.id]
+            try:
+                value = ast.literal_eval(node)
+            except ValueError:
+                return None
+            return value if isinstance(value, str) else None
+
+        for node in ast.walk(tree):
+            items = node.args if isinstance(node, ast.Call) else node.elts if isinstance(node, ast.Tuple) else []
+            if not items or not isinstance(items[0], ast.Constant) or not str(items[0].value).startswith("llmgw_"):
+                continue
+            name = items[0].value
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "CounterMetricFamily":
+                name += "_total"
+            # The help: the first text after the name that is words, not a field's key (`cap_watts`).
+            doc = next((t for t in map(text, items[1:]) if t and not re.fullmatch(r"[a-z_]+", t)), "")
+            if doc or name not in families:
+                families[name] = families.get(name) or doc
+    return families
 
 
 def metrics_page() -> str:
     import yaml
 
-    families: dict[str, str] = {}
-    for path in METRIC_MODULES:
-        for name, doc in _FAMILY.findall((ROOT / path).read_text()):
-            families.setdefault(name, doc)
+    families = metric_families()
     out = [
         "# Metrics and alert rules",
         "",

@@ -122,6 +122,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs, served from here (no CDN)
     "django_filters",
     "django_htmx",
     "django_prometheus",
@@ -150,6 +151,7 @@ CTL_WEB_ONLY_APPS = {
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_filters",
     "django_htmx",
     "django_prometheus",
@@ -333,6 +335,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Places LLM inference replicas on GPU nodes within rack and PDU power budgets.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/v1/docs: Swagger UI from drf-spectacular-sidecar's files, served with the console's static files.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "SERVE_PERMISSIONS": ["llmgw.permissions.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [

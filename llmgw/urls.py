@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents import api as agents_api
 from agents import metrics as agents_metrics
@@ -11,6 +11,8 @@ from placement import api as placement_api
 
 api_v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
+    # Swagger UI on the schema above, its files vendored (drf-spectacular-sidecar): nothing from a CDN.
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("facility", facility_api.FacilityView.as_view(), name="facility"),
     path("facility/apply", facility_api.FacilityApplyView.as_view(), name="facility-apply"),
     path("facility/import/netbox", facility_api.NetboxImportView.as_view(), name="netbox-import"),

@@ -20,7 +20,8 @@ DATABASE_FILE = "llmgw.sqlite3"  # as llmgw.settings names it under LLMGW_DATA_D
 
 WHAT_TO_DO = (
     "  start the demo: make demo, in the llmgw checkout (llmgw ctl then finds it from any directory)\n"
-    "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login --token-file FILE\n"
+    "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login (a token from\n"
+    "    llmgw ctl token create USER --role operator, run where its database is)\n"
     "  or its data: export LLMGW_DATA_DIR=DIR (the server's data directory) or DATABASE_URL=postgres://…"
 )
 
@@ -101,3 +102,79 @@ def local_data_find(environ: MutableMapping[str, str] = os.environ) -> None:
             f"database now\n{WHAT_TO_DO}"
         )
     environ["LLMGW_DATA_DIR"] = str(data_dir)
+
+
+# -- the demo running on a data directory ------------------------------------------------------------------
+
+DEMO_LOCK_FILE = "demo.lock"  # in the data directory: the running demo's pid and address, locked while it runs
+
+
+class DemoRunning(Exception):
+    """A demo already runs on this data directory; the message names it (address, pid) and what to do."""
+
+
+def demo_lock_take(data_dir: Path, *, url: str | None):
+    """Lock ``data_dir`` for this demo for as long as the process lives (the open file returned holds the
+    lock; the system lets it go when the process ends, however it ends), recording its pid and address.
+    Raises DemoRunning naming the demo that holds it: two demos on one data would reset each other's
+    admin password, repoint demo.json and beat for the same nodes."""
+    import fcntl
+
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / DEMO_LOCK_FILE, "a+")  # noqa: SIM115 - held open: the lock lives as long as it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        running = _lock_record(handle)
+        handle.close()
+        where = running.get("url") or "loading its data (--no-serve)"
+        raise DemoRunning(
+            f"a demo already runs on {data_dir}: {where}, pid {running.get('pid', '?')}. Stop it (Ctrl-C where "
+            "it runs), use it, or start this one on another data directory: "
+            "LLMGW_DATA_DIR=DIR llmgw demo (make demo LLMGW_DATA_DIR=DIR ADDR=…)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), "url": url}) + "\n")
+    handle.flush()
+    return handle
+
+
+def demo_lock_state(data_dir: Path) -> tuple[bool, dict]:
+    """(whether a demo runs on ``data_dir`` now, the record the last one left: pid and url); (False, {})
+    where no demo has run there."""
+    import fcntl
+
+    try:
+        handle = open(Path(data_dir) / DEMO_LOCK_FILE)  # noqa: SIM115
+    except OSError:
+        return False, {}
+    with handle:
+        record = _lock_record(handle)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True, record
+        return False, record
+
+
+def _lock_record(handle) -> dict:
+    handle.seek(0)
+    try:
+        record = json.loads(handle.read(1000) or "{}")
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def demo_stopped_note(data_dir: Path) -> str | None:
+    """What local ctl says when the data it works on is a demo's that served and runs no more: its nodes
+    show as they were when it stopped (ready until their heartbeats are missed), nothing answers them."""
+    running, record = demo_lock_state(data_dir)
+    if running or not record.get("url"):
+        return None
+    return (
+        f"note: the demo on this data ({shown(Path(data_dir))}) is not running: {record['url']} does not answer, "
+        "and nodes show as they were when it stopped; start it again with make demo"
+    )

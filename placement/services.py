@@ -313,7 +313,7 @@ class HoldCreated:
     warnings: list[str]
 
 
-def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None) -> HoldPreview:
+def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None, new: bool | None = None) -> HoldPreview:
     """What holding `domain` for `reason` would do: the dry run (which replicas would move where, which are
     blocked, each domain's use before and after) and the warnings to confirm (a name no node is in; with
     drain, a domain it would take past its limit, a replica that cannot move). Nothing is written.
@@ -325,6 +325,11 @@ def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None) -> Hold
     from facility.models import Hold
     from placement import whatif
 
+    if new is not None and not isinstance(new, bool):
+        raise InvalidInput("new: must be true or false", field="new")
+    # A bare name resolved; a domain nothing knows refused unless new (the API's and ctl's), or None where
+    # the interface confirms the warning itself (the console's "Hold anyway"): facility.services.hold_domain.
+    domain = facility_services.hold_domain(domain, new=new)
     values = facility_services.hold_check(domain=domain, reason=reason)
     existing = Hold.objects.filter(domain=values["domain"]).values_list("drain", flat=True).first()
     if drain is None:
@@ -333,17 +338,19 @@ def hold_preview(*, domain: Any, reason: Any, drain: bool | None = None) -> Hold
     return HoldPreview(values["domain"], values["reason"], drain, result["warnings"], result, existing is not None)
 
 
-def hold_create(*, domain: Any, reason: Any, drain: bool | None = None, created_by: str = "") -> HoldCreated:
+def hold_create(
+    *, domain: Any, reason: Any, drain: bool | None = None, created_by: str = "", new: bool | None = None
+) -> HoldCreated:
     """Hold a domain (nothing new placed in it; ``drain``: its replicas move out), after the same preview
     every interface shows: the hold and the preview's warnings. The console asks for a confirmation of
     those warnings before calling this; the API and ctl say them with the answer."""
     from facility import services as facility_services
     from facility.models import Hold
 
-    preview = hold_preview(domain=domain, reason=reason, drain=drain)
+    preview = hold_preview(domain=domain, reason=reason, drain=drain, new=new)
     before = Hold.objects.filter(domain=preview.domain).values_list("reason", flat=True).first()
     hold = facility_services.hold_create(
-        domain=preview.domain, reason=preview.reason, drain=drain, created_by=created_by
+        domain=preview.domain, reason=preview.reason, drain=drain, created_by=created_by, new=new
     )
     warnings = list(preview.warnings)
     if before is not None and before != preview.reason:  # one hold a domain: the new reason replaces the old
@@ -355,11 +362,8 @@ def release_preview(*, domain: Any) -> str:
     """What releasing a hold puts back in play, for the confirmation (``new replicas may be placed on rack
     r1-01's 4 nodes (…) again``); NotFound when the domain is not held."""
     from facility import services as facility_services
-    from facility.models import Hold
 
-    domain = facility_services.clean_domain(domain)
-    if not Hold.objects.filter(domain=domain).exists():
-        raise NotFound(f"{domain} is not held", field="domain")
+    domain = facility_services.held_domain(domain)  # a bare name one hold has; NotFound with names near it
     return facility_services.release_text(domain=domain)
 
 

@@ -74,7 +74,8 @@ LLMGW_DATA_DIR=$(mktemp -d) "$BIN/llmgw" makemigrations --check --dry-run >/dev/
 echo "== pytest (PostgreSQL ${PGHOST_}:${PGPORT_}, Redis ${REDIS_})"
 export DATABASE_URL="postgres://postgres@${PGHOST_}:${PGPORT_}/${LLMGW_TEST_DB:-llmgw}"  # the tests use test_<it>
 export LLMGW_TEST_REDIS_URL="$REDIS_"
-export LLMGW_DATA_DIR="${LLMGW_DATA_DIR:-$(mktemp -d)}"
+# A data directory of the run's own, never the one the environment names (make exports the demo's var/).
+export LLMGW_DATA_DIR="$(mktemp -d)"
 mkdir -p test-output
 unset REDIS_URL
 # The suite in worker processes (pytest-xdist), a test file each at a time: each worker has its own test

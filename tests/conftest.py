@@ -13,6 +13,26 @@ import pytest
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="llmgw-tests-state-")
 
 
+def _data_directory_of_this_run() -> None:
+    """Each run its own data directory, whatever the environment says (tests/settings.py sets it before
+    the settings are read). Where the settings were named otherwise (DJANGO_SETTINGS_MODULE exported as
+    llmgw.settings), they are pointed at one here, before any test writes node tokens."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    if Path(os.environ.get("LLMGW_DATA_DIR", "var")).name.startswith("llmgw-tests-data-"):
+        return
+    data_dir = tempfile.mkdtemp(prefix="llmgw-tests-data-")
+    os.environ["LLMGW_DATA_DIR"] = data_dir
+    if settings.configured:
+        settings.DATA_DIR = Path(data_dir)
+        settings.STATIC_ROOT = Path(data_dir) / "static"
+
+
+_data_directory_of_this_run()
+
+
 def _redis_database_of_this_worker() -> None:
     """Under pytest-xdist each worker process flushes and fills a Redis database of its own (15, 14, …
     counting down from the one LLMGW_TEST_REDIS_URL names), as pytest-django gives each its own test

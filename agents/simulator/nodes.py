@@ -28,6 +28,9 @@ STARTING_GPU_WATTS = (150.0, 250.0)
 CELSIUS_PER_GPU_WATT = 0.075  # 650 W → about 75 °C, under the 87 °C operating maximum
 HBM_ABOVE_GPU_CELSIUS = 3.0
 THERMAL_SLOWDOWN_CELSIUS = 87.0
+# A card in poor airflow: above about 600 W it passes its slowdown temperature (idle, it reads as any other).
+POOR_AIRFLOW_SHARE = 0.3
+POOR_AIRFLOW_CELSIUS = 16.0
 IDLE_CPU_WATTS = 110.0
 CPU_WATTS_PER_LOADED_GPU = 12.0
 INLET_CELSIUS = (21.0, 25.0)  # inside ASHRAE's recommended 18–27 °C
@@ -44,6 +47,17 @@ MIN_CLOCK_FRACTION = 0.1
 TOKENS_PER_SECOND_PER_GPU = 2400.0  # generated tokens/s of one card serving at the top of the loaded band
 DECODE_SHARE = 0.85  # of a serving card's time
 DECODE_KNEE = 0.6
+
+
+def airflow_offsets(seed: str, gpus: int) -> list[float]:
+    """How much warmer than the model each card runs, °C: in about one node of POOR_AIRFLOW_SHARE one card
+    sits where the air reaches it warm (POOR_AIRFLOW_CELSIUS), and passes its slowdown temperature at the
+    top of the loaded band. Its own generator: the node's readings otherwise repeat as they did."""
+    rng = random.Random(f"{seed}:airflow")
+    offsets = [0.0] * gpus
+    if gpus and rng.random() < POOR_AIRFLOW_SHARE:
+        offsets[rng.randrange(gpus)] = POOR_AIRFLOW_CELSIUS
+    return offsets
 
 
 def clock_fraction(
@@ -155,6 +169,7 @@ class SimNode:
         self.inlet_base = self.rng.uniform(*INLET_CELSIUS)
         # Each card's serving level wanders inside the loaded band, as traffic does.
         self.gpu_level = [self.rng.uniform(*LOADED_GPU_WATTS) for _ in range(spec.get("gpus", 0))]
+        self.gpu_airflow = airflow_offsets(f"{seed}:{self.name}", spec.get("gpus", 0))
         self.capping: Capping | None = None
         self.capping_permitted = capping_permitted
         self.gpu_tokens_per_second: dict[int, float] = {}
@@ -196,13 +211,24 @@ class SimNode:
             # Held at its limit: the firmware's power cap, with the small wobble a real card shows.
             power = min(power, limit) * rng.uniform(0.97, 1.0)
             reasons.append("sw_power_cap")
+        noise = rng.gauss(0, 0.5)
+        # Poor airflow shows under load: its degrees come with the draw (none idle, all at the band's top).
+        per_watt = CELSIUS_PER_GPU_WATT + self.gpu_airflow[index] / (LOADED_GPU_WATTS[1] - IDLE_GPU_WATTS)
+        temperature = IDLE_GPU_CELSIUS + (power - IDLE_GPU_WATTS) * per_watt + noise
+        if temperature >= THERMAL_SLOWDOWN_CELSIUS:
+            # Past its slowdown temperature the card lowers its clocks until it holds there: it draws what
+            # keeps it at the slowdown temperature, and serves fewer tokens (the dynamic draw goes with the
+            # square of the clock).
+            reasons.append("sw_thermal")
+            held = IDLE_GPU_WATTS + (THERMAL_SLOWDOWN_CELSIUS - IDLE_GPU_CELSIUS) / per_watt
+            if power > held > IDLE_GPU_WATTS:
+                fraction *= math.sqrt((held - IDLE_GPU_WATTS) / (power - IDLE_GPU_WATTS))
+                power = held
+            temperature = THERMAL_SLOWDOWN_CELSIUS + abs(noise)
         if state == "ready":
             self.gpu_tokens_per_second[index] = tokens_per_second(demand, fraction)
         else:
             self.gpu_tokens_per_second.pop(index, None)
-        temperature = IDLE_GPU_CELSIUS + (power - IDLE_GPU_WATTS) * CELSIUS_PER_GPU_WATT + rng.gauss(0, 0.5)
-        if temperature >= THERMAL_SLOWDOWN_CELSIUS:
-            reasons.append("sw_thermal")
         return {
             "index": index,
             "uuid": gpu_uuid(self.name, index),

@@ -141,7 +141,7 @@ def test_files_and_names_are_bounded(api):
 
 def test_a_remote_facility_apply_reads_nothing_from_the_servers_disk(api, tmp_path):
     scenario = tmp_path / "scenario.yaml"
-    scenario.write_text((__import__("pathlib").Path(__file__).parents[2] / "deploy/scenarios/crac-failure.yaml").read_text())
+    scenario.write_text((__import__("pathlib").Path(__file__).parents[2] / "llmgw/demo/scenarios/crac-failure.yaml").read_text())
     text = f"facility:\n  sources:\n    simulated: {{file: {scenario}}}\n"
     response = api.post("/api/v1/facility/apply", {"text": text, "filename": str(tmp_path / "server.yaml")}, format="json")
     assert response.status_code == 400

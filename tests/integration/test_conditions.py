@@ -19,7 +19,7 @@ from placement import selectors, services
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CRAC = Path(__file__).resolve().parents[2] / "deploy" / "scenarios" / "crac-failure.yaml"
+CRAC = Path(__file__).resolve().parents[2] / "llmgw" / "demo" / "scenarios" / "crac-failure.yaml"
 STEP = timedelta(seconds=30)
 
 

@@ -16,7 +16,7 @@ from facility.services import facility_apply, scenario_start
 
 pytestmark = pytest.mark.django_db
 
-CRAC = Path(__file__).resolve().parents[2] / "deploy" / "scenarios" / "crac-failure.yaml"
+CRAC = Path(__file__).resolve().parents[2] / "llmgw" / "demo" / "scenarios" / "crac-failure.yaml"
 
 
 @pytest.fixture

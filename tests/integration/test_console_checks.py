@@ -27,8 +27,18 @@ def test_domain_warning_names_the_nearest_known_racks(racks):
     assert domain_warning(domain="row:7") == "no node is in row 7 yet; no node is in any row"
 
 
-def test_the_api_says_it_in_a_warning_field_and_still_holds(racks, api):
+def test_the_api_refuses_a_domain_nothing_knows_unless_new(racks, api):
+    from facility.models import Hold
+
     response = api.post("/api/v1/facility/holds", {"domain": "rack:r1-O1", "reason": "swap"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "domain"
+    assert response.json()["detail"] == (
+        "domain: no node is in rack r1-O1 yet; known racks nearest that name: r1-01, r1-02; to hold a domain "
+        "ahead of its nodes, say it is new (new: true; ctl: --new)"
+    )
+    assert not Hold.objects.exists()  # nothing half-applied
+    response = api.post("/api/v1/facility/holds", {"domain": "rack:r1-O1", "reason": "swap", "new": True}, format="json")
     assert response.status_code == 201
     assert response.json()["warning"].startswith("no node is in rack r1-O1 yet; known racks nearest that name: r1-01")
     response = api.post("/api/v1/facility/holds", {"domain": "rack:r1-01", "reason": "swap"}, format="json")
@@ -52,11 +62,40 @@ def test_a_move_past_a_limit_shows_the_figures(racks, api):
     assert warnings == ["rack r1-01 would be at 0.7 kW of its 0.6 kW limit (0.3 kW now + 0.3 kW): 0.1 kW over"]
 
 
-def test_ctl_hold_says_no_node_is_there(racks, capsys):
-    assert ctl(["facility", "hold", "rack:zz-99", "--reason", "x"]) == 0
-    out = capsys.readouterr().out
-    assert out.strip() == "rack:zz-99 held: x (no node is in rack zz-99 yet; known racks nearest that name: r1-01, r1-02)" or (
-        out.startswith("rack:zz-99 held: x (no node is in rack zz-99 yet")
+def test_ctl_hold_of_a_misspelt_rack_fails_and_says_the_nearest(racks, capsys):
+    from facility.models import Hold
+
+    assert ctl(["facility", "hold", "rack:r1-1", "--reason", "x"]) != 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "error: domain: no node is in rack r1-1 yet; known racks nearest that name: r1-01, r1-02; to hold a domain "
+        "ahead of its nodes, say it is new (new: true; ctl: --new)\n"
+    )
+    assert not Hold.objects.exists()
+    assert ctl(["facility", "hold", "rack:zz-99", "--reason", "x", "--new"]) == 0
+    assert capsys.readouterr().out == (
+        "rack:zz-99 held: x (no node is in rack zz-99 yet)\n"
+    )
+
+
+def test_ctl_hold_and_release_take_a_bare_name_and_suggest_held_ones(racks, capsys):
+    from facility.services import budget_set
+
+    assert ctl(["facility", "hold", "r1-01", "--reason", "PDU swap"]) == 0
+    assert capsys.readouterr().out == "rack:r1-01 held: PDU swap\n"
+    # A domain a budget names is known (a site set up before its nodes join), no --new needed.
+    budget_set(domain="row:7", cap_watts=90000)
+    assert ctl(["facility", "hold", "row:7", "--reason", "x"]) == 0
+    capsys.readouterr()
+    assert ctl(["facility", "release", "rack:r1-0"]) != 0
+    assert capsys.readouterr().err == "error: rack:r1-0 is not held; held nearest that name: rack:r1-01\n"
+    assert ctl(["facility", "release", "r1-01"]) == 0
+    assert capsys.readouterr().out == "rack:r1-01 released\n"
+    # A bare name nothing has is refused with the names nearest it.
+    assert ctl(["facility", "hold", "r1-1", "--reason", "x"]) != 0
+    assert capsys.readouterr().err == (
+        "error: domain: nothing is named r1-1; known names nearest it: r1-01, r1-02; write level:name (rack:r1-1)\n"
     )
 
 

@@ -37,14 +37,16 @@ LISTINGS = [
 ]
 
 
-def remote(url: str, token: str, *argv: str, home: Path, token_env: bool = True) -> subprocess.CompletedProcess:
+def remote(url: str, token: str, *argv: str, home: Path, token_env: bool = True,
+           stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"LLMGW_URL", "LLMGW_TOKEN", "DATABASE_URL"}}
     env["XDG_CONFIG_HOME"] = str(home)
     if url:
         env["LLMGW_URL"] = url
     if token_env:
         env["LLMGW_TOKEN"] = token
-    return subprocess.run([str(LLMGW), "ctl", *argv], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([str(LLMGW), "ctl", *argv], capture_output=True, text=True, env=env, timeout=60,
+                          input=stdin if stdin is not None else "")
 
 
 def local(capsys, *argv: str) -> tuple[int, str, str]:
@@ -134,7 +136,8 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'nothere.token'}: cannot read: No such file or directory\n")
     (tmp_path / "empty.token").write_text("\n")
     got = remote("", "", *login, str(tmp_path / "empty.token"), home=tmp_path, token_env=False)
-    assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'empty.token'}: holds no token\n")
+    assert (got.returncode, got.stderr) == (1, f"error: {tmp_path / 'empty.token'}: holds no token (`llmgw ctl token "
+                                            "create USER --role operator` where the database is makes one)\n")
     (tmp_path / "two.token").write_text("one\ntwo\n")
     got = remote("", "", *login, str(tmp_path / "two.token"), home=tmp_path, token_env=False)
     assert (got.returncode, got.stderr) == (
@@ -155,6 +158,12 @@ def test_a_bad_token_is_refused_clearly_and_login_keeps_a_good_one(live_server, 
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     got = remote(live_server.url, "", "nodes", home=tmp_path, token_env=False)
     assert got.returncode == 0 and "gpu01" in got.stdout, got.stderr
+    # As the README writes it: the token from `ctl token create` on standard input, no --token-file.
+    kept.unlink()
+    got = remote("", "", "login", "--server", live_server.url, home=tmp_path, token_env=False, stdin=key + "\n")
+    assert (got.returncode, got.stdout) == (
+        0, f"token kept in {kept}; use --server {live_server.url} or LLMGW_URL\n"), got.stderr
+    assert kept.read_text().strip() == key
     # A good token whose role is short of the change: the API's words, not a token problem.
     got = remote(live_server.url, "", "facility", "hold", "rack:r1-01", "--reason", "x", home=tmp_path, token_env=False)
     assert got.returncode == 1
@@ -250,7 +259,7 @@ def test_facility_apply_remote_applies_the_file_as_here(live_server, make_user, 
 
     _, key = make_user("op", role="operator")
     (tmp_path / "scenarios").mkdir()
-    scenario = Path(__file__).parents[2] / "deploy" / "scenarios" / "crac-failure.yaml"
+    scenario = Path(__file__).parents[2] / "llmgw" / "demo" / "scenarios" / "crac-failure.yaml"
     (tmp_path / "scenarios" / "crac.yaml").write_text(scenario.read_text())
     server = tmp_path / "server.yaml"
     server.write_text(SERVER_YAML)

@@ -30,7 +30,8 @@ def test_ctl_finds_the_demo_from_anywhere_or_says_what_to_do(tmp_path):
         "error: no llmgw server found: LLMGW_URL and LLMGW_DATA_DIR are not set, ./var here holds no llmgw "
         f"database, and no demo has run as this user ({state / 'llmgw' / 'demo.json'})\n"
         "  start the demo: make demo, in the llmgw checkout (llmgw ctl then finds it from any directory)\n"
-        "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login --token-file FILE\n"
+        "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login (a token from\n"
+        "    llmgw ctl token create USER --role operator, run where its database is)\n"
         "  or its data: export LLMGW_DATA_DIR=DIR (the server's data directory) or DATABASE_URL=postgres://…\n"
     )
     assert list(elsewhere.iterdir()) == []
@@ -43,7 +44,7 @@ def test_ctl_finds_the_demo_from_anywhere_or_says_what_to_do(tmp_path):
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == 32
     # The sim's facility replay, from there too.
-    scenario = Path(__file__).resolve().parents[2] / "deploy" / "scenarios" / "crac-failure.yaml"
+    scenario = Path(__file__).resolve().parents[2] / "llmgw" / "demo" / "scenarios" / "crac-failure.yaml"
     result = llmgw("sim", "facility", "-f", str(scenario), "--speed", "10", cwd=elsewhere, state=state)
     assert (result.returncode, result.stdout) == (0, "replaying crac-failure at ×10 from now (5.0 min); conditions "
                                                      "follow at each evaluation (llmgw ctl facility events)\n")

@@ -492,7 +492,7 @@ def test_budgets_holds_and_conditions_by_hand_are_bounded_in_count_not_in_change
     monkeypatch.setattr(feed_services, "MAX_FEEDS", 2)
     for path, body, count in (
         ("/api/v1/facility/budgets", {"cap_watts": 1000}, lambda: Budget.objects.count()),
-        ("/api/v1/facility/holds", {"reason": "x"}, lambda: Hold.objects.count()),
+        ("/api/v1/facility/holds", {"reason": "x", "new": True}, lambda: Hold.objects.count()),
         ("/api/v1/facility/conditions", {"condition": "ok", "reason": "x"}, lambda: ConditionOverride.objects.count()),
     ):
         for rack in ("rack:z1", "rack:z2", "rack:z1"):  # the third changes one there is: no new one

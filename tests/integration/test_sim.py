@@ -163,7 +163,7 @@ def _help(capsys, *argv: str) -> str:
 
 def test_each_sim_subcommand_has_its_own_options_and_help(capsys):
     facility = _help(capsys, "sim", "facility", "--help")
-    assert facility.startswith("usage: llmgw sim facility [-h] -f FILE [--speed SPEED]\n")
+    assert facility.startswith("usage: llmgw sim facility [-h] [-f FILE] [--speed SPEED] [scenario]\n")
     assert not {"--once", "--tokens", "--no-capping-permission", "--server"} & set(facility.split())
     up = _help(capsys, "sim", "up", "--help")
     assert up.startswith("usage: llmgw sim up [-h] -f FILE [--once] [--server SERVER]")
@@ -185,7 +185,7 @@ def test_an_option_of_the_other_subcommand_is_refused_with_this_ones_usage(capsy
         execute_from_command_line(["llmgw", "sim", "facility", "-f", "s.yaml", "--once"])
     assert done.value.code == 2
     assert capsys.readouterr().err == (
-        "usage: llmgw sim facility [-h] -f FILE [--speed SPEED]\n"
+        "usage: llmgw sim facility [-h] [-f FILE] [--speed SPEED] [scenario]\n"
         "llmgw sim facility: error: unrecognized arguments: --once\n"
     )
 

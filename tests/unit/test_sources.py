@@ -76,7 +76,7 @@ def test_a_source_that_is_down_is_a_fact_not_a_crash():
 
 
 def test_the_shipped_crac_failure_scenario_warms_then_heats_then_recovers():
-    scenario = parse_scenario(yaml.safe_load((ROOT / "deploy/scenarios/crac-failure.yaml").read_text()))
+    scenario = parse_scenario(yaml.safe_load((ROOT / "llmgw/demo/scenarios/crac-failure.yaml").read_text()))
     assert scenario.name == "crac-failure" and scenario.duration == 50 * 60
     rack = Domain("rack", "r1-01")
     state, seen = DomainState(), []

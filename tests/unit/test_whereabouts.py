@@ -16,7 +16,8 @@ from llmgw.whereabouts import (
 
 WHAT_TO_DO = (
     "  start the demo: make demo, in the llmgw checkout (llmgw ctl then finds it from any directory)\n"
-    "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login --token-file FILE\n"
+    "  or use a running server: export LLMGW_URL=http://HOST:8000, then llmgw ctl login (a token from\n"
+    "    llmgw ctl token create USER --role operator, run where its database is)\n"
     "  or its data: export LLMGW_DATA_DIR=DIR (the server's data directory) or DATABASE_URL=postgres://…"
 )
 

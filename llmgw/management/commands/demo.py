@@ -23,11 +23,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from llmgw.management import LlmgwCommand
-from llmgw.whereabouts import demo_record_write
+from llmgw.whereabouts import DemoRunning, demo_lock_take, demo_record_write
 
 DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "demo"
 # The facility scenarios `llmgw demo --scenario NAME` replays (and `llmgw sim facility -f` takes as files).
-SCENARIOS_DIR = settings.BASE_DIR / "deploy" / "scenarios"
+SCENARIOS_DIR = DEMO_DIR / "scenarios"  # package data: found by name from any install
 
 
 
@@ -86,7 +86,7 @@ def load_demo() -> None:
 
 
 def demo_scenario(name: str) -> tuple[Path, dict]:
-    """The scenario `--scenario` names: one of deploy/scenarios by its name (crac-failure), or a file; read
+    """The scenario `--scenario` names: one of llmgw/demo/scenarios by its name (crac-failure), or a file; read
     and checked before anything is loaded, or CommandError naming what there is."""
     from facility.sources import parse_scenario
     from llmgw.errors import InvalidInput
@@ -143,7 +143,7 @@ class Command(LlmgwCommand):
         parser.add_argument(
             "--scenario",
             help="replay a facility scenario into the simulated source from the start: crac-failure (a row's "
-            "cooling fails; deploy/scenarios) or a scenario file",
+            "cooling fails; llmgw/demo/scenarios) or a scenario file",
         )
         parser.add_argument(
             "--speed", type=float, default=10.0,
@@ -158,6 +158,14 @@ class Command(LlmgwCommand):
             raise CommandError(f"--speed: {speed:g} is not above 0 and at most 10000")
         replay = demo_scenario(scenario) if scenario else None
         addrport = addr or addrport
+        host, _, port = addrport.rpartition(":")
+        url = None if no_serve else f"http://{host or '127.0.0.1'}:{port}"
+        try:
+            # Before anything is loaded: a second demo on this data would reset the first's admin password,
+            # repoint demo.json and beat for the same nodes. Held until this process ends.
+            self._lock = demo_lock_take(settings.DATA_DIR, url=url)
+        except DemoRunning as exc:
+            raise CommandError(str(exc)) from None
         if not no_serve:
             # Before anything is loaded or printed: a login for a server that is not ours helps no one.
             ensure_free(addrport)
@@ -178,10 +186,8 @@ class Command(LlmgwCommand):
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
-        host, _, port = addrport.rpartition(":")
         if not os.environ.get("DATABASE_URL"):
             # llmgw ctl, run from any directory with nothing set, works on this data (llmgw.whereabouts).
-            url = None if no_serve else f"http://{host or '127.0.0.1'}:{port}"
             demo_record_write(data_dir=settings.DATA_DIR, url=url)
         login = (
             "\nDemo facility loaded: 32 nodes in 8 racks.\n"

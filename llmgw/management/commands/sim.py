@@ -105,17 +105,28 @@ class Command(LlmgwCommand):
         replay = actions.add_parser(
             "facility",
             help="replay a facility scenario into the simulated source",
-            description="Replay a facility scenario (deploy/scenarios/crac-failure.yaml) into the simulated "
-            "source from now; the periodic evaluation reads it and the conditions follow "
-            "(llmgw ctl facility events).",
+            description="Replay a facility scenario into the simulated source from now, by its name (one "
+            "shipped with llmgw: crac-failure) or a file (-f); the periodic evaluation reads it and the "
+            "conditions follow (llmgw ctl facility events).",
         )
-        replay.add_argument("-f", "--file", required=True, help="the scenario file")
+        replay.add_argument("scenario", nargs="?", help="a scenario shipped with llmgw, by name (crac-failure)")
+        replay.add_argument("-f", "--file", help="a scenario file")
         replay.add_argument(
             "--speed", type=float, default=1.0, help="replay this many times faster (readings and hold times alike)"
         )
 
-    def handle(self, *args, action: str, file: str, **options):
+    def handle(self, *args, action: str, file: str | None, **options):
         if action == "facility":
+            name = options.get("scenario")
+            if bool(name) == bool(file):
+                raise CommandError("sim facility: give a scenario's name (crac-failure) or -f FILE, one of them")
+            if name:
+                from llmgw.management.commands.demo import demo_scenario
+
+                try:
+                    file = str(demo_scenario(name)[0])
+                except CommandError as exc:
+                    raise CommandError(str(exc).replace("--scenario: ", "", 1)) from None
             self.replay_facility(file, options["speed"])
             return
         self.run_agents(file, **options)
