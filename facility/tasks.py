@@ -107,7 +107,11 @@ def feed_caps_queue() -> None:
         else:
             feed_caps_refresh()
         return
-    if not pending_claim(FEED_CAPS_PENDING):
+    claim = pending_claim(FEED_CAPS_PENDING)
+    if claim is None:  # Redis did not answer the flag's read: the send would wait as long again
+        log.warning("feed caps not queued (Redis did not answer); the next join or change asks again")
+        return
+    if not claim:
         return
     try:
         feed_caps_refresh.apply_async(expires=300)

@@ -27,7 +27,8 @@ _client_url = ""
 
 
 def _redis():
-    """The broker's Redis (the flags live beside the messages they stand for), bounded by LLMGW_REDIS_TIMEOUT."""
+    """The broker's Redis (the flags live beside the messages they stand for), bounded by LLMGW_REDIS_TIMEOUT;
+    None without one."""
     global _client, _client_url
     from llmgw.celery import app
 
@@ -47,17 +48,18 @@ def _key(name: str) -> str:
     return f"llmgw:pending:{name}"
 
 
-def pending_claim(name: str, window: float = PENDING_WINDOW_SECONDS) -> bool:
+def pending_claim(name: str, window: float = PENDING_WINDOW_SECONDS) -> bool | None:
     """Whether this ask is the one to send ``name``'s task: True when no task of that name is pending
-    (the flag is now set), False when one is. Redis out of reach: True (the send then says so)."""
+    (the flag is now set), False when one is; None when Redis did not answer (a send would wait as long
+    again: the caller says the task was not queued instead). Without Redis (in-process): True."""
     client = _redis()
     if client is None:
         return True
     try:
         return bool(client.set(_key(name), "1", nx=True, ex=max(1, int(window))))
-    except Exception as exc:  # the broker's trouble is the send's to report (llmgw.dependencies)
-        log.info("pending flag of %s not read (%s); sending the task", name, exc)
-        return True
+    except Exception as exc:  # the caller reports the broker's trouble (llmgw.dependencies)
+        log.info("pending flag of %s not read (%s)", name, exc)
+        return None
 
 
 def pending_clear(name: str) -> None:
@@ -80,3 +82,4 @@ def is_pending(name: str) -> bool:
         return bool(client.exists(_key(name)))
     except Exception:
         return False
+

@@ -97,7 +97,12 @@ def _enqueue() -> None:
         return
     # Coalesced: while one reconcile is pending, asking again sends nothing (it reads every change made
     # before it starts). A burst of nodes joining queues one reconcile, not one per node.
-    if pending_claim(RECONCILE_PENDING):
+    claim = pending_claim(RECONCILE_PENDING)
+    if claim is None:  # Redis did not answer the flag's read: a send would wait as long again
+        from llmgw.dependencies import task_not_queued
+
+        task_not_queued("reconcile", "Redis did not answer")
+    elif claim:
         reconcile_queue(expires=300)
 
 

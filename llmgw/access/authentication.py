@@ -4,6 +4,8 @@ revoked token refused at once (401, saying which), and an address that keeps sen
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,6 +15,8 @@ from rest_framework.authentication import TokenAuthentication
 
 from llmgw.access import models as access
 from llmgw.access.models import ApiToken, key_hash
+
+log = logging.getLogger(__name__)
 
 # A token's last use is written at most this often (not a database write for every request).
 LAST_USED_EVERY = timedelta(minutes=1)
@@ -28,11 +32,30 @@ def failures_key(address: str) -> str:
     return f"llmgw:token-failures:{address}"
 
 
+# The wrong-token counter lives in the cache (Redis in production). Redis out of reach costs a request
+# nothing: the counter is skipped, and not asked again for this long, as the answer would wait its timeout.
+CACHE_RETRY_SECONDS = 30.0
+_cache_down_until = 0.0
+
+
+def _counter(call):
+    """``call()`` on the cache, or None while (or once found) the cache is out of reach."""
+    global _cache_down_until
+    if time.monotonic() < _cache_down_until:
+        return None
+    try:
+        return call()
+    except Exception as exc:  # redis' ConnectionError, TimeoutError: the counter is a guard, not the answer
+        _cache_down_until = time.monotonic() + CACHE_RETRY_SECONDS
+        log.warning("wrong-token counter skipped for %g s: the cache is not reachable (%s)", CACHE_RETRY_SECONDS, exc)
+        return None
+
+
 def check_failures(address: str) -> None:
     """429 while `address` has sent LLMGW_TOKEN_FAILURES wrong keys within LLMGW_TOKEN_FAILURE_WINDOW."""
     if not address or not settings.LLMGW_TOKEN_FAILURES:
         return
-    if (cache.get(failures_key(address)) or 0) >= settings.LLMGW_TOKEN_FAILURES:
+    if (_counter(lambda: cache.get(failures_key(address))) or 0) >= settings.LLMGW_TOKEN_FAILURES:
         window = int(settings.LLMGW_TOKEN_FAILURE_WINDOW_SECONDS)
         raise exceptions.Throttled(
             wait=window,
@@ -44,12 +67,17 @@ def count_failure(address: str) -> None:
     if not address or not settings.LLMGW_TOKEN_FAILURES:
         return
     key = failures_key(address)
-    # The window starts at the first failure and is not extended by later ones.
-    if not cache.add(key, 1, timeout=settings.LLMGW_TOKEN_FAILURE_WINDOW_SECONDS):
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between the add and the incr
-            cache.add(key, 1, timeout=settings.LLMGW_TOKEN_FAILURE_WINDOW_SECONDS)
+    window = settings.LLMGW_TOKEN_FAILURE_WINDOW_SECONDS
+
+    def count() -> None:
+        # The window starts at the first failure and is not extended by later ones.
+        if not cache.add(key, 1, timeout=window):
+            try:
+                cache.incr(key)
+            except ValueError:  # expired between the add and the incr
+                cache.add(key, 1, timeout=window)
+
+    _counter(count)
 
 
 def token_user(key: str):

@@ -370,7 +370,7 @@ def test_an_api_change_with_redis_down_says_so_in_its_warning_beside_its_own(bro
     join_node("gpu01", rack="r1")
     broker_down()
     # An empty rack: the hold's own warning, and the reconcile's after it.
-    answer = api.post("/api/v1/facility/holds", {"domain": "rack:r9", "reason": "PDU swap"}, format="json")
+    answer = api.post("/api/v1/facility/holds", {"domain": "rack:r9", "reason": "PDU swap", "new": True}, format="json")
     assert answer.status_code == 201, answer.content
     own, _, queued = answer.json()["warning"].partition("; reconcile not queued")
     assert own and queued, answer.json()

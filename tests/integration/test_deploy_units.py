@@ -694,6 +694,7 @@ def prometheus_answers_the_dashboard(api: httpx.Client) -> None:
     _wait("the hot rack and the nodes' GPUs on /metrics",
           lambda: query(api, 'llmgw_domain_condition{condition="hot"} == 1') and query(api, "llmgw_gpu_throttled"))
     report_sensors()  # the nodes stay ready (three missed intervals) for the rest of the test
+    _wait("the nodes' measured draw on /metrics", lambda: query(api, "llmgw_domain_measured_watts"), timeout=90)
 
     dashboard = json.loads(DASHBOARD.read_text())
     variables = [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
