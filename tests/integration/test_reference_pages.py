@@ -17,4 +17,4 @@ def test_the_cli_reference_has_every_command_of_llmgws_usage_that_llmgw_owns():
     assert {"llmgw sim up", "llmgw sim facility", "llmgw ctl explain-placement"} <= set(sections)
     # Each section is the command's own help: its usage line names it.
     facility = page[page.index("## `llmgw sim facility`") :]
-    assert facility.split("\n")[3].startswith("usage: llmgw sim facility [-h] -f FILE")
+    assert facility.split("\n")[3].startswith("usage: llmgw sim facility [-h] [-f FILE] [--speed SPEED] [scenario]")
