@@ -123,9 +123,11 @@ def test_with_every_connection_of_the_pool_held_a_heartbeat_still_reaches_the_da
     pool = connection.pool
     assert pool is not None, "the test runs on PostgreSQL with the pool (LLMGW_DB_POOL)"
     held = []
+    connection.close()  # this test's own connection back to the pool: the burst below takes every one
     try:
         pool.open()
-        held = [pool.getconn(timeout=10) for _ in range(pool.max_size)]  # an operator's burst holds them all
+        for _ in range(pool.max_size):  # an operator's burst holds them all; each kept, so all are given back
+            held.append(pool.getconn(timeout=10))
         refused = _in_thread(_count_nodes, heartbeat=False)
         assert isinstance(refused, Exception) and is_database_unavailable(refused)  # that request: a 503
         assert _in_thread(_count_nodes, heartbeat=True) == 0
