@@ -303,24 +303,6 @@ def feed_caps_refresh() -> bool:
     return changed
 
 
-def refresh_after_labels(*, heartbeat: bool = False, domains_moved: bool = False, **_: Any) -> None:
-    """nodes_changed: a node's rack or PDUs may have moved; rewrite derived caps once the change commits.
-
-    Deferred to the commit so a change holding its node's row never waits for a budget row (a placement
-    locks budgets first, then nodes). A heartbeat never does it itself: it locks every budget row, and a
-    thousand nodes joining would each wait for the others. A join whose domains moved asks for one
-    coalesced task (facility.tasks.feed_caps_queue); a comeback, or new GPUs, asks for nothing (a
-    heartbeat that does not say ``domains_moved`` moved none).
-    """
-    if heartbeat:
-        if domains_moved:
-            from facility.tasks import feed_caps_queue
-
-            transaction.on_commit(feed_caps_queue)
-        return
-    transaction.on_commit(_refresh_and_signal)
-
-
 def _refresh_and_signal() -> None:
     if (not Feed.objects.exists() and not Budget.objects.filter(source=Source.FEED).exists()
             and not DcimObject.objects.filter(kind=DcimObject.Kind.PDU, fed=False).exists()):

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from facility.conditions import ConfigError
-from facility.sources import parse_duration
+from facility.configuration import ConfigError, parse_duration
 
 KEYS = ("url", "token_file", "site", "sync_every", "roles", "row_from")
 # A sync more often than this would read all of NetBox again before the last read was applied.

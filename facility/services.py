@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from agents.node.protocol import control_character_problem, value_shown
 from facility import feed_services, power
-from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
+from facility.conditions import CONDITIONS, parse_conditions_config
+from facility.configuration import ConfigError, parse_duration
 from facility.domains import (
     LABEL_PREFIX,
     LEVELS,
@@ -44,7 +45,7 @@ from facility.models import (
 from facility.netbox_sync import parse_netbox_config
 from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
-from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
+from facility.sources import SourcesConfig, parse_scenario, parse_sources_config
 from llmgw.errors import Conflict, Forbidden, InvalidInput, NotFound
 from llmgw.plugin_names import plugin_names
 from llmgw.yamldoc import Document, load_documents, load_one, read_text
