@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from llmgw.lock_order import rows_locked
 from llmgw.sqlin import any_of
 from placement import snapshot
 from placement.commit import Lane, Placed, collector_paused, lane_rest_mark, lanes_place
@@ -152,7 +153,7 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
     freed: set[str] = set()
     with transaction.atomic():
         # The model row serialises scaling: two reconciles never both create ordinal N.
-        locked = Model.objects.select_for_update().filter(pk=model.pk).first()
+        locked = rows_locked(Model.objects.filter(pk=model.pk)).first()
         if locked is None:
             return
         # A drain's replacement takes the place of the replica it replaces: it is not one more.
@@ -249,7 +250,7 @@ def _model_prepare(*, model: Model, run: ReconcileRun) -> None:
     with transaction.atomic():
         # One drain step per model at a time, whichever worker runs it: the model row serialises them
         # (as it does scaling), so two reconciles never make two replacements for one replica.
-        if Model.objects.select_for_update().filter(pk=model.pk).exists():
+        if rows_locked(Model.objects.filter(pk=model.pk)).exists():
             replicas_drain(model=model, run=run, draining=run.draining)
 
 
