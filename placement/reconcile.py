@@ -187,8 +187,7 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
 
 def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
     """Place the models' pending replicas, model by model and oldest first, in one run of batches
-    through the guarded commit (:func:`placement.commit.lanes_place`: the next model's first batch is
-    planned while the last one's commits). Returns the ids of the models whose placement failed: each
+    through the guarded commit (:func:`placement.commit.lanes_place`). Returns the ids of the models whose placement failed: each
     is marked with its error, and the models after it go on, on an index built afresh."""
     failed: set[int] = set()
     # The models to place, each with the replicas left to try (None: all it has pending).
@@ -212,8 +211,8 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             index = _BudgetedIndex(run) if run.budget is not None else run.index
             lanes_place(lanes=[lane for _, lane in lanes], index=index, now=run.now, max_tries=room)
         except Exception as exc:
-            # The lane it came from is marked; what was planned on top of its batches may not have
-            # happened: the models not done are read again and go on, on an index built afresh.
+            # The lane it came from is marked; the index may hold plans its failed batch did not commit:
+            # the models not done are read again and go on, on an index built afresh.
             broken = [(model, lane) for model, lane in lanes if lane.error is not None]
             for model, lane in broken or lanes[:1]:
                 _model_failed(model, lane.error or exc, run)

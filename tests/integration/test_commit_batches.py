@@ -1,5 +1,5 @@
-"""Batches committed in pipeline mode: the next batch is planned while the last one's write and COMMIT
-run, and what did not commit is planned again, as if the next batch had waited (PostgreSQL)."""
+"""Batches of plans committed together, each before the next is planned; what did not commit is planned
+again; models placed one after another in one run (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -20,28 +20,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 def _postgresql():
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://… (make test does)")
-
-
-@pytest.fixture
-def flights(monkeypatch):
-    """Every batch sent in pipeline mode, and what its finish said (None: rolled back by a lost race)."""
-    seen: list[list] = []
-    send, finish = batches._InFlight.send.__func__, batches._InFlight.finish
-
-    def spy_send(cls, planned, index, now, request):
-        flight = send(cls, planned, index, now, request)
-        seen.append([len(planned), "sent"])
-        flight.record = seen[-1]
-        return flight
-
-    def spy_finish(self):
-        committed = finish(self)
-        self.record[1] = "rolled back" if committed is None else "committed"
-        return committed
-
-    monkeypatch.setattr(batches._InFlight, "send", classmethod(spy_send))
-    monkeypatch.setattr(batches._InFlight, "finish", spy_finish)
-    return seen
 
 
 def cluster(join_node, count: int) -> None:
@@ -67,36 +45,36 @@ def make(name: str, replicas: int) -> Model:
     return model
 
 
-def test_the_batches_before_the_last_go_out_in_pipeline_mode_and_place_what_waiting_would(
-    join_node, flights, settings
-):
+def test_batches_place_what_one_at_a_time_would(join_node, monkeypatch):
     cluster(join_node, 8)
     model = make("m", 6)
+    transactions = []
+    commit_batch = batches._commit_batch
+
+    def counted(planned, *args):
+        transactions.append(len(planned))
+        return commit_batch(planned, *args)
+
+    monkeypatch.setattr(commit_run, "_commit_batch", counted)
     outcomes, stopped = place(model, batch=2)
     assert stopped is None and all(outcome.plan is not None for _, outcome in outcomes)
-    # Three batches of two: the first two had a next one to plan while they committed; the last waited.
-    assert flights == [[2, "committed"], [2, "committed"]]
-    pipelined = nodes_by_ordinal(model)
-    assert sorted(pipelined.values()) == [f"n{i}" for i in range(6)]
+    assert transactions == [2, 2, 2]
+    batched = nodes_by_ordinal(model)
+    assert sorted(batched.values()) == [f"n{i}" for i in range(6)]
     assert GpuBooking.objects.count() == 48
     assert all(r.explain.get("why") for r in Replica.objects.filter(model=model))
     assert connection.connection.info.transaction_status == 0  # idle: nothing left open
 
-    # The same, each commit waited for: the same nodes for the same replicas.
+    # The same one at a time: the same nodes for the same replicas.
     Shard.objects.all().delete()
     GpuBooking.objects.all().delete()
     NodeBooking.objects.all().delete()
     Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
-    settings.LLMGW_COMMIT_PIPELINE = False
-    flights.clear()
-    place(model, batch=2)
-    assert flights == []
-    assert nodes_by_ordinal(model) == pipelined
+    place(model, batch=1)
+    assert nodes_by_ordinal(model) == batched
 
 
-def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_the_next_again(
-    join_node, flights
-):
+def test_a_lost_race_found_by_the_write_rolls_the_batch_back_and_plans_it_again(join_node):
     cluster(join_node, 4)
     model = make("m", 4)
     stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
@@ -107,7 +85,6 @@ def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_
 
     outcomes, stopped = place(model, batch=2, index=stale)
 
-    assert flights[0] == [2, "rolled back"]
     placed = nodes_by_ordinal(model)
     assert sorted(placed.values()) == ["n1", "n2", "n3"]  # n0 is the other model's, booked once
     assert GpuBooking.objects.count() == 32
@@ -122,7 +99,7 @@ def test_a_lost_race_in_a_pipelined_write_rolls_the_batch_back_and_plans_it_and_
 
 def break_batch(monkeypatch, number: int) -> list[bool]:
     """The `number`th batch write divides by zero, on the server; each write's `strict`, in order."""
-    write = batches._batch_write
+    write = writes._batch_write
     calls: list[bool] = []
 
     def broken(*args, strict=False, **kwargs):
@@ -132,74 +109,24 @@ def break_batch(monkeypatch, number: int) -> list[bool]:
             sql = sql.replace("SELECT o.*", "SELECT o.*, 1 / 0", 1)
         return sql, params
 
-    monkeypatch.setattr(batches, "_batch_write", broken)
     monkeypatch.setattr(writes, "_batch_write", broken)
     return calls
 
 
-@pytest.fixture
-def answer_first(monkeypatch):
-    """The batch write's answer is back before its COMMIT goes out (a quick server, a slow client): psycopg
-    then raises the write's error from the COMMIT's send, not at the pipeline's sync."""
-    import time
-
-    import psycopg
-
-    execute = psycopg.Connection.execute
-
-    def slow_commit(self, query, *args, **kwargs):
-        if query == "COMMIT":  # only the pipelined batch sends its COMMIT this way (Django commits by API)
-            time.sleep(0.3)
-        return execute(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", slow_commit)
-
-
-def test_a_lost_race_known_before_the_commit_is_sent_is_planned_again_as_well(join_node, flights, answer_first):
-    cluster(join_node, 4)
-    model = make("m", 4)
-    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    place(make("other", 1), batch=2)
-
-    outcomes, stopped = place(model, batch=2, index=stale)
-
-    assert flights[0] == [2, "rolled back"]
-    assert sorted(nodes_by_ordinal(model).values()) == ["n1", "n2", "n3"]
-    assert GpuBooking.objects.count() == 32
-    conflicts = [c for r in Replica.objects.filter(model=model) for c in r.explain.get("conflicts", [])]
-    assert "n0: GPUs 0-7 were booked meanwhile" in conflicts
-    assert stopped is not None
-    assert connection.connection.info.transaction_status == 0
-
-
-def test_a_database_error_known_before_the_commit_is_sent_is_raised_as_djangos(join_node, answer_first, monkeypatch):
-    cluster(join_node, 6)
-    model = make("m", 6)
-    break_batch(monkeypatch, 1)
-    with pytest.raises(DatabaseError, match="division by zero"):
-        place(model, batch=2)
-    assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 0
-    assert connection.connection.info.transaction_status == 0
-
-
-def test_a_database_error_in_a_pipelined_batch_is_raised_and_leaves_no_transaction_open(
-    join_node, flights, monkeypatch
-):
+def test_a_database_error_in_a_batch_is_raised_and_leaves_no_transaction_open(join_node, monkeypatch):
     cluster(join_node, 6)
     model = make("m", 6)
     calls = break_batch(monkeypatch, 2)
     with pytest.raises(DatabaseError, match="division by zero"):
         place(model, batch=2)
-    assert calls == [True, True]
+    assert calls == [False, False]
     # The first batch committed; nothing of the second was written; the connection is idle and usable.
     assert sorted(nodes_by_ordinal(model)) == [1, 2]
     assert connection.connection.info.transaction_status == 0
     assert Replica.objects.filter(model=model, state=ReplicaState.PLACED).count() == 2
 
 
-def test_a_model_that_runs_out_behind_a_batch_in_flight_is_told_why_from_one_no_fit(
-    join_node, flights, monkeypatch
-):
+def test_a_model_that_runs_out_is_told_why_from_one_no_fit(join_node, monkeypatch):
     cluster(join_node, 4)
     model = make("m", 6)
     nofits = []
@@ -213,9 +140,7 @@ def test_a_model_that_runs_out_behind_a_batch_in_flight_is_told_why_from_one_no_
 
     monkeypatch.setattr(PlacementIndex, "plan", counted)
     outcomes, stopped = place(model, batch=2)
-    # Two batches of two; the fifth replica finds no node while the second batch is on its way: that
-    # batch commits whole, so its answer stands and is not worked out again.
-    assert flights == [[2, "committed"], [2, "committed"]]
+    # Two batches of two; the fifth replica finds no node once the second committed: its answer stands.
     assert len(nofits) == 1 and nofits[0].startswith("no node fits (4 nodes)")
     waiting = Replica.objects.get(model=model, ordinal=5)
     assert waiting.state == ReplicaState.PENDING and waiting.reason == nofits[0]
@@ -225,70 +150,15 @@ def test_a_model_that_runs_out_behind_a_batch_in_flight_is_told_why_from_one_no_
     )
 
 
-# -- several models in one run: the next model's first batch is planned while the last one commits ----
+# -- several models in one run, one after another ----------------------------------------------------
 
 
 def lanes_of(*models: Model) -> list[Lane]:
     return [Lane(snapshot.pending_replicas(m), snapshot.replica_request(m)) for m in models]
 
 
-def test_the_next_models_first_batch_is_planned_while_the_last_ones_commits_and_places_what_waiting_would(
-    join_node, flights, settings
-):
-    cluster(join_node, 8)
-    first, second = make("a", 3), make("b", 3)
-    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    lanes = lanes_of(first, second)
-    lanes_place(lanes=lanes, index=index, batch=2)
-    assert all(lane.stopped is None and not lane.cut and lane.error is None for lane in lanes)
-    assert [len(lane.tried()) for lane in lanes] == [3, 3]
-    # a's two batches and b's first went out with a next one to plan (b's first behind a's last); b's
-    # last waited.
-    assert flights == [[2, "committed"], [1, "committed"], [2, "committed"]]
-    together = {**{("a", k): v for k, v in nodes_by_ordinal(first).items()},
-                **{("b", k): v for k, v in nodes_by_ordinal(second).items()}}
-    assert len(set(together.values())) == 6 and GpuBooking.objects.count() == 48
-    assert connection.connection.info.transaction_status == 0
-
-    # The same models one call each, every commit waited for: the same nodes for the same replicas.
-    Shard.objects.all().delete()
-    GpuBooking.objects.all().delete()
-    NodeBooking.objects.all().delete()
-    Replica.objects.update(state=ReplicaState.PENDING, explain={}, reason="")
-    settings.LLMGW_COMMIT_PIPELINE = False
-    index = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    place(first, batch=2, index=index)
-    place(second, batch=2, index=index)
-    assert {**{("a", k): v for k, v in nodes_by_ordinal(first).items()},
-            **{("b", k): v for k, v in nodes_by_ordinal(second).items()}} == together
-
-
-def test_a_lost_race_in_one_models_last_batch_takes_back_the_next_models_plans_made_on_top_of_it(
-    join_node, flights
-):
-    cluster(join_node, 4)
-    first, second = make("a", 2), make("b", 1)
-    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    place(make("other", 1), batch=2)  # takes n0 after the index was read
-    lanes = lanes_of(first, second)
-
-    lanes_place(lanes=lanes, index=stale, batch=2)
-
-    # a's batch (n0, n1) went out while b's plan (n2) was made on top of it; the write found n0 taken and
-    # rolled back; b's plan was taken back and made again after a's replicas found their nodes.
-    assert flights[0] == [2, "rolled back"]
-    assert GpuBooking.objects.count() == 32
-    assert Shard.objects.filter(node__name="n0").count() == 1
-    assert sorted(nodes_by_ordinal(first).values()) == ["n1", "n2"]
-    assert nodes_by_ordinal(second) == {1: "n3"}
-    conflicts = [c for r in Replica.objects.filter(model=first) for c in r.explain.get("conflicts", [])]
-    assert conflicts == ["n0: GPUs 0-7 were booked meanwhile"]
-    assert not Replica.objects.filter(model=second).first().explain.get("conflicts")
-    assert connection.connection.info.transaction_status == 0
-
-
 def test_a_database_error_in_one_models_batch_marks_its_lane_and_leaves_the_ones_before_it_placed(
-    join_node, flights, monkeypatch
+    join_node, monkeypatch
 ):
     cluster(join_node, 6)
     first, second = make("a", 2), make("b", 2)
@@ -302,7 +172,7 @@ def test_a_database_error_in_one_models_batch_marks_its_lane_and_leaves_the_ones
     assert connection.connection.info.transaction_status == 0
 
 
-def test_a_bound_on_tries_counts_across_the_models_and_cuts_the_rest(join_node, flights):
+def test_a_bound_on_tries_counts_across_the_models_and_cuts_the_rest(join_node):
     cluster(join_node, 8)
     first, second, third = make("a", 2), make("b", 2), make("c", 2)
     lanes = lanes_of(first, second, third)
@@ -314,7 +184,7 @@ def test_a_bound_on_tries_counts_across_the_models_and_cuts_the_rest(join_node, 
     assert Replica.objects.filter(state=ReplicaState.PLACED).count() == 3
 
 
-def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_next_on_a_fresh_index(
+def test_reconcile_marks_the_model_whose_batch_failed_and_places_the_next_on_a_fresh_index(
     join_node, monkeypatch
 ):
     from placement import reconcile
@@ -322,76 +192,13 @@ def test_reconcile_marks_the_model_whose_pipelined_batch_failed_and_places_the_n
     cluster(join_node, 2)  # room for one of the two: b fits only once a's failed plans are forgotten
     Model.objects.create(name="a", replicas=2, gpus=8)
     Model.objects.create(name="b", replicas=2, gpus=8)
-    calls = break_batch(monkeypatch, 1)  # a's batch, sent in pipeline mode: b's is planned behind it
+    break_batch(monkeypatch, 1)  # a's batch
     run = reconcile.reconcile_all()
-    assert calls[0] is True  # strict: sent in pipeline mode
     assert run.failed == 1
     assert Model.objects.get(name="a").error.startswith("DataError: division by zero")
     assert Model.objects.get(name="b").error == ""
     assert Replica.objects.filter(model__name="b", state=ReplicaState.PLACED).count() == 2
     assert Replica.objects.filter(model__name="a", state=ReplicaState.PLACED).count() == 0
-    assert connection.connection.info.transaction_status == 0
-
-
-@pytest.fixture
-def events(monkeypatch):
-    """What the run did, in order: each plan (its model, and whether it fitted) and each flight's finish."""
-    seen: list[str] = []
-    plan, finish = PlacementIndex.plan, batches._InFlight.finish
-
-    def logged_plan(self, request, **kwargs):
-        result = plan(self, request, **kwargs)
-        seen.append(f"plan {request.model}" + ("" if hasattr(result, "shards") else ": no fit"))
-        return result
-
-    def logged_finish(self):
-        committed = finish(self)
-        seen.append("finish: " + ("rolled back" if committed is None else "clean" if committed.clean else "not clean"))
-        return committed
-
-    monkeypatch.setattr(PlacementIndex, "plan", logged_plan)
-    monkeypatch.setattr(batches._InFlight, "finish", logged_finish)
-    return seen
-
-
-def test_a_model_that_runs_out_behind_a_batch_in_flight_lets_the_next_model_plan_before_the_batch_is_waited_for(
-    join_node, events
-):
-    cluster(join_node, 2)
-    full, small = make("a", 3), Model.objects.create(name="b", replicas=1, gpus=0, cpu_cores=1)
-    Replica.objects.create(model=small, ordinal=1)
-    lanes = lanes_of(full, small)
-    lanes_place(lanes=lanes, index=PlacementIndex(snapshot.node_views(), snapshot.facility_view()), batch=2)
-    assert events == ["plan a", "plan a", "plan a: no fit", "plan b", "finish: clean"]
-    waiting = Replica.objects.get(model=full, ordinal=3)
-    assert lanes[0].stopped.pk == waiting.pk
-    assert waiting.state == ReplicaState.PENDING and waiting.reason.startswith("no node fits (2 nodes)")
-    assert Replica.objects.get(model=small).state == ReplicaState.PLACED
-    assert connection.connection.info.transaction_status == 0
-
-
-def test_a_model_waiting_on_a_batch_that_lost_a_race_plans_again_after_it_as_if_it_had_waited(join_node, events):
-    cluster(join_node, 2)
-    stale = PlacementIndex(snapshot.node_views(), snapshot.facility_view())
-    place(make("other", 1), batch=2)  # takes n0 after the index was read
-    full, small = make("a", 3), Model.objects.create(name="b", replicas=1, gpus=0, cpu_cores=1)
-    Replica.objects.create(model=small, ordinal=1)
-    events.clear()
-    lanes = lanes_of(full, small)
-    lanes_place(lanes=lanes, index=stale, batch=2)
-    # a's batch went out, a's third found no room behind it and waited, b planned on top; the batch lost
-    # n0 and rolled back, so b's plan was taken back and a's no-fit dropped. a's two were committed again
-    # the waiting way (the first excluding n0, now on n1) and its second is the one that waits, as if
-    # every commit had been waited for; its third was never tried.
-    assert events[:5] == ["plan a", "plan a", "plan a: no fit", "plan b", "finish: rolled back"]
-    assert nodes_by_ordinal(full) == {1: "n1"}
-    assert Replica.objects.get(model=full, ordinal=1).explain["conflicts"] == ["n0: GPUs 0-7 were booked meanwhile"]
-    waiting = Replica.objects.get(model=full, ordinal=2)
-    assert lanes[0].stopped.pk == waiting.pk and waiting.reason.startswith("no node fits (2 nodes)")
-    assert Replica.objects.get(model=full, ordinal=3).reason == ""
-    assert [r.pk for r in lanes[0].untried()] == [Replica.objects.get(model=full, ordinal=3).pk]
-    assert Replica.objects.get(model=small).state == ReplicaState.PLACED
-    assert GpuBooking.objects.count() == 16
     assert connection.connection.info.transaction_status == 0
 
 
@@ -402,10 +209,10 @@ def test_a_database_error_writing_the_stops_reasons_marks_the_model_that_stopped
     Model.objects.create(name="a", replicas=1, gpus=8)
     Model.objects.create(name="b", replicas=3, gpus=8)  # one fits beside a's; its second stops
 
-    def refused(marks):
+    def refused(replica, reason, explain):
         raise DatabaseError("the reasons were refused")
 
-    monkeypatch.setattr(commit_run, "_marks_write", refused)
+    monkeypatch.setattr(commit_run, "replica_pending", refused)
     run = reconcile.reconcile_all()
     assert Model.objects.get(name="b").error == "DatabaseError: the reasons were refused"
     assert Model.objects.get(name="a").error == ""
@@ -460,7 +267,7 @@ def plan_modes(monkeypatch):
 
 
 def test_a_commits_statements_run_on_generic_plans_and_the_connection_keeps_the_servers_setting(
-    join_node, flights, plan_modes, settings
+    join_node, plan_modes, settings
 ):
     cluster(join_node, 7)
     default = connection.connection.execute("SHOW plan_cache_mode").fetchone()[0]
@@ -471,10 +278,8 @@ def test_a_commits_statements_run_on_generic_plans_and_the_connection_keeps_the_
         replica=snapshot.pending_replicas(model)[0], request=snapshot.replica_request(model), index=index
     )
     assert placed.plan is not None
-    place(model, batch=2, index=index)  # two batches of two: the first goes out in pipeline mode
-    assert flights == [[2, "committed"]]
-    # One at a time, then each batch (the last one's two replicas waited for): the read under the locks
-    # and the write are planned once and reused.
+    place(model, batch=2, index=index)  # two batches of two
+    # One at a time, then each batch: the read under the locks and the write are planned once and reused.
     assert plan_modes == ["force_generic_plan"] * 5, plan_modes
     # SET LOCAL: the rest of the process's statements are planned as the server decides.
     assert connection.connection.execute("SHOW plan_cache_mode").fetchone()[0] == default
