@@ -84,7 +84,7 @@ class StoreLabelAdmin(admin.ModelAdmin):
         was = (form.initial.get("node_name"), form.initial.get("key")) if change else (None, None)
         with transaction.atomic():
             if was[0] not in (None, obj.node_name):
-                # Two nodes in one transaction: every budget first, in a placement's lock order (one
+                # Two nodes in one transaction: every budget first, in the lock order (llmgw.lock_order; one
                 # node's row would be held while the other's budgets were waited for).
                 feed_services.budgets_locked()
                 placement_services.labels_change(node_name=was[0], changes={was[1]: None})

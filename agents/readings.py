@@ -25,6 +25,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
 from agents.node.protocol import implausible_readings, implausible_text
+from llmgw.lock_order import lock_clause, rows_locked
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> t
             # rule (interval × LLMGW_MISSED_HEARTBEATS) in SQL, against the new heartbeat's time.
             cursor.execute(
                 f"WITH locked AS (SELECT id, last_heartbeat_at, heartbeat_interval_seconds FROM {table} "
-                f"WHERE name = ANY(%b::text[]) ORDER BY name FOR UPDATE) "
+                f"WHERE name = ANY(%b::text[]){lock_clause(Node)}) "
                 f"UPDATE {table} AS n SET last_heartbeat_at = v.at, sensors_at = v.at, sensors = v.sensors, "
                 f"measured_watts = v.watts, measured_peaks = {buckets_sql}, measured_peak_watts = {peak_sql} "
                 f"FROM unnest(%b::text[], %b::timestamptz[], %b::text[]::jsonb[], %b::double precision[], %b::text[]) "
@@ -291,8 +292,7 @@ def _write_rows(batch: dict[str, tuple[datetime, dict, float | None, str]]) -> t
     with transaction.atomic():
         for name, (at, sensors, watts, digest) in batch.items():
             stored = (
-                Node.objects.select_for_update()
-                .filter(name=name)
+                rows_locked(Node.objects.filter(name=name))
                 .values_list("measured_peaks", "last_heartbeat_at", "heartbeat_interval_seconds")
                 .first()
             )

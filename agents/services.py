@@ -1,7 +1,7 @@
 """Writes to nodes: store labels, cordons, node tokens, and what a heartbeat reports.
 
 Kept in one module past 600 lines for now: every write here takes the node's row in the one order the
-guarded commit relies on (budgets, then nodes: ``_node_locked``), and the heartbeat's record, the
+guarded commit relies on (llmgw.lock_order: budgets, then nodes; ``_node_locked``), and the heartbeat's record, the
 inventory it holds back for an operator and the labels share that path. The inventory confirmation
 (``_inventory_pending`` … ``node_max_draw_set``) is the part to move out first, with its lock use.
 """
@@ -37,6 +37,7 @@ from facility.domains import (
     validate_label,
 )
 from llmgw.errors import Conflict, InvalidInput, NotFound
+from llmgw.lock_order import rows_locked
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def nodes_refresh_labels() -> list[str]:
             continue
         with transaction.atomic():
             joining = _domains_joining(node.name, store=own, trusted=trusted)
-            rows = Node.objects.select_for_update().filter(pk=node.pk)
+            rows = rows_locked(Node.objects.filter(pk=node.pk))
             locked = _node_locked(lambda rows=rows: (rows.first(), True), joining)
             if locked is not None and node_refresh_labels(locked, trusted=trusted):
                 moved.append(locked.name)
@@ -281,7 +282,7 @@ def labels_set(
                 )
         # Locked, so a heartbeat changing the agent's labels at the same time is not overwritten, and a
         # placement's commit (which locks the node) sees the new location.
-        node = Node.objects.select_for_update().filter(name=node_name).first()
+        node = rows_locked(Node.objects.filter(name=node_name)).first()
         # Counted once the row is locked: another change of the node's labels has committed by then.
         held = StoreLabel.objects.filter(node_name=node_name).count()
         if held > MAX_LABELS:  # as many as its heartbeat may carry; each is a row, and in every view of it
@@ -345,7 +346,7 @@ def node_cordon(*, node_name: str, cordoned: bool, reason: str = "", drain: bool
     problem = control_character_problem(reason)
     if problem is not None:
         raise InvalidInput(f"reason: {problem}", field="reason")
-    node = Node.objects.select_for_update().filter(name=node_name).first()
+    node = rows_locked(Node.objects.filter(name=node_name)).first()
     if node is None:
         raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     node.cordoned = cordoned
@@ -491,7 +492,7 @@ def _forget_report(node: Node) -> None:
 def node_inventory_accept(*, node_name: str) -> Node:
     """Take the change of cards a node's heartbeats report as its inventory: placement and its readings
     count them from now on. Conflict when no change waits (the node's state, not the request, is at odds)."""
-    node = Node.objects.select_for_update().filter(name=node_name).first()
+    node = rows_locked(Node.objects.filter(name=node_name)).first()
     if node is None:
         raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     if node.pending_inventory is None:
@@ -522,7 +523,7 @@ def node_max_draw_set(*, node_name: str, watts: float | None) -> Node:
             f"max_draw_watts: must be a number of watts above 0 and at most {MAX_DRAW_WATTS_MAX:,}, not "
             f"{value_shown(watts)}", field="max_draw_watts",
         )
-    node = Node.objects.select_for_update().filter(name=node_name).first()
+    node = rows_locked(Node.objects.filter(name=node_name)).first()
     if node is None:
         raise NotFound(f"node {value_shown(node_name)} is not known", field="node")
     node.max_draw_watts = None if watts is None else float(watts)
@@ -624,7 +625,7 @@ def _heartbeat_record_full(
 
     def lock() -> tuple[Node, bool]:
         nonlocal created
-        node, created = Node.objects.select_for_update().get_or_create(name=node_name)
+        node, created = rows_locked(Node.objects.all()).get_or_create(name=node_name)
         return node, not created and agent != (node.agent_labels or {})
 
     node = _node_locked(lock, joining, agent=agent)

@@ -10,9 +10,9 @@ plan on the index, then lock budgets and nodes, re-check, write shards, book GPU
 Prints placements/s and p50/p99 latency of plan + commit; then the same models placed in batches,
 taking turns (one batch a turn), each round of turns in one run of batches as a reconcile places its
 models (``placement.commit.lanes_place``), between runs of the lean single-commit probe
-(bench/probe.py), and the same turns one call a turn beside them; then one model's 1,000 pending
-replicas in one call, as reconcile places a model, with its batches' commits pipelined and waited
-for; then the planner alone (bench/planner.py).
+(bench/probe.py); then one model's 1,000 pending replicas in one call, as reconcile places a model
+(the batched commit path, each batch committed before the next is planned), twice; then the planner
+alone (bench/planner.py).
 Run: ``.venv/bin/python bench/placements.py`` (``--profile`` for the top of a cProfile; ``--phases`` for
 where the batched run's time went, step by step; ``--nodes``).
 Prints figures, asserts nothing.
@@ -223,12 +223,10 @@ def _place_all(models: list) -> tuple[list[float], float, int, int]:
     return timings, built, conflicts, sum(len(q) for q in queues.values())
 
 
-def place_batched(models: list, batch: int, *, together: bool = True) -> tuple[int, float, int]:
+def place_batched(models: list, batch: int) -> tuple[int, float, int]:
     """Round-robin over the models, ``batch`` replicas a turn, one transaction a batch (as a reconcile does
-    on PostgreSQL); until none fits. ``together``: each round's turns in one run of batches
-    (``lanes_place``, as a reconcile places its models, one after another: the next model's first batch
-    planned while the last one's commits); else one call a turn, each waiting for its last commit.
-    (placements, wall seconds, left pending)."""
+    on PostgreSQL); until none fits. Each round's turns in one run of batches (``lanes_place``, as a
+    reconcile places its models, one after another). (placements, wall seconds, left pending)."""
     from placement import snapshot
     from placement.commit import Lane, collector_paused, lanes_place
     from placement.index import PlacementIndex
@@ -245,11 +243,7 @@ def place_batched(models: list, batch: int, *, together: bool = True) -> tuple[i
             for name in open_models:
                 turn, queues[name] = queues[name][:batch], queues[name][batch:]
                 lanes[name] = Lane(turn, requests[name])
-            if together:
-                lanes_place(lanes=list(lanes.values()), index=index, batch=batch)
-            else:
-                for lane in lanes.values():
-                    lanes_place(lanes=[lane], index=index, batch=batch)
+            lanes_place(lanes=list(lanes.values()), index=index, batch=batch)
             for name, lane in lanes.items():
                 nodes = [outcome.plan.nodes for _, outcome in lane.tried() if outcome.plan is not None]
                 placed += len(nodes)
@@ -261,7 +255,7 @@ def place_batched(models: list, batch: int, *, together: bool = True) -> tuple[i
 
 def place_one_model(model, batch: int) -> tuple[int, float]:
     """All of one model's pending replicas through one replicas_place call, as reconcile places a model:
-    several batches, each but the last sent in pipeline mode (LLMGW_COMMIT_PIPELINE). (placed, seconds)."""
+    several batches, each committed before the next is planned. (placed, seconds)."""
     from placement import snapshot
     from placement.commit import collector_paused, replicas_place
     from placement.index import PlacementIndex
@@ -303,8 +297,7 @@ class Phases:
         ("placement.commit.recheck", "_Locked", "check", "re-check plans on the locked rows"),
         ("placement.commit.batches", None, "_write_postgresql_batch", "write (one statement a batch)"),
         ("psycopg", "Connection", "commit", "commit"),
-        ("placement.commit.batches", "_InFlight", "finish", "wait for a pipelined write and COMMIT"),
-        ("placement.commit.run", None, "_marks_write", "write the stops' reasons"),
+        ("placement.commit.run", None, "replica_pending", "write a stop's reason"),
     )
 
     def __init__(self, steps: tuple | None = None) -> None:
@@ -488,7 +481,6 @@ def main() -> None:
     count, probe_wall = probe(base, seconds=args.probe_seconds, database=probe_database)
     probes = [count / probe_wall]
     rates = []
-    separate = []  # the same turns, one call a turn: what the run of batches saves
     for run in range(args.rounds):
         models = fresh_cluster(args.nodes, args.per_model)
         settled.append(quiet(base))
@@ -504,10 +496,6 @@ def main() -> None:
         )
         if phases is not None:
             phases.print(wall, placed)
-        models = fresh_cluster(args.nodes, args.per_model)
-        quiet(base)
-        placed, wall, _ = place_batched(models, args.batch, together=False)
-        separate.append(placed / wall)
         settled.append(quiet(base))
         count, probe_wall = probe(base, seconds=args.probe_seconds, database=probe_database)
         probes.append(count / probe_wall)
@@ -517,34 +505,24 @@ def main() -> None:
         f"{one_rate / probes[0]:.2f}× the probe"
     )
     ratios = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(rates)]
-    alone = [rate / max(probes[i], probes[i + 1]) for i, rate in enumerate(separate)]
     print(
         f"side by side: one at a time {one_rate:,.0f}/s | batched ({args.batch}), each round of turns in one "
         f"run {', '.join(f'{r:,.0f}' for r in rates)}/s | lean single-commit probe "
         f"{', '.join(f'{p:,.0f}' for p in probes)}/s (before, between and after) | batched / the faster probe "
         f"beside it = {', '.join(f'{r:.2f}×' for r in ratios)}, median {percentile(ratios, 0.5):.2f}×"
     )
-    print(
-        f"the same turns one call a turn (each waiting for its last commit): "
-        f"{', '.join(f'{r:,.0f}' for r in separate)}/s, {', '.join(f'{r:.2f}×' for r in alone)} the probe"
-    )
-    # One model's many pending replicas in one call (a large apply, a lost room's replacements): the
-    # batches before the last overlap their commit with the next one's plans, or wait, side by side.
-    from django.conf import settings
-
+    # One model's many pending replicas in one call (a large apply, a lost room's replacements).
     figures = []
-    for pipelined in (True, False, True, False):
-        settings.LLMGW_COMMIT_PIPELINE = pipelined
+    for _ in range(2):
         model = fresh_cluster(args.nodes, 1000)[1]  # 8 GPUs a replica, no selector
         quiet(base)
-        figures.append((pipelined, *place_one_model(model, args.batch)))
-    settings.LLMGW_COMMIT_PIPELINE = True
+        figures.append(place_one_model(model, args.batch))
     print(
-        "one model's 1,000 pending replicas in one call, as reconcile places a model: "
+        "one model's 1,000 pending replicas in one call, as reconcile places a model (batches of "
+        f"{args.batch}): "
         + "; ".join(
-            f"{placed} placed in {wall:.2f} s, {placed / wall:,.0f}/s "
-            f"({placed / wall / max(probes):.2f}× the fastest probe) {'pipelined' if on else 'each commit waited for'}"
-            for on, placed, wall in figures
+            f"{placed} placed in {wall:.2f} s, {placed / wall:,.0f}/s ({placed / wall / max(probes):.2f}× the fastest probe)"
+            for placed, wall in figures
         )
     )
     if not args.skip_planner:

@@ -7,9 +7,9 @@ class FacilityConfig(AppConfig):
 
     def ready(self) -> None:
         # (Its collector of domain power and holds for /metrics is registered by llmgw.apps.)
-        # A node's rack or PDUs changed: the caps derived from feeds follow (facility.feed_services).
+        # A node's rack or PDUs changed: the caps derived from feeds follow (facility.receivers).
         from agents.signals import nodes_changed
-        from facility.feed_services import refresh_after_labels
+        from facility.receivers import refresh_after_labels
 
         nodes_changed.connect(refresh_after_labels, dispatch_uid="facility-feed-caps-on-nodes")
         # A relabel locks the budgets of the domains a node joins before the node (a commit's order).

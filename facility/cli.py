@@ -245,7 +245,7 @@ def condition_text(c: dict) -> str:
 def condition_set(args) -> int:
     from datetime import datetime
 
-    from facility.sources import parse_duration  # pure: no Django
+    from facility.configuration import parse_duration  # pure: no Django
 
     seconds = None
     if args.duration is not None:

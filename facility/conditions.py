@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from facility.configuration import ConfigError, parse_duration
+from facility.domains import DomainError, parse_domain
 from llmgw.errors import value_shown
 
 OK, WARM, HOT, UNKNOWN = "ok", "warm", "hot", "unknown"
@@ -241,15 +243,6 @@ THRESHOLD_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
-class ConfigError(ValueError):
-    """A wrong value in a configuration block: ``path`` (keys from the block) and what to write."""
-
-    def __init__(self, path: tuple, message: str):
-        super().__init__(message)
-        self.path = path
-        self.message = message
-
-
 @dataclass(frozen=True, slots=True)
 class DomainRule:
     """A domain's thresholds and mode: the cluster-wide ones, or its own override."""
@@ -275,8 +268,6 @@ class ConditionsConfig:
 
 
 def _threshold_value(key: str, value: object, path: tuple) -> float:
-    from facility.sources import parse_duration  # sources imports this module's names
-
     if key in _DURATION_KEYS:
         try:
             number = parse_duration(value)
@@ -331,8 +322,6 @@ def parse_conditions_config(raw: object) -> ConditionsConfig:
 def domain_overrides(raw: object, keys: str, parse_one) -> dict[str, Any]:
     """A block's ``domains:`` mapping (``rack:r12-07: {...}``): each domain checked and its rule parsed
     by ``parse_one(rule_raw, path)``; ConfigError names the path. Shared by conditions and shedding."""
-    from facility.domains import DomainError, parse_domain
-
     found: dict[str, Any] = {}
     if raw is None:
         return found

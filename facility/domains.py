@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from facility.conditions import ConfigError
+from facility.configuration import ConfigError
 from llmgw.errors import InvalidInput, value_shown
 
 # A leg is one phase of a three-phase PDU's feed (``leg:<pdu>.A``): it trips alone, so it is budgeted alone.

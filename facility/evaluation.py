@@ -32,8 +32,7 @@ from facility.models import (
     ScenarioRun,
     SourceStatus,
 )
-from facility.services import facility_changed_send
-from facility.signals import conditions_evaluated
+from facility.signals import conditions_evaluated, facility_changed
 from facility.sources import (
     MAX_ABS_VALUE,
     MIN_ABS_SENSOR,
@@ -303,7 +302,7 @@ def conditions_evaluate(*, now: datetime | None = None, client: Any = None) -> l
         changed = bool(events) or expired.exists()
         expired.delete()
         if changed:
-            facility_changed_send(sender=DomainCondition)
+            facility_changed.send(sender=DomainCondition)
     # After the round, outside its transaction: shedding and capping act on what it judged.
     conditions_evaluated.send(sender=DomainCondition, now=now)
     return events

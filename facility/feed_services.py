@@ -24,6 +24,7 @@ from facility.models import Budget, DcimObject, Feed, Source
 from facility.power import kw
 from facility.signals import facility_changed
 from llmgw.errors import InvalidInput
+from llmgw.lock_order import lock_clause, rows_locked
 
 if TYPE_CHECKING:  # PyYAML is loaded by whoever parses a file, not by every process that starts Django
     from llmgw.yamldoc import Document
@@ -241,7 +242,7 @@ def budgets_locked() -> dict[str, Budget]:
     then its nodes, so a change holding one budget or a node while it waited for the rest could
     deadlock with a placement.
     """
-    return {b.domain: b for b in Budget.objects.select_for_update().order_by("domain")}
+    return {b.domain: b for b in rows_locked(Budget.objects.all())}
 
 
 def budgets_joined_lock(*, domains: list[str], **_: Any) -> None:
@@ -253,7 +254,7 @@ def budgets_joined_lock(*, domains: list[str], **_: Any) -> None:
         return  # SQLite serialises its writers
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {Budget._meta.db_table} WHERE domain = ANY(%s) ORDER BY domain FOR SHARE",
+            f"SELECT 1 FROM {Budget._meta.db_table} WHERE domain = ANY(%s){lock_clause(Budget, share=True)}",
             [sorted(domains)],
         )
 
@@ -264,7 +265,7 @@ def feed_caps_refresh() -> bool:
 
     Budgets people wrote win, but never above the feeds: a written cap above the derived one keeps the
     derived one beside it (``feed_cap_watts``), which then holds. Rows lock budgets only (no node), so
-    this keeps the guarded commit's lock order (budgets first).
+    this keeps the lock order (llmgw.lock_order: budgets before nodes).
     """
     existing = budgets_locked()
     caps = caps_derived()
@@ -301,24 +302,6 @@ def feed_caps_refresh() -> bool:
         Budget.objects.filter(pk__in=unfed).update(feed_cap_watts=None, derived_from="")
         changed = True
     return changed
-
-
-def refresh_after_labels(*, heartbeat: bool = False, domains_moved: bool = False, **_: Any) -> None:
-    """nodes_changed: a node's rack or PDUs may have moved; rewrite derived caps once the change commits.
-
-    Deferred to the commit so a change holding its node's row never waits for a budget row (a placement
-    locks budgets first, then nodes). A heartbeat never does it itself: it locks every budget row, and a
-    thousand nodes joining would each wait for the others. A join whose domains moved asks for one
-    coalesced task (facility.tasks.feed_caps_queue); a comeback, or new GPUs, asks for nothing (a
-    heartbeat that does not say ``domains_moved`` moved none).
-    """
-    if heartbeat:
-        if domains_moved:
-            from facility.tasks import feed_caps_queue
-
-            transaction.on_commit(feed_caps_queue)
-        return
-    transaction.on_commit(_refresh_and_signal)
 
 
 def _refresh_and_signal() -> None:

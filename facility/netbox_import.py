@@ -493,7 +493,7 @@ def netbox_import(*, plan: NetboxPlan, dry_run: bool = False, confirm: bool = Fa
             _sync_record(plan, held, applied=False)
             return {**diff, "held_back": held, "applied": False, "dry_run": False}
     with transaction.atomic():
-        # The budgets first, then the nodes the labels lock: the guarded commit's lock order.
+        # The budgets first, then the nodes the labels lock: the lock order (llmgw.lock_order).
         feed_services.budgets_locked()
         domains_rename(renames_of(plan))
         # Devices named before they join are NetBox's own, as many as its site has: written at once; the

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from facility.conditions import ConfigError
-from facility.sources import parse_duration
+from facility.configuration import ConfigError, parse_duration
 
 KEYS = ("url", "token_file", "site", "sync_every", "roles", "row_from")
 # A sync more often than this would read all of NetBox again before the last read was applied.
@@ -86,12 +85,13 @@ def sync_claim(now) -> bool:
     from django.db import transaction
 
     from facility.models import DcimSync, Source
+    from llmgw.lock_order import rows_locked
 
     config = configured()
     if config is None or config.sync_every is None:
         return False
     with transaction.atomic():
-        row, _ = DcimSync.objects.select_for_update().get_or_create(source=Source.NETBOX, site=config.site or "")
+        row, _ = rows_locked(DcimSync.objects.all()).get_or_create(source=Source.NETBOX, site=config.site or "")
         if row.last_run_at is not None and now - row.last_run_at < timedelta(seconds=config.sync_every):
             return False
         DcimSync.objects.filter(pk=row.pk).update(last_run_at=now)

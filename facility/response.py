@@ -1,6 +1,6 @@
 """What llmgw does about a hot or over-limit domain, as configured: ``facility.shedding`` and ``facility.capping``.
 
-Pure: the server.yaml blocks parsed whole (all or nothing), a :class:`facility.conditions.ConfigError`
+Pure: the server.yaml blocks parsed whole (all or nothing), a :class:`facility.configuration.ConfigError`
 naming the path of a wrong value, which facility.services words with the file and line.
 
 Shedding (off by default) moves replicas off a domain that has been hot under enforce mode, or past its
@@ -15,7 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from facility.conditions import ConfigError, domain_overrides
+from facility.conditions import domain_overrides
+from facility.configuration import ConfigError, parse_duration
 from llmgw.errors import value_shown
 
 SHED_KEYS = ("enabled", "shed_after", "interval", "drop_batch")
@@ -62,8 +63,6 @@ class CappingConfig:
 
 
 def _duration(value: object, path: tuple) -> float:
-    from facility.sources import parse_duration  # sources imports conditions, as this module does
-
     try:
         return parse_duration(value)
     except ValueError as exc:

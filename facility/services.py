@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from agents.node.protocol import control_character_problem, value_shown
 from facility import feed_services, power
-from facility.conditions import CONDITIONS, ConfigError, parse_conditions_config
+from facility.conditions import CONDITIONS, parse_conditions_config
+from facility.configuration import ConfigError, parse_duration
 from facility.domains import (
     LABEL_PREFIX,
     LEVELS,
@@ -44,8 +45,9 @@ from facility.models import (
 from facility.netbox_sync import parse_netbox_config
 from facility.response import parse_capping_config, parse_shedding_config
 from facility.signals import facility_changed
-from facility.sources import SourcesConfig, parse_duration, parse_scenario, parse_sources_config
+from facility.sources import SourcesConfig, parse_scenario, parse_sources_config
 from llmgw.errors import Conflict, Forbidden, InvalidInput, NotFound
+from llmgw.lock_order import rows_locked
 from llmgw.plugin_names import plugin_names
 from llmgw.yamldoc import Document, load_documents, load_one, read_text
 
@@ -287,7 +289,7 @@ def facility_apply(
             raise Conflict(
                 f"{filename} would remove {removal_text(budgets=gone_budgets, feeds=gone_feeds)}", field="confirm"
             )
-    # The budgets first, before the nodes a location_from change locks: the guarded commit's lock order.
+    # The budgets first, before the nodes a location_from change locks: the lock order (llmgw.lock_order).
     feed_services.budgets_locked()
     settings = FacilitySettings.load()
     location_from = parse_location_from(settings.location_from or None)
@@ -400,7 +402,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
     if other is None:
         existing = Budget.objects.filter(domain=domain).values_list("other_watts", flat=True).first()
         other = existing or 0.0
-    feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
+    feed_services.budgets_locked()  # first: the lock order (llmgw.lock_order)
     _one_more_check(Budget, domain, MAX_BUDGETS, "budgets")
     budget, _ = Budget.objects.update_or_create(
         domain=domain,
@@ -416,7 +418,7 @@ def budget_set(*, domain: str, cap_watts: Any, other_watts: Any = None, source: 
 @transaction.atomic
 def budget_delete(*, domain: str) -> None:
     domain = clean_domain(domain)
-    feed_services.budgets_locked()  # first: the guarded commit's lock order (see there)
+    feed_services.budgets_locked()  # first: the lock order (llmgw.lock_order)
     budget = Budget.objects.filter(domain=domain).first()
     if budget is None:
         raise NotFound(f"{domain} has no budget", field="domain")
@@ -600,7 +602,7 @@ def _lock_members(domain: str) -> None:
     one of them either commits first, or waits and then sees the hold in its guarded write."""
     from agents.models import Node
 
-    list(Node.objects.select_for_update().filter(domains__domain=domain).order_by("name").values_list("id", flat=True))
+    list(rows_locked(Node.objects.filter(domains__domain=domain)).values_list("id", flat=True))
 
 
 def _notify_nodes_changed() -> None:

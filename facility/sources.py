@@ -23,34 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from facility.conditions import INLET, SIGNALS, SLOWDOWN_MARGIN, THROTTLE_SHARE, Reading
+from facility.configuration import ConfigError, parse_duration
 from facility.domains import LEVELS, Domain, DomainError, parse_domain
 from llmgw import outbound
 from llmgw.errors import value_shown
 
-_SECONDS_RE = re.compile(r"\d+(?:\.\d+)?\Z")
-_DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?\Z")
 # A query result beyond these is a mistake, not a measurement.
 MAX_ABS_VALUE = 1e9
 MAX_QUERY_LENGTH = 4000
 MAX_SERIES = 20_000
-
-
-def parse_duration(value: Any) -> float:
-    """``90``, ``"90s"``, ``"2m"``, ``"1h30m"`` → seconds; ValueError on anything else."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or text like 90s, 2m, 1h")
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError("a duration is a number of seconds of at least 0")
-        return float(value)
-    if isinstance(value, str) and value:
-        if _SECONDS_RE.match(value.strip()):  # `--for 120` on a command line: seconds, as the number 120 is
-            return float(value)
-        match = _DURATION_RE.match(value.strip())
-        if match and any(match.groups()):
-            hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-            return hours * 3600 + minutes * 60 + seconds
-    raise ValueError(f"{value_shown(value)} is not a duration: write seconds, or text like 90s, 2m, 1h30m")
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +319,6 @@ class SourcesConfig:
 
 def parse_sources_config(raw: Any) -> SourcesConfig:
     """The sources block → SourcesConfig; ConfigError names the path (``prometheus.signals.inlet_temp_c``)."""
-    from facility.conditions import ConfigError
 
     if raw is None:
         return SourcesConfig()

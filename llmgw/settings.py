@@ -474,8 +474,8 @@ LLMGW_EVICT_AFTER_SECONDS = env_number("LLMGW_EVICT_AFTER_SECONDS", "300", float
 # Replacements a drain keeps in flight per model (1: one at a time). More moves a lost room faster, at
 # the price of as many extra replicas running at once while they come up.
 LLMGW_DRAIN_SURGE = max(1, env_number("LLMGW_DRAIN_SURGE", "1", int))
-# On PostgreSQL a reconcile sends each batch's write and COMMIT in pipeline mode and plans the next
-# batch while they run (placement.commit.replicas_place); false: it waits for each commit first.
+# On PostgreSQL a replica placed alone (a shedding's replacement) is committed in two round trips, its
+# statements sent in pipeline mode (placement.commit.single); false: one statement at a time.
 LLMGW_COMMIT_PIPELINE = env_bool("LLMGW_COMMIT_PIPELINE", True)
 # Measured draw counts for power accounting while the reading is this fresh.
 LLMGW_MEASURED_FRESH_SECONDS = 120

@@ -19,6 +19,7 @@ from llmgw.access import models as access
 from llmgw.access.models import ApiToken, key_hash
 from llmgw.access.tokens import parse_lifetime
 from llmgw.errors import InvalidInput, NotFound
+from llmgw.lock_order import rows_locked
 from llmgw.permissions import ROLES, user_roles
 
 MAX_USERNAME = 150  # Django's User.username
@@ -95,7 +96,7 @@ def token_rotate(*, username: str, expires: str | None = None) -> str:
     """A new key for the user's token, with a fresh lifetime; the old key is refused from now on."""
     lifetime = lifetime_from(expires)
     token = _token_of(username)
-    ApiToken.objects.select_for_update().filter(pk=token.pk).first()
+    rows_locked(ApiToken.objects.filter(pk=token.pk)).first()
     return _new_key(token.user, lifetime)
 
 

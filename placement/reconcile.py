@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from llmgw.lock_order import rows_locked
 from llmgw.sqlin import any_of
 from placement import snapshot
 from placement.commit import Lane, Placed, collector_paused, lane_rest_mark, lanes_place
@@ -152,7 +153,7 @@ def replicas_scale(*, model: Model, run: ReconcileRun) -> None:
     freed: set[str] = set()
     with transaction.atomic():
         # The model row serialises scaling: two reconciles never both create ordinal N.
-        locked = Model.objects.select_for_update().filter(pk=model.pk).first()
+        locked = rows_locked(Model.objects.filter(pk=model.pk)).first()
         if locked is None:
             return
         # A drain's replacement takes the place of the replica it replaces: it is not one more.
@@ -186,8 +187,7 @@ def replicas_place_pending(*, model: Model, run: ReconcileRun) -> None:
 
 def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
     """Place the models' pending replicas, model by model and oldest first, in one run of batches
-    through the guarded commit (:func:`placement.commit.lanes_place`: the next model's first batch is
-    planned while the last one's commits). Returns the ids of the models whose placement failed: each
+    through the guarded commit (:func:`placement.commit.lanes_place`). Returns the ids of the models whose placement failed: each
     is marked with its error, and the models after it go on, on an index built afresh."""
     failed: set[int] = set()
     # The models to place, each with the replicas left to try (None: all it has pending).
@@ -211,8 +211,8 @@ def models_place_pending(*, models: list[Model], run: ReconcileRun) -> set[int]:
             index = _BudgetedIndex(run) if run.budget is not None else run.index
             lanes_place(lanes=[lane for _, lane in lanes], index=index, now=run.now, max_tries=room)
         except Exception as exc:
-            # The lane it came from is marked; what was planned on top of its batches may not have
-            # happened: the models not done are read again and go on, on an index built afresh.
+            # The lane it came from is marked; the index may hold plans its failed batch did not commit:
+            # the models not done are read again and go on, on an index built afresh.
             broken = [(model, lane) for model, lane in lanes if lane.error is not None]
             for model, lane in broken or lanes[:1]:
                 _model_failed(model, lane.error or exc, run)
@@ -249,7 +249,7 @@ def _model_prepare(*, model: Model, run: ReconcileRun) -> None:
     with transaction.atomic():
         # One drain step per model at a time, whichever worker runs it: the model row serialises them
         # (as it does scaling), so two reconciles never make two replacements for one replica.
-        if Model.objects.select_for_update().filter(pk=model.pk).exists():
+        if rows_locked(Model.objects.filter(pk=model.pk)).exists():
             replicas_drain(model=model, run=run, draining=run.draining)
 
 

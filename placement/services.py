@@ -22,6 +22,7 @@ from django.db.models import Sum
 from agents.models import Node
 from agents.node.protocol import value_shown
 from llmgw.errors import InvalidInput, NotFound, is_write_conflict
+from llmgw.lock_order import rows_locked
 from llmgw.sqlin import any_of, sql_in
 from llmgw.yamldoc import read_text
 from placement import documents
@@ -87,7 +88,7 @@ def _models_save(documents: list[dict[str, Any]]) -> list[Applied]:
     for values in documents:
         name = values["name"]
         fields = {k: v for k, v in values.items() if k != "name"}
-        model = Model.objects.select_for_update().filter(name=name).first()
+        model = rows_locked(Model.objects.filter(name=name)).first()
         if model is None:
             Model.objects.create(name=name, **fields)
             results.append(Applied(name, "created"))
@@ -154,7 +155,7 @@ def model_delete(*, name: str) -> int:
 
     Returns how many replicas went with it.
     """
-    model = Model.objects.select_for_update().filter(name=name).first()
+    model = rows_locked(Model.objects.filter(name=name)).first()
     if model is None:
         raise NotFound(f"model {value_shown(name)} is not known", field="name")
     freed = replicas_free(replica_ids=Replica.objects.filter(model=model).values_list("pk", flat=True))
@@ -212,7 +213,7 @@ def _replicas_free_locked(ids: list[int]) -> int:
     shards = Shard.objects.filter(replica_id__in=any_of(ids)).order_by()
     locked = set(nodes_lock(shards.values_list("node_id", flat=True).distinct()))
     present = list(
-        Replica.objects.select_for_update().filter(pk__in=any_of(ids)).order_by("pk").values_list("pk", flat=True)
+        rows_locked(Replica.objects.filter(pk__in=any_of(ids))).values_list("pk", flat=True)
     )
     if not present:
         return 0  # freed meanwhile
@@ -260,7 +261,7 @@ def nodes_lock(node_ids: Iterable[int], *, nowait: bool = False) -> list[int]:
     ids = sorted(set(node_ids))
     if not ids:
         return []
-    rows = Node.objects.select_for_update(nowait=nowait).filter(pk__in=any_of(ids)).order_by("name")
+    rows = rows_locked(Node.objects.filter(pk__in=any_of(ids)), nowait=nowait)
     return list(rows.values_list("id", flat=True))
 
 

@@ -29,6 +29,7 @@ from facility.evaluation import effective_conditions
 from facility.models import ConditionEvent, FacilitySettings
 from facility.response import SheddingConfig, parse_shedding_config
 from facility.selectors import facility_overview
+from llmgw.lock_order import rows_locked
 from placement import snapshot
 from placement.commit import replica_place
 from placement.decisions.domain_state import DomainState
@@ -220,7 +221,7 @@ def _act(move: dict[str, Any], index: PlacementIndex, now: datetime) -> dict[str
     with transaction.atomic():
         # The model row serialises its ordinals, as reconcile's scaling and drain take it: a reconcile
         # scaling the model up meanwhile never writes the ordinal this replacement takes.
-        locked = Model.objects.select_for_update().filter(pk=model.pk).exists()
+        locked = rows_locked(Model.objects.filter(pk=model.pk)).exists()
         if not locked or not Replica.objects.filter(pk=replica.pk).update(shed_reason=move["reason"][:1000]):
             return move | {"action": "stays", "reason": f"{move['replica']} is gone"}
         last = Replica.objects.filter(model=model).order_by("-ordinal").values_list("ordinal", flat=True).first()

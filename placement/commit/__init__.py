@@ -3,8 +3,8 @@
 The shape of a placement:
 
 1. plan on plain reads (a :class:`placement.index.PlacementIndex` built once per reconcile run);
-2. in one transaction (a savepoint when nested): lock the replica, then the Budget rows of every
-   domain its shards count against in sorted order, then the chosen nodes sorted by name; re-check
+2. in one transaction (a savepoint when nested): lock the Budget rows of every domain its shards count
+   against in sorted order, then the chosen nodes sorted by name (llmgw.lock_order); re-check
    against the locked rows (node ready, not cordoned, not held; domain power from the locked
    figures; GPUs through the unique (node, card) of GpuBooking, cores and memory through the guarded
    write of NodeBooking); write shards, GPU bookings, node bookings;
@@ -18,7 +18,7 @@ IMMEDIATE transaction mode serialises writers instead.
 
 The package, by concern: ``locks`` (what a commit locks and reads), ``recheck`` (plans against the
 locked rows), ``writes`` (shards and bookings), ``single`` (one replica at a time), ``lanes``, ``batches``
-and ``run`` (a run of many models' replicas in batches, pipelined), ``outcomes``, ``gc_pause``.
+and ``run`` (a run of many models' replicas, model after model, in batches), ``outcomes``, ``gc_pause``.
 """
 
 from placement.commit.gc_pause import COLLECT_EVERY_SECONDS, collector_paused

@@ -1,15 +1,12 @@
-"""Batches of plans committed together, and the pipeline that plans the next batch while the last one's
-write and COMMIT are in flight (psycopg pipeline mode); a batch that does not commit whole takes back
-what was planned on top of it."""
+"""Batches of plans committed together (PostgreSQL), and one replica at a time (SQLite), each waited for."""
 
 from __future__ import annotations
 
 import dataclasses
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from placement import snapshot
 from placement.commit.lanes import Lane, Planned
@@ -17,14 +14,7 @@ from placement.commit.locks import Scope, _locked_state, scope_of
 from placement.commit.outcomes import LostRace, Placement
 from placement.commit.recheck import _Locked
 from placement.commit.single import MAX_ATTEMPTS, replica_pending, replica_place
-from placement.commit.writes import (
-    BEGIN,
-    LOST_RACE,
-    _batch_write,
-    _batch_written,
-    _write_postgresql_batch,
-    generic_plans,
-)
+from placement.commit.writes import _write_postgresql_batch, generic_plans
 from placement.index import PlacementIndex
 from placement.models import ReplicaState
 from placement.planner import FacilityView, ReplicaRequest
@@ -126,114 +116,6 @@ class _Committed:
     gone: set[int]
     rolled_back: bool
 
-    @property
-    def clean(self) -> bool:
-        """Every plan committed: what was planned on top of them stands."""
-        return not (self.lost or self.gone or self.rolled_back)
-
-
-class _InFlight:
-    """A batch whose write and COMMIT went out in pipeline mode, unanswered yet: the caller plans the
-    next batch meanwhile, touching nothing of the database, then asks ``finish``.
-
-    The transaction is begun by hand (the connection stays in autocommit for Django): BEGIN, the locks
-    and the read, answered, then the checks, then the strict write and COMMIT sent together. A lost
-    race found by the write aborts the transaction, so the COMMIT behind it rolls back.
-    """
-
-    def __init__(self) -> None:
-        self.committed: _Committed | None = None  # known at once: nothing was sent
-        self._stack = ExitStack()
-        self._cursor = None
-        self._lost: dict[int, LostRace] = {}
-        self._writes: list[tuple[int, list, dict]] = []
-        self._ids: dict[str, int] = {}
-        self._rolled_back = False  # the write's lost race came back while it was being sent
-
-    @classmethod
-    def send(cls, planned: list[Planned], index: PlacementIndex, now: datetime, request: ReplicaRequest) -> _InFlight:
-        flight = cls()
-        scope = scope_of((s.node for item in planned for s in item.plan.shards), index)
-        names, touched = scope.names, scope.touched
-        facility = index.facility
-        connection.ensure_connection()
-        cursor = connection.cursor()
-        try:
-            with connection.connection.pipeline():
-                cursor.execute(BEGIN)
-                generic_plans(cursor, own=True)
-            locked = _Locked(*_locked_state(cursor, names, touched, facility, now))
-            flight._lost, flight._writes = _checked(planned, locked, scope, index.facility, request, now)
-            if not flight._writes:
-                cursor.execute("COMMIT")
-                cursor.close()
-                flight.committed = _Committed(flight._lost, set(), False)
-                return flight
-            flight._ids = {name: row[1] for name, row in locked.nodes.items()}
-            flight._stack.enter_context(connection.connection.pipeline())
-            with connection.wrap_database_errors:
-                cursor.execute(*_batch_write(flight._writes, flight._ids, now, touched, strict=True))
-                connection.connection.execute("COMMIT")
-        except DatabaseError as exc:
-            flight._abandon()
-            cursor.close()
-            if _lost_race(exc):
-                # The write's answer was back before the COMMIT went out (psycopg reads what has come
-                # back as it sends): the race is known now rather than at finish, and rolled back all
-                # the same.
-                flight._rolled_back = True
-                return flight
-            raise
-        except BaseException:
-            flight._abandon()
-            cursor.close()
-            raise
-        flight._cursor = cursor
-        return flight
-
-    def finish(self) -> _Committed | None:
-        """What committed; None when the write found a lost race (the database rolled it all back)."""
-        if self.committed is not None:
-            return self.committed
-        if self._rolled_back:
-            return None
-        try:
-            with connection.wrap_database_errors:
-                self._stack.close()  # the pipeline's sync: the write's answer and the COMMIT's
-        except DatabaseError as exc:
-            self._abandon()
-            self._cursor.close()
-            if _lost_race(exc):
-                return None
-            raise
-        finally:
-            self._stack = ExitStack()
-        with connection.wrap_database_errors:
-            row = self._cursor.fetchone()
-        self._cursor.close()
-        gone, raced = _batch_written(row, self._writes, self._ids)
-        if raced:  # the strict statement raises first; a row saying otherwise is a fault of this code
-            raise RuntimeError(f"a strict batch committed with lost races: {raced}")
-        self.committed = _Committed(self._lost, gone, False)
-        return self.committed
-
-    def _abandon(self) -> None:
-        """Out of pipeline mode, and the transaction begun by hand rolled back."""
-        try:
-            self._stack.close()
-        except Exception:  # noqa: BLE001 - the error that brought us here is the one to raise
-            pass
-        from psycopg.pq import TransactionStatus  # PostgreSQL only, as this class is
-
-        pg = connection.connection
-        if pg is not None and not pg.closed and pg.info.transaction_status != TransactionStatus.IDLE:
-            pg.execute("ROLLBACK")
-
-
-def _lost_race(exc: DatabaseError) -> bool:
-    """Whether the database refused a strict batch write for a lost race (placement_lost_race())."""
-    return getattr(exc.__cause__, "sqlstate", None) == LOST_RACE
-
 
 def _settle_batch(
     planned: list[Planned], result: _Committed, index: PlacementIndex, now: datetime, lane: Lane
@@ -283,16 +165,3 @@ def _settle_batch(
         for view in snapshot.node_views(names=refresh, now=now):
             index.update_node(view)
     return again
-
-
-def _take_back(planned: list[Planned], index: PlacementIndex, lane: Lane) -> None:
-    """Plans applied to the index but never sent: the index gets back the views it had before them (last
-    applied, first put back), and the model's spread forgets them; each replica keeps its tries and
-    exclusions, to be planned again. Not read afresh: what the database says of those nodes is what the
-    settling of the batch before them reads, as it would have had they waited."""
-    for item in reversed(planned):
-        for view in item.before:
-            index.update_node(view)
-        lane.existing.remove(item.plan.nodes)
-        item.plan = item.explain = None
-        item.before = ()

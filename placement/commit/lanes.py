@@ -7,7 +7,7 @@ from typing import Any
 
 from placement.commit.outcomes import Pending, Placement
 from placement.commit.single import replicas_pending_mark
-from placement.planner import NodeView, NoFit, Plan, ReplicaRequest
+from placement.planner import Plan, ReplicaRequest
 
 # Plans committed together in one transaction by replicas_place (PostgreSQL): the commit, not the
 # plan, is what one placement at a time waits on. A batch locks the members of the budgeted domains it
@@ -26,8 +26,6 @@ class Planned:
     exclude: set[str] = field(default_factory=set)
     plan: Plan | None = None
     explain: dict[str, Any] | None = None
-    # The index's views of the plan's nodes before the plan was applied: a plan taken back puts them back.
-    before: tuple[NodeView, ...] = ()
     tried: bool = False  # planned once at least: counted against a run's bound on tries
 
 
@@ -48,7 +46,6 @@ class Lane:
     error: Exception | None = None
     queue: list[Planned] = field(init=False, repr=False)
     existing: list[frozenset[str]] = field(init=False, repr=False)  # the model's replicas, as planned
-    nofit_behind_flight: NoFit | None = field(default=None, init=False, repr=False)  # met behind a batch in flight
 
     def __post_init__(self) -> None:
         self.queue = [Planned(r) for r in self.replicas]

@@ -12,6 +12,7 @@ from django.db import connection
 from agents.models import Node, NodeDomain, measured_fresh_seconds
 from facility.models import Budget, Hold
 from facility.power import node_draw_sql
+from llmgw.lock_order import lock_clause
 from llmgw.sqlin import sql_in
 from placement.index import PlacementIndex
 from placement.models import NodeBooking
@@ -64,7 +65,6 @@ def _locked_state(cursor, names: list[str], touched: list[str], facility: Facili
 
 def _budgets_sql(touched: list[str]) -> tuple[str, list[Any]]:
     """Lock the touched domains' budget rows, sorted by domain: (domain, effective cap, other watts)."""
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     where, params = sql_in("domain", touched)
     # The effective cap (Budget.effective_cap_watts): a written cap never above the feeds'.
     # The replica row is not locked here: the write's guarded UPDATE of it (state still pending) is
@@ -72,7 +72,7 @@ def _budgets_sql(touched: list[str]) -> tuple[str, list[Any]]:
     return (
         f"SELECT domain, CASE WHEN feed_cap_watts IS NOT NULL AND feed_cap_watts < cap_watts "
         f"THEN feed_cap_watts ELSE cap_watts END, other_watts FROM {Budget._meta.db_table} "
-        f"WHERE {where} ORDER BY domain{lock}",
+        f"WHERE {where}{lock_clause(Budget)}",
         params,
     )
 
@@ -88,7 +88,7 @@ def _members_sql(names: list[str], touched: list[str]) -> tuple[str, list[Any]]:
     while the lock waited for it (a node moved to its rack's other PDU) went uncounted, and the commit
     could carry that PDU past its limit.
     """
-    return (f"SELECT id FROM {Node._meta.db_table} WHERE {_MEMBERS} ORDER BY name FOR UPDATE", [touched, names])
+    return (f"SELECT id FROM {Node._meta.db_table} WHERE {_MEMBERS}{lock_clause(Node)}", [touched, names])
 
 
 # The nodes a commit locks and reads (its parameters: the touched domains, then the chosen names): every

@@ -69,8 +69,8 @@ def _commit_pipelined(
     write found a lost race: the database rolled it all back, and the caller commits the plan again the
     plain way (_commit), which finds the race again with its words, or commits.
 
-    The transaction is begun by hand (the connection stays in autocommit for Django), as the batches'
-    pipeline does; whatever goes wrong, it is rolled back before this returns or raises.
+    The transaction is begun by hand (the connection stays in autocommit for Django); whatever goes
+    wrong, it is rolled back before this returns or raises.
     """
     from psycopg.pq import TransactionStatus
 

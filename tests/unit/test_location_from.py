@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from facility.conditions import ConfigError
+from facility.configuration import ConfigError
 from facility.domains import (
     LEVELS,
     LOCATION_KEYS,

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from facility.conditions import COOLING_ALARM as _ALARM
-from facility.conditions import INLET, ConfigError, DomainState, Reading, evaluate, parse_conditions_config
+from facility.conditions import INLET, DomainState, Reading, evaluate, parse_conditions_config
+from facility.configuration import ConfigError
 from facility.domains import Domain
 from facility.sources import (
     NodeThermal,
