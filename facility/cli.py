@@ -898,9 +898,10 @@ def import_job(args) -> int:
         jobs = read(args, "facility/import/jobs", local)
         if args.output == "json":
             print_json(jobs)
-        elif not jobs:
+            return 0
+        if not jobs:
             print("no NetBox import job has run (llmgw ctl facility import netbox --help)")
-        for job in jobs if args.output != "json" else ():
+        for job in jobs:
             print(f"{_utc(job['created_at'])}  {job_progress_text(job)}")
         return 0
     job = read(args, f"facility/import/jobs/{args.job}", lambda: _job_data(args.job))

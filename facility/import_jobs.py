@@ -195,7 +195,8 @@ def jobs_lost_fail() -> int:
 def import_job_get(job_id: int) -> ImportJob:
     """One job as it stands (NotFound naming the id)."""
     jobs_lost_fail()
-    job = ImportJob.objects.filter(pk=job_id).first()
+    # An id past what the database's integer holds names no job (asked of the database, it would be an error).
+    job = ImportJob.objects.filter(pk=job_id).first() if 0 < job_id < 2**63 else None
     if job is None:
         raise NotFound(f"job: no NetBox import job {job_id} (the newest {KEEP} are kept)", field="job")
     return job
