@@ -66,6 +66,11 @@ _dispatch_in_thread = SyncConsumer.__dict__["dispatch"].func
 # few, so a burst of pages opening holds at most this many database connections.
 HANDSHAKE_THREADS = 2
 handshakes = ThreadPoolExecutor(max_workers=HANDSHAKE_THREADS, thread_name_prefix="llmgw-handshake")
+# The threads a page's own messages run in (its filter, an open detail: a new page's first render), apart from
+# the thread the live updates share: there a new page's first render waited behind every open page's render of
+# each change. A socket's messages still run one at a time, in order, whichever thread runs each.
+PAGE_THREADS = 2
+pages = ThreadPoolExecutor(max_workers=PAGE_THREADS, thread_name_prefix="llmgw-page")
 
 
 class ReaderConsumer(WebsocketConsumer):
@@ -100,6 +105,9 @@ class ReaderConsumer(WebsocketConsumer):
             # took as long as all of them together.
             connect = DatabaseSyncToAsync(_dispatch_in_thread, thread_sensitive=False, executor=handshakes)
             await connect(self, message)
+        elif message.get("type") == "websocket.receive":
+            receive = DatabaseSyncToAsync(_dispatch_in_thread, thread_sensitive=False, executor=pages)
+            await receive(self, message)
         else:
             await super().dispatch(message)
 

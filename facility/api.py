@@ -7,7 +7,8 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.response import Response
 
-from facility import feed_selectors, netbox_import, selectors, services
+from facility import feed_selectors, import_jobs, netbox_import, selectors, services
+from facility.models import ImportJob
 from facility.serializers import (
     DOMAIN_OR_EMPTY_PATTERN,
     DOMAIN_PATTERN,
@@ -26,6 +27,7 @@ from facility.serializers import (
     HistoryQuerySerializer,
     HoldBodySerializer,
     HoldSerializer,
+    ImportJobSerializer,
     NetboxImportedSerializer,
     NetboxImportSerializer,
     NetboxSyncBodySerializer,
@@ -34,7 +36,7 @@ from facility.serializers import (
     WhatIfSerializer,
 )
 from llmgw.api import STORABLE_TEXT_PATTERN, ApiView, documented
-from llmgw.errors import InvalidInput
+from llmgw.errors import Conflict, InvalidInput
 from placement import selectors as placement_selectors
 from placement import services as placement_services
 
@@ -244,12 +246,14 @@ class WhatIfView(ApiView):
 
 
 class NetboxImportView(ApiView):
-    """POST NetBox's CSV of power feeds, or name a NetBox the server may read; dry_run writes nothing."""
+    """POST NetBox's CSV of power feeds (applied in the request: nothing outside is waited for), or name a
+    NetBox the server may read (a job: 202 and its id); dry_run writes nothing."""
 
     @documented(
-        summary="Import feeds and node locations from NetBox (its CSV, or a NetBox the server may read), "
-        "all or nothing; dry_run: the diff alone",
-        request=NetboxImportSerializer, ok={200: NetboxImportedSerializer}, errors=(409,),
+        summary="Import feeds and node locations from NetBox, all or nothing; dry_run: the diff alone. With csv, "
+        "the diff applied (200); with url, a job that reads NetBox off the request (202: GET its id for progress "
+        "and the diff)",
+        request=NetboxImportSerializer, ok={200: NetboxImportedSerializer, 202: ImportJobSerializer}, errors=(409,),
     )
     def post(self, request):
         data = NetboxImportSerializer(data=request.data)
@@ -257,20 +261,45 @@ class NetboxImportView(ApiView):
         values = data.validated_data
         if "csv" in values:
             plan = netbox_import.plan_from_export(values["csv"], default_utilization=values["default_utilization"])
-        else:
-            url = values["url"].rstrip("/")
-            # The server reaches out only to a NetBox its admins named: a client's body picks no address.
-            if url not in settings.LLMGW_NETBOX_URLS:
-                named = ", ".join(settings.LLMGW_NETBOX_URLS) or "none is set"
-                raise InvalidInput(
-                    f"url: this server reads only the NetBox its LLMGW_NETBOX_URLS names ({named}); "
-                    "send the CSV export instead, or import where the database is", field="url",
-                )
-            api = netbox_import.netbox_api(url=url, token=values["token"])
-            plan = netbox_import.plan_from_api(
-                api, site=values["site"], roles=values["roles"], row_from=values["row_from"], device_map=values["map"]
+            return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"], confirm=values["confirm"]))
+        url = values["url"].rstrip("/")
+        # The server reaches out only to a NetBox its admins named: a client's body picks no address.
+        if url not in settings.LLMGW_NETBOX_URLS:
+            named = ", ".join(settings.LLMGW_NETBOX_URLS) or "none is set"
+            raise InvalidInput(
+                f"url: this server reads only the NetBox its LLMGW_NETBOX_URLS names ({named}); "
+                "send the CSV export instead, or import where the database is", field="url",
             )
-        return Response(netbox_import.netbox_import(plan=plan, dry_run=values["dry_run"], confirm=values["confirm"]))
+        netbox_import.device_map_parse(values["map"])  # refused now, naming the entry, not when the job runs
+        job = import_jobs.import_job_create(
+            url=url, token=values["token"], site=values["site"], dry_run=values["dry_run"], confirm=values["confirm"],
+            options={"roles": values["roles"], "row_from": values["row_from"], "map": values["map"]},
+            requested_by=request.user.get_username(),
+        )
+        return job_accepted(job)
+
+
+def job_accepted(job) -> Response:
+    """202 with the job as it stands, and where to read it."""
+    job.refresh_from_db()  # run already, where no worker runs it (a command, a test)
+    return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED,
+                    headers={"Location": f"/api/v1/facility/import/jobs/{job.pk}"})
+
+
+class ImportJobView(ApiView):
+    @documented(
+        summary="A NetBox import or sync job: its phase, the objects read and applied, and once done its diff "
+        "(or why it failed)",
+        ok={200: ImportJobSerializer}, errors=(404,),
+    )
+    def get(self, request, job_id: int):
+        return Response(ImportJobSerializer(import_jobs.import_job_get(job_id)).data)
+
+
+class ImportJobListView(ApiView):
+    @documented(summary="The newest NetBox import and sync jobs (50), newest first", ok={200: ImportJobSerializer(many=True)})
+    def get(self, request):
+        return Response(ImportJobSerializer(import_jobs.jobs_recent(), many=True).data)
 
 
 class NetboxSyncStatusView(ApiView):
@@ -286,12 +315,19 @@ class NetboxSyncStatusView(ApiView):
 
 class NetboxSyncView(ApiView):
     @documented(
-        summary="Run the configured NetBox sync now (server.yaml facility.netbox); confirm: what waits for a yes too",
-        request=NetboxSyncBodySerializer, ok={200: NetboxImportedSerializer}, errors=(409,),
+        summary="Run the configured NetBox sync now (server.yaml facility.netbox) as a job (202: GET its id); "
+        "confirm: what waits for a yes too",
+        request=NetboxSyncBodySerializer, ok={202: ImportJobSerializer}, errors=(409,),
     )
     def post(self, request):
-        from facility.netbox_sync import netbox_sync
+        from facility.netbox_sync import configured
 
         data = NetboxSyncBodySerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(netbox_sync(confirm=data.validated_data["confirm"], dry_run=data.validated_data["dry_run"]))
+        if configured() is None:
+            raise Conflict("facility.netbox: no NetBox is configured (server.yaml facility.netbox)", field="netbox")
+        job = import_jobs.import_job_create(
+            kind=ImportJob.Kind.SYNC, confirm=data.validated_data["confirm"], dry_run=data.validated_data["dry_run"],
+            requested_by=request.user.get_username(),
+        )
+        return job_accepted(job)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from facility.import_progress import ACTIVE_STATES, job_progress_text  # pure: a remote ctl loads no Django
 from llmgw.errors import Conflict, InvalidInput
 from llmgw.output import kw, print_json, print_table
 from llmgw.remote import lazy, listing, path_part, read, write
@@ -564,6 +565,7 @@ def register_feeds(sub) -> None:
         "--map", action="append", metavar="SITE/DEVICE=NODE",
         help="which node a device is whose name two sites share (repeat for more; with --url)",
     )
+    no_wait_option(nb)
     output_option(nb)
     nb.set_defaults(handler=import_netbox)
     st = isub.add_parser(
@@ -584,8 +586,21 @@ def register_feeds(sub) -> None:
     )
     sy.add_argument("--yes", action="store_true", help="apply what waits for a person too")
     sy.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    no_wait_option(sy)
     output_option(sy)
     sy.set_defaults(handler=import_sync)
+    jb = isub.add_parser(
+        "job",
+        help="a NetBox import or sync job: its progress, then what it changed (or why it failed)",
+        description="An import with --url, and a sync, run as a job on the server (a worker, or the embedded "
+        "server's import thread): this follows one, printing each phase and the objects read, until it ends; "
+        "then the diff, as the import prints it. Without an id: the newest jobs.",
+        epilog="example: llmgw ctl facility import job 12",
+    )
+    jb.add_argument("job", nargs="?", type=int, help="the job's id (the import printed it); none: list the newest")
+    no_wait_option(jb)
+    output_option(jb)
+    jb.set_defaults(handler=import_job)
 
     w = sub.add_parser(
         "what-if",
@@ -741,18 +756,74 @@ def import_netbox(args) -> int:
                 "roles": args.role or [], "row_from": args.row_from, "confirm": args.yes, "map": args.map or []}
 
     def local() -> dict:
-        from facility import netbox_import
+        from facility import import_jobs, netbox_import
 
         if args.csv:
             plan = netbox_import.plan_from_export(text, default_utilization=args.default_utilization)
-        else:
-            api = netbox_import.netbox_api(url=args.url, token=token)
-            plan = netbox_import.plan_from_api(api, site=args.site, roles=args.role, row_from=args.row_from,
-                                               device_map=args.map)
-        return netbox_import.netbox_import(plan=plan, dry_run=args.dry_run, confirm=args.yes)
+            return netbox_import.netbox_import(plan=plan, dry_run=args.dry_run, confirm=args.yes)
+        netbox_import.device_map_parse(args.map)
+        job = import_jobs.import_job_create(
+            url=args.url.rstrip("/"), token=token, site=args.site, dry_run=args.dry_run, confirm=args.yes,
+            options={"roles": args.role or [], "row_from": args.row_from, "map": args.map or []}, requested_by="ctl",
+        )
+        return _job_data(job.pk)
 
-    # The server reads every page of NetBox inside the request (each page bounded by its own timeout).
-    result = write(args, "POST", "facility/import/netbox", body, local, timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
+    answer = write(args, "POST", "facility/import/netbox", body, local)
+    # A CSV is applied at once; a NetBox is read by a job on the server, followed here until it ends.
+    return _diff_printed(args, answer if args.csv else _job_followed(args, answer))
+
+
+def no_wait_option(parser) -> None:
+    parser.add_argument(
+        "--no-wait", action="store_true",
+        help="print the job's id and return; follow it later with `llmgw ctl facility import job ID` (where no "
+        "worker runs jobs — the embedded default without a server — it runs before ctl returns)",
+    )
+
+
+def _job_data(job_id: int) -> dict:
+    from facility.import_jobs import import_job_get
+    from facility.serializers import ImportJobSerializer
+
+    return ImportJobSerializer(import_job_get(job_id)).data
+
+
+# How long ctl follows a job (a run's hard limit is 660 s), and how often it asks.
+JOB_WAIT_SECONDS = 700
+JOB_POLL_SECONDS = 1.0
+
+
+def _job_followed(args, job: dict) -> dict | None:
+    """Follow a job until it ends, each new phase on stderr: its diff, or its failure raised as the error it
+    was (InvalidInput naming its field). None with --no-wait (the job printed)."""
+    import time
+
+    if getattr(args, "no_wait", False):
+        if args.output == "json":
+            print_json(job)
+        else:
+            print(f"{job_progress_text(job)}; follow it: llmgw ctl facility import job {job['id']}")
+        return None
+    ends_at = time.monotonic() + JOB_WAIT_SECONDS
+    said = None
+    while job["state"] in ACTIVE_STATES:
+        text = job_progress_text(job)
+        if text != said:
+            print(text, file=sys.stderr)
+            said = text
+        if time.monotonic() > ends_at:
+            raise Conflict(f"job: NetBox {job['kind']} {job['id']} is still {job['state']} after {JOB_WAIT_SECONDS} s; "
+                           f"follow it: llmgw ctl facility import job {job['id']}", field="job")
+        time.sleep(JOB_POLL_SECONDS)
+        job = read(args, f"facility/import/jobs/{job['id']}", lambda jid=job["id"]: _job_data(jid))
+    if job["state"] == "failed":
+        raise InvalidInput(job["error"], field=job.get("error_field"))
+    return job["result"]
+
+
+def _diff_printed(args, result: dict | None) -> int:
+    if result is None:
+        return 0
     if args.output == "json":
         print_json(result)
         return 0
@@ -803,18 +874,38 @@ def _utc(value) -> str | None:
 
 def import_sync(args) -> int:
     def local() -> dict:
-        from facility.netbox_sync import netbox_sync
+        from facility.import_jobs import import_job_create
+        from facility.models import ImportJob
+        from facility.netbox_sync import configured
 
-        return netbox_sync(confirm=args.yes, dry_run=args.dry_run)
+        if configured() is None:
+            raise Conflict("facility.netbox: no NetBox is configured (server.yaml facility.netbox)", field="netbox")
+        job = import_job_create(kind=ImportJob.Kind.SYNC, confirm=args.yes, dry_run=args.dry_run, requested_by="ctl")
+        return _job_data(job.pk)
 
-    result = write(args, "POST", "facility/import/sync", {"confirm": args.yes, "dry_run": args.dry_run}, local,
-                   timeout=NETBOX_IMPORT_TIMEOUT_SECONDS)
-    if args.output == "json":
-        print_json(result)
+    job = write(args, "POST", "facility/import/sync", {"confirm": args.yes, "dry_run": args.dry_run}, local)
+    return _diff_printed(args, _job_followed(args, job))
+
+
+def import_job(args) -> int:
+    if args.job is None:
+        def local() -> list:
+            from facility.import_jobs import jobs_recent
+            from facility.serializers import ImportJobSerializer
+
+            return ImportJobSerializer(jobs_recent(), many=True).data
+
+        jobs = read(args, "facility/import/jobs", local)
+        if args.output == "json":
+            print_json(jobs)
+            return 0
+        if not jobs:
+            print("no NetBox import job has run (llmgw ctl facility import netbox --help)")
+        for job in jobs:
+            print(f"{_utc(job['created_at'])}  {job_progress_text(job)}")
         return 0
-    for line in netbox_diff_lines(result):
-        print(line)
-    return 0
+    job = read(args, f"facility/import/jobs/{args.job}", lambda: _job_data(args.job))
+    return _diff_printed(args, _job_followed(args, job))
 
 
 def netbox_diff_lines(result: dict) -> list[str]:
@@ -857,8 +948,6 @@ def netbox_diff_lines(result: dict) -> list[str]:
             lines.append(f"{len(held)} held back, waiting for --yes: " + "; ".join(held[:5]) + (" …" if len(held) > 5 else ""))
     return lines
 
-
-NETBOX_IMPORT_TIMEOUT_SECONDS = 600
 
 
 def _read_utf8(path: str, field: str) -> str:

@@ -369,3 +369,58 @@ class DcimSync(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.site or 'every site'}: {len(self.pending)} waiting"
+
+
+class ImportJob(models.Model):
+    """A NetBox import (or sync) run off the request that asked for it: what it was asked, where it is, and
+    how it ended. The API answers 202 with its id; ctl and the Facility page read its progress here. The row's
+    id is the task's: a task and its record are one thing."""
+
+    class Kind(models.TextChoices):
+        IMPORT = "import"
+        SYNC = "sync"
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.IMPORT)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.QUEUED)
+    phase = models.CharField(max_length=200, blank=True, default="queued", help_text="what the job does now")
+    url = models.CharField(max_length=1000, blank=True, default="", help_text="the NetBox read")
+    site = models.CharField(max_length=100, blank=True, default="", help_text="blank: every site")
+    # What the import was asked (roles, row_from, map); the token is kept only until the job reads it.
+    options = models.JSONField(default=dict, blank=True)
+    token = models.CharField(max_length=1000, blank=True, default="")
+    dry_run = models.BooleanField(default=False)
+    confirm = models.BooleanField(default=False)
+    objects_read = models.PositiveIntegerField(default=0)
+    objects_applied = models.PositiveIntegerField(default=0, help_text="changes applied: feeds, labels, caps, renames")
+    # The import's diff as it ended (netbox_import's answer), once done.
+    result = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=2000, blank=True, default="")
+    error_field = models.CharField(max_length=100, blank=True, default="")
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"NetBox {self.kind} {self.pk}: {self.state}"
+
+    @property
+    def site_or_none(self) -> str | None:
+        return self.site or None
+
+    @property
+    def error_or_none(self) -> str | None:
+        return self.error or None
+
+    @property
+    def error_field_or_none(self) -> str | None:
+        return self.error_field or None

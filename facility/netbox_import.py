@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connection, transaction
 
@@ -42,6 +42,12 @@ NETBOX_TIMEOUT_SECONDS = 30
 NETBOX_TOTAL_SECONDS = 300
 # One page of NetBox's answer (50 objects of a few KB by default).
 NETBOX_MAX_BYTES = 32 * 1024 * 1024
+
+
+class Progress(Protocol):
+    """Told where a read of NetBox is: its phase, and the objects read so far (facility.import_jobs)."""
+
+    def __call__(self, phase: str, *, read: int | None = None) -> None: ...
 
 
 # -- reading NetBox -----------------------------------------------------------------------------------------
@@ -106,20 +112,28 @@ def _refusal(api: Any, exc: Exception) -> InvalidInput:
     return InvalidInput(f"--url: NetBox at {url} refused: {str(detail).splitlines()[0][:300]}", field="url")
 
 
-def objects_from_api(api: Any, *, site: str | None = None) -> dict[str, list[dict]]:
-    """Every object of the endpoints a plan reads (of one site's, by its slug), as NetBox answers them."""
+def objects_from_api(api: Any, *, site: str | None = None, progress: Progress | None = None) -> dict[str, list[dict]]:
+    """Every object of the endpoints a plan reads (of one site's, by its slug), as NetBox answers them;
+    ``progress`` is told each endpoint and the objects read so far."""
     import pynetbox
     import requests
 
+    tell = progress or (lambda phase, *, read=None: None)
     try:
         dcim = api.dcim
         if site and not list(dcim.sites.filter(slug=site)):
             raise InvalidInput(f"--site: NetBox has no site {site!r}", field="site")
         out = {}
+        read = 0
         for name in ENDPOINTS:
             endpoint = getattr(dcim, name.replace("-", "_"))
+            tell(f"reading NetBox: {name}", read=read)
             records = endpoint.filter(site=site) if site and name != "sites" else endpoint.all()
-            out[name] = [dict(r) for r in records]
+            out[name] = []
+            for record in records:
+                out[name].append(dict(record))
+                read += 1
+                tell(f"reading NetBox: {name}", read=read)
         if site:
             out["sites"] = [s for s in out["sites"] if s.get("slug") == site]
         return out
@@ -158,14 +172,17 @@ def device_map_parse(entries: list[str] | None) -> dict[str, str]:
 
 
 def plan_from_api(api: Any, *, site: str | None = None, roles: list[str] | None = None,
-                  row_from: str = "location", device_map: list[str] | None = None) -> NetboxPlan:
+                  row_from: str = "location", device_map: list[str] | None = None,
+                  progress: Progress | None = None) -> NetboxPlan:
     """Read NetBox through a pynetbox ``api`` and plan the import; NetBox refusing is an InvalidInput."""
     mapping = device_map_parse(device_map)
-    # NetBox may take minutes to answer: the database connection this request or task holds goes back to
-    # the pool meanwhile (another request takes it), and is opened again for the plan's reads.
+    # NetBox may take minutes to answer: the database connection this job holds goes back to the pool
+    # meanwhile (another takes it), and is opened again for the plan's reads.
     if not connection.in_atomic_block:
         connection.close()
-    objects = objects_from_api(api, site=site)
+    objects = objects_from_api(api, site=site, progress=progress)
+    if progress is not None:
+        progress("planning", read=sum(len(v) for v in objects.values()))
     return plan_from_objects(
         objects, nodes=known_nodes(), roles=set(roles) if roles else None, row_from=row_from, site=site,
         known=known_objects(), device_map=mapping,

@@ -98,9 +98,10 @@ def sync_claim(now) -> bool:
     return True
 
 
-def netbox_sync(*, confirm: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """Run the configured import now (``confirm``: what waits for a yes too). A NetBox that cannot be read
-    is recorded on the site's row and raised (InvalidInput naming the field)."""
+def netbox_sync(*, confirm: bool = False, dry_run: bool = False, progress: Any = None) -> dict[str, Any]:
+    """Run the configured import now (``confirm``: what waits for a yes too; ``progress``: told where the read
+    is, facility.netbox_import.Progress). A NetBox that cannot be read is recorded on the site's row and
+    raised (InvalidInput naming the field). Run it as a job (facility.import_jobs), never in a request."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -121,7 +122,9 @@ def netbox_sync(*, confirm: bool = False, dry_run: bool = False) -> dict[str, An
         except OSError as exc:
             raise InvalidInput(f"facility.netbox.token_file: {exc.strerror}: {config.token_file}", field="token_file") from None
         plan = plan_from_api(netbox_api(url=config.url, token=token), site=config.site, roles=list(config.roles) or None,
-                             row_from=config.row_from)
+                             row_from=config.row_from, progress=progress)
+        if progress is not None:
+            progress("computing the diff" if dry_run else "applying")
         return netbox_import(plan=plan, confirm=confirm, dry_run=dry_run)
     except InvalidInput as exc:
         row, _ = DcimSync.objects.get_or_create(source=Source.NETBOX, site=config.site or "")

@@ -659,6 +659,34 @@ class NetboxSyncStatusSerializer(serializers.Serializer):
     scheduled_every_seconds = serializers.FloatField(allow_null=True, help_text="facility.netbox.sync_every")
 
 
+@extend_schema_field(NetboxImportedSerializer)
+class ImportResultField(serializers.JSONField):
+    """The import's diff as the import answered it, whole (the parts the schema names, and any it adds)."""
+
+
+class ImportJobSerializer(serializers.Serializer):
+    """A NetBox import or sync run as a job (facility.import_jobs): where it is, and how it ended."""
+
+    id = serializers.IntegerField(help_text="GET /api/v1/facility/import/jobs/{id} reads it")
+    kind = serializers.CharField(help_text="import (a NetBox named in the request) or sync (server.yaml's)")
+    state = serializers.ChoiceField(choices=["queued", "running", "done", "failed"])
+    phase = serializers.CharField(help_text="what it does now: reading NetBox: ENDPOINT, planning, applying, …")
+    url = serializers.CharField(help_text="the NetBox read (blank for a sync: server.yaml's)")
+    site = serializers.CharField(allow_null=True, source="site_or_none", help_text="null: every site")
+    dry_run = serializers.BooleanField()
+    confirm = serializers.BooleanField()
+    objects_read = serializers.IntegerField(help_text="NetBox objects read so far")
+    objects_applied = serializers.IntegerField(help_text="changes applied: feeds, labels, caps, renames")
+    error = serializers.CharField(allow_null=True, source="error_or_none", help_text="why it failed (state failed)")
+    error_field = serializers.CharField(allow_null=True, source="error_field_or_none",
+                                        help_text="the request's field the failure names (url, site, token_file …)")
+    requested_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    result = ImportResultField(allow_null=True, help_text="the import's diff, once done (as a CSV import answers)")
+
+
 class NetboxSyncBodySerializer(StrictSerializer):
     confirm = StrictBooleanField(required=False, default=False, help_text="apply what waits for a yes too")
     dry_run = StrictBooleanField(required=False, default=False, help_text="compute the diff; write nothing")

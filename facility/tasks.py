@@ -51,6 +51,14 @@ def netbox_sync_run() -> None:
     _sync_logged()
 
 
+@shared_task(name="facility.tasks.netbox_import_run", ignore_result=True, soft_time_limit=600, time_limit=660)
+def netbox_import_run(job_id: int) -> None:
+    """A NetBox import or sync a person asked for (facility.import_jobs): its progress and end on its row."""
+    from facility.import_jobs import import_job_run
+
+    import_job_run(job_id=job_id)
+
+
 def netbox_sync_tick() -> None:
     """The embedded server's minute: the claim and the run in its own thread."""
     from django.utils import timezone
@@ -62,15 +70,11 @@ def netbox_sync_tick() -> None:
 
 
 def _sync_logged() -> None:
-    import logging
+    """The scheduled sync as a job of its own, run here (already off any request): its progress and end on
+    its row, as a sync a person asked for."""
+    from facility.import_jobs import scheduled_sync_run
 
-    from facility.netbox_sync import netbox_sync as sync
-    from llmgw.errors import LlmgwError
-
-    try:
-        sync()
-    except LlmgwError as exc:  # recorded on the site's row, shown by ctl facility import status
-        logging.getLogger("llmgw.netbox").warning("NetBox sync failed: %s", exc.message)
+    scheduled_sync_run()
 
 
 # The single-flight flag of the feed-derived caps that nodes joining ask for (llmgw.coalesce).

@@ -37,6 +37,7 @@ from facility import console_figures, selectors
 from facility.conditions import SEVERITY
 from facility.domains import ROLLED_LEVELS, natural_key
 from facility.feeds import rating_text
+from facility.import_jobs import jobs_shown
 from facility.netbox_sync import sync_waiting
 from facility.power import NEAR_LIMIT_SHARE, kw
 from facility.response import CappingConfig, SheddingConfig
@@ -435,6 +436,7 @@ def facility_context(params: Mapping[str, str] | None = None) -> dict[str, Any]:
         "summary": summary_of(domains, n1),
         "stale": stale_of(domains),
         "netbox_waiting": sync_waiting(),
+        "netbox_jobs": jobs_shown(),
         "rack_map": rack_map,
         "racks_shown": sum(room["racks"] for room in rack_map),
         "worst": page,

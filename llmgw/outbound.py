@@ -11,17 +11,20 @@ connect, status line, headers and body — and is kept at the socket:
 
 The body is read in pieces (:func:`read_within`) and cut at ``max_bytes``. A call that passes either
 bound raises :class:`OutboundError` (httpx) or the session's own timeout, whose text says which, so the
-caller marks that source down with the reason. Name resolution (DNS) is the system resolver's, outside
-the deadline. Pure: no Django (the node agent uses it too).
+caller marks that source down with the reason. Name resolution (DNS) is inside the deadline too
+(:func:`resolve`): a resolver that does not answer fails the call when its deadline passes, as a server that
+does not answer does. Pure: no Django (the node agent uses it too).
 """
 
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +135,43 @@ def _within(timeout: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+# getaddrinfo cannot be interrupted, so it runs in these threads and the call waits for it only until its
+# deadline: a resolver that never answers holds at most this many threads, and later calls queue behind them
+# within their own deadlines.
+RESOLVER_THREADS = 4
+_resolver = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="llmgw-resolve")
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses of ``host`` (``socket.getaddrinfo``'s, in its order) within the current call's deadline;
+    TimeoutError once it passes, socket.gaierror for a name that does not resolve. An address is its own
+    answer; outside a :class:`Deadline` the resolver is waited for as it is."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return [host.strip("[]")]
+    except ValueError:
+        pass
+    deadline = _current.get()
+    if deadline is None:
+        return _addresses(host, port)
+    left = _within(None)
+    future = _resolver.submit(_addresses, host, port)
+    try:
+        return future.result(timeout=left)
+    except TimeoutError:
+        future.cancel()
+        deadline.expired = True
+        raise TimeoutError(f"resolving {host} took longer than the call's {deadline.seconds:g} s") from None
+
+
+def _addresses(host: str, port: int) -> list[str]:
+    out: list[str] = []
+    for *_, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        if sockaddr[0] not in out:
+            out.append(sockaddr[0])
+    return out
+
+
 def read_within(read: Callable[[int], bytes], *, deadline_at: float, max_bytes: int, what: str = "the answer") -> bytes:
     """Call ``read(n)`` until it returns b"", the deadline (a ``time.monotonic()``) passes or more than
     ``max_bytes`` came: the body, or OutboundError saying which bound it passed.
@@ -211,10 +251,22 @@ def _transport(*, verify: Any) -> Any:
 
         def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
             try:
-                timeout = _within(timeout)
+                addresses = resolve(host, port)
             except TimeoutError as exc:
                 raise httpcore.ConnectTimeout(str(exc)) from None
-            return Stream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+            except OSError as exc:  # the name does not resolve
+                raise httpcore.ConnectError(f"{host}: {exc}") from None
+            for n, address in enumerate(addresses, 1):  # each address in turn, as a name's own connect would
+                try:
+                    left = _within(timeout)
+                except TimeoutError as exc:
+                    raise httpcore.ConnectTimeout(str(exc)) from None
+                try:
+                    return Stream(self._inner.connect_tcp(address, port, left, local_address, socket_options))
+                except httpcore.ConnectError:
+                    if n == len(addresses):
+                        raise
+            raise httpcore.ConnectError(f"{host}: no address")
 
         def connect_unix_socket(self, path, timeout=None, socket_options=None):
             try:
@@ -293,6 +345,7 @@ def _adapter() -> Any:
     from requests.adapters import HTTPAdapter
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+    from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 
     def watched(sock: Any) -> Any:
         deadline = _current.get()
@@ -302,7 +355,26 @@ def _adapter() -> Any:
 
     class Watched:
         def _new_conn(self):  # the connection's socket, before TLS wraps it
-            return watched(super()._new_conn())
+            name = self._dns_host
+            if _current.get() is None:
+                return watched(super()._new_conn())
+            try:
+                addresses = resolve(name, self.port)
+            except socket.gaierror as exc:
+                raise NameResolutionError(self.host, self, exc) from exc
+            except TimeoutError as exc:
+                raise ConnectTimeoutError(self, str(exc)) from None
+            # The resolved address is connected to; the name stays the request's Host and the TLS name.
+            for n, address in enumerate(addresses, 1):
+                self._dns_host = address
+                try:
+                    return watched(super()._new_conn())
+                except (NewConnectionError, ConnectTimeoutError):
+                    if n == len(addresses):
+                        raise
+                finally:
+                    self._dns_host = name
+            raise NameResolutionError(self.host, self, socket.gaierror(f"{name}: no address"))
 
         def getresponse(self, *args, **kwargs):  # the status line and headers: the wait a trickle stretches
             watched(self.sock)

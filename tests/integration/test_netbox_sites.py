@@ -254,7 +254,7 @@ def test_while_netbox_answers_the_import_holds_no_database_connection(admin_clie
     settings.LLMGW_NETBOX_URLS = ["http://netbox.test"]
     held: list[bool] = []
 
-    def slow_netbox(api, *, site=None):
+    def slow_netbox(api, *, site=None, progress=None):
         held.append(connection.connection is not None)  # what a NetBox trickling its answer would keep
         return two_sites()
 
@@ -262,8 +262,10 @@ def test_while_netbox_answers_the_import_holds_no_database_connection(admin_clie
     answer = admin_client.post("/api/v1/facility/import/netbox",
                                {"url": "http://netbox.test", "token": "t", "site": "sto1", "dry_run": True},
                                content_type="application/json")
-    assert answer.status_code == 200, answer.content
-    assert held == [False] and answer.json()["feeds_added"]
+    assert answer.status_code == 202, answer.content
+    job = answer.json()
+    assert held == [False] and job["state"] == "done" and job["result"]["feeds_added"]
+    assert answer["Location"] == f"/api/v1/facility/import/jobs/{job['id']}"
 
 
 def test_the_facility_page_says_what_waits_for_a_yes(tmp_path, capsys, joined, admin_client):

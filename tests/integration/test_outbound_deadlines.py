@@ -134,3 +134,56 @@ def test_a_netbox_trickling_its_headers_is_refused_naming_the_url(tmp_path, caps
     assert capsys.readouterr().err.startswith(
         f"error: --url: NetBox at {slow.url}/api did not answer: NetBox's answer took longer than its deadline"
     )
+
+
+class StalledResolver:
+    """socket.getaddrinfo that never answers for ``name`` (a DNS server gone quiet) until the test ends; every
+    other name (127.0.0.1 included) resolves as it does."""
+
+    def __init__(self, monkeypatch, name: str):
+        self.name = name
+        self.asked = threading.Event()
+        self.released = threading.Event()
+        real = socket.getaddrinfo
+
+        def getaddrinfo(host, *args, **kwargs):
+            if host == name:
+                self.asked.set()
+                self.released.wait(CUT_WITHIN * 4)
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.released.set()
+
+
+def test_a_prometheus_whose_name_does_not_resolve_is_down_once_the_polls_deadline_passes(monkeypatch):
+    with StalledResolver(monkeypatch, "prometheus.example.test") as dns, outbound.client() as client:
+        poll = poll_prometheus("http://prometheus.example.test:9090", SIGNALS, client=client, now=time.time(),
+                               deadline_seconds=1.0)
+        assert dns.asked.is_set() and not dns.released.is_set()  # answered while the resolver still stalls
+    assert not poll.up
+    assert poll.errors == ["inlet_temp_c: no answer within 1 s"]
+
+
+@pytest.mark.django_db
+def test_a_netbox_whose_name_does_not_resolve_is_refused_at_the_deadline(tmp_path, capsys, monkeypatch):
+    from facility import netbox_import
+    from llmgw.ctl import main as ctl
+
+    token = tmp_path / "nb.token"
+    token.write_text("t")
+    monkeypatch.setattr(netbox_import, "NETBOX_TIMEOUT_SECONDS", 1)
+    with StalledResolver(monkeypatch, "netbox.example.test") as dns:
+        code = ctl(["facility", "import", "netbox", "--url", "http://netbox.example.test", "--token-file", str(token)])
+        assert dns.asked.is_set() and not dns.released.is_set()
+    assert code == 1
+    assert capsys.readouterr().err.startswith(
+        "error: --url: NetBox at http://netbox.example.test/api did not answer: NetBox's answer took longer than "
+        "its deadline"
+    )

@@ -87,6 +87,49 @@ def test_a_handshake_does_not_wait_behind_an_open_page_s_render(cookie, monkeypa
     async_to_sync(run)()
 
 
+def test_a_new_page_s_first_render_does_not_wait_behind_an_open_page_s_live_render(cookie, monkeypatch):
+    import facility.views
+
+    armed, rendering, release = threading.Event(), threading.Event(), threading.Event()
+    real = facility.views.facility_fragments
+
+    def fragments(*args, **kwargs):
+        if armed.is_set():
+            armed.clear()  # the next render, the open page's live one, takes long: a big facility, a slow query
+            rendering.set()
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(facility.views, "facility_fragments", fragments)
+
+    async def run():
+        from asgiref.sync import sync_to_async
+        from channels.layers import get_channel_layer
+
+        from agents.events import PLACEMENT_GROUP
+
+        page = page_socket("/ws/facility/", cookie)
+        assert (await page.connect())[0]
+        await page.send_json_to({"filter": ""})
+        assert 'id="socket-synced"' in (await page.receive_output(10))["text"]
+        armed.set()
+        await get_channel_layer().group_send(PLACEMENT_GROUP, {"type": "placement.changed"})
+        assert await sync_to_async(rendering.wait, thread_sensitive=False)(10)
+        try:
+            new = page_socket("/ws/facility/", cookie)
+            assert (await new.connect(timeout=10))[0]
+            await new.send_json_to({"filter": ""})
+            # While the open page's live render runs, the new page gets its first render.
+            first = await new.receive_output(10)
+            assert 'id="socket-synced"' in first["text"]
+            await new.disconnect()
+        finally:
+            release.set()
+        await page.disconnect()
+
+    async_to_sync(run)()
+
+
 @pytest.fixture
 def redis_layer(settings):
     """channels-redis on the test Redis, as settings make it, with a 2 s group expiry and a prefix of its own."""
