@@ -149,6 +149,10 @@ class ReaderConsumer(WebsocketConsumer):
                     log.warning("socket %s did not leave group %s", self.channel_name, group, exc_info=True)
 
 
+# The cells of a Nodes row that a heartbeat changes (agents/_node_reading.html).
+READING_CELLS = ("power", "temp", "throttle")
+
+
 class NodesConsumer(ReaderConsumer):
     """The Nodes list's socket: re-renders the rows the page shows when their node changes.
 
@@ -162,6 +166,9 @@ class NodesConsumer(ReaderConsumer):
 
     def groups_to_join(self) -> list[str]:
         self.shown = set()
+        # What the page shows of each row, as this socket last sent it: the row but its readings, and each
+        # reading cell (READING_CELLS).
+        self.sent: dict[str, tuple[str, dict[str, str]]] = {}
         self.filter = ""
         self.summary_at = 0.0
         self.filter_read_at = 0.0
@@ -172,6 +179,8 @@ class NodesConsumer(ReaderConsumer):
         message = page_message(text_data)
         if isinstance(message.get("shown"), str):
             self.shown = set(message["shown"].split()[:MAX_SHOWN])
+            # The page swapped its table (or connected): what it shows was rendered just now, not sent here.
+            self.sent = {}
         if isinstance(message.get("filter"), str):
             self.filter = message["filter"][:1000]
             # The summary as the page shows it, counted at most every PAGE_SECONDS (a script sending filters
@@ -218,13 +227,27 @@ class NodesConsumer(ReaderConsumer):
         return render_to_string("agents/_node_summary.html", {**node_summary(dict(parse_qsl(self.filter))), "oob": True})
 
     def send_rows(self, names: list[str]) -> None:
+        """What changed of these rows since this socket sent them: a row whose readings alone changed, only
+        the cells that did (a heartbeat moves the power, seldom the rest); any other, whole."""
         from agents.views import rows_for
 
-        html = "".join(
-            render_to_string("agents/_node_row.html", {"row": row, "oob": True}).strip() for row in rows_for(names, by="name")
-        )
-        if html:
-            self.send(text_data=html)
+        parts = []
+        for row in rows_for(names, by="name"):
+            cells = {cell: render_to_string("agents/_node_reading.html", {"row": row, "cell": cell, "cell_oob": True})
+                     .strip() for cell in READING_CELLS}
+            whole_row = render_to_string("agents/_node_row.html", {"row": row, "oob": True}).strip()
+            # The row less its cells (as the row renders them: without the oob attribute): what else it shows.
+            rest = whole_row
+            for html in cells.values():
+                rest = rest.replace(html.replace(' hx-swap-oob="true"', "", 1), "")
+            before = self.sent.get(row.name)
+            if before is None or before[0] != rest:
+                parts.append(whole_row)
+            else:
+                parts += [html for cell, html in cells.items() if before[1].get(cell) != html]
+            self.sent[row.name] = (rest, cells)
+        if parts:
+            self.send(text_data="".join(parts))
 
 
 class NodeConsumer(ReaderConsumer):
