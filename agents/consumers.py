@@ -293,6 +293,12 @@ class NodeConsumer(ReaderConsumer):
 READINGS_RENDER_SECONDS = 5.0
 
 
+# A page's socket renders again no sooner than this many times what its last render took: on a busy server
+# (a thousand nodes joining, placement changing every second) an open Facility page rendered its parts every
+# second, each render seconds long, and took the web process's CPU from heartbeats and page loads.
+RENDER_COST_TIMES = 4.0
+
+
 class FilteredPageConsumer(ReaderConsumer):
     """A page that renders one body for the filter the page reports (a `ws-send` of `filter`, a query string).
 
@@ -325,6 +331,7 @@ class FilteredPageConsumer(ReaderConsumer):
     def groups_to_join(self) -> list[str]:
         self.filter = ""
         self.last_render = 0.0
+        self.render_cost = 0.0  # how long the last render took
         return [PLACEMENT_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -338,8 +345,9 @@ class FilteredPageConsumer(ReaderConsumer):
                 self.owe(PAGE_SECONDS)
 
     def owe(self, seconds: float) -> None:
-        """A render is owed within `seconds` of the last one: now if that has passed, else at the tick."""
-        due = self.last_render + seconds
+        """A render is owed within `seconds` of the last one — or RENDER_COST_TIMES what the last one took,
+        when more: now if that has passed, else at the tick."""
+        due = self.last_render + max(seconds, self.render_cost * RENDER_COST_TIMES)
         if time.monotonic() >= due:
             self.render()
         elif getattr(self, "due_at", None) is None or due < self.due_at:
@@ -358,6 +366,7 @@ class FilteredPageConsumer(ReaderConsumer):
         self.last_render = time.monotonic()
         self.due_at = None
         self.send(text_data=self.html())
+        self.render_cost = time.monotonic() - self.last_render
 
     def html(self) -> str:
         raise NotImplementedError
@@ -457,6 +466,7 @@ class FacilityConsumer(FilteredPageConsumer):
         self.last_render = time.monotonic()
         self.due_at = None
         fragments = self.fragments()
+        self.render_cost = time.monotonic() - self.last_render
         messages = fragments_changed(self.sent, fragments)
         self.sent = fragment_hashes(fragments)
         if synced or self.sync_owed:

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,8 @@ MODELS = "---\n".join(
         ("coder-7b", 100, 1),
     )
 )
+
+LOAD_TIMEOUT_MS = 60_000  # a Facility page load given up after this (counted at it)
 
 TIMING = """() => {
   const n = performance.getEntriesByType('navigation')[0];
@@ -239,7 +242,10 @@ def main() -> None:
         processes.start("beat", "beat", "--schedule", str(work / "celerybeat-schedule"))
         for i, (base, (_, process)) in enumerate(zip(bases, processes.started[:2], strict=True), 1):
             wait_serving(base, process, work / f"web-{i}.log")
-        run(args, processes, bases, work, figures)
+        try:
+            run(args, processes, bases, work, figures)
+        except Exception:  # the figures so far are still reported
+            traceback.print_exc()
     finally:
         for i in (1, 2):
             processes.stop(f"sim-{i}", signal.SIGINT, 30.0)  # it prints its count of answers as it ends
@@ -250,6 +256,7 @@ def main() -> None:
 
 
 def run(args, processes: Processes, bases: list[str], work: Path, figures: dict) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -257,7 +264,7 @@ def run(args, processes: Processes, bases: list[str], work: Path, figures: dict)
         try:
             context = browser.new_context(base_url=bases[0], viewport={"width": 1440, "height": 900})
             facility = context.new_page()
-            facility.set_default_timeout(120_000)
+            facility.set_default_timeout(LOAD_TIMEOUT_MS)
             facility.goto("/login/")
             facility.fill("input[name=username]", "bench")
             facility.fill("input[name=password]", PASSWORD)
@@ -273,8 +280,12 @@ def run(args, processes: Processes, bases: list[str], work: Path, figures: dict)
             counting_from = None
             while True:
                 at = time.monotonic()
-                facility.goto("/facility/", wait_until="load")
-                load = facility.evaluate(TIMING)["load"]
+                try:
+                    facility.goto("/facility/", wait_until="load")
+                    load = facility.evaluate(TIMING)["load"]
+                except PlaywrightTimeout:  # counted as a load that took the whole timeout
+                    load = LOAD_TIMEOUT_MS
+                    figures["loads_timed_out"] = figures.get("loads_timed_out", 0) + 1
                 ready, oldest = site_state()
                 if oldest is not None:
                     figures["oldest"].append(oldest)
@@ -285,11 +296,15 @@ def run(args, processes: Processes, bases: list[str], work: Path, figures: dict)
                 if all_ready_at is None and ready >= args.nodes:
                     all_ready_at = elapsed
                     figures["all_ready"] = elapsed
-                    nodes_page, frames = open_nodes(context)
-                    counting_from = time.monotonic() + 10  # the renders after connecting are not the steady state
                 elif all_ready_at is not None:
                     least = figures["least_ready_after"]
                     figures["least_ready_after"] = ready if least is None else min(least, ready)
+                if all_ready_at is None and elapsed > args.timeout and "ready_at_timeout" not in figures:
+                    figures["ready_at_timeout"] = ready
+                if nodes_page is None and (all_ready_at is not None or "ready_at_timeout" in figures):
+                    # Every node ready, or the wait given up: the Nodes page, as the site stands, beside the other.
+                    nodes_page, frames = open_nodes(context)
+                    counting_from = time.monotonic() + 10  # the renders after connecting are not the steady state
                 if counting_from is not None and time.monotonic() >= counting_from and "counting" not in figures:
                     frames.clear()
                     figures["counting"] = time.monotonic()
@@ -297,10 +312,8 @@ def run(args, processes: Processes, bases: list[str], work: Path, figures: dict)
                         time.monotonic() - figures["counting"] >= args.seconds:
                     seconds = time.monotonic() - figures["counting"]
                     figures["socket"] = (sum(frames) / 1024 / (seconds / 60), len(frames) / (seconds / 60))
-                if all_ready_at is None and elapsed > args.timeout:
-                    figures["ready_at_timeout"] = ready
-                    break
-                if all_ready_at is not None and elapsed - all_ready_at >= max(args.after, args.seconds + 15):
+                after = elapsed - all_ready_at if all_ready_at is not None else None
+                if "socket" in figures and ("ready_at_timeout" in figures or after >= args.after):
                     break
                 time.sleep(max(0.0, args.every - (time.monotonic() - at)))
             if nodes_page is not None:
@@ -339,7 +352,8 @@ def report(args, work: Path, figures: dict, tallies: list[str], processes: Proce
     else:
         print(f"  not every node ready within {args.timeout:.0f} s: {figures.get('ready_at_timeout')} ready")
     print(f"  heartbeats: {' | '.join(tallies) or 'no count (a sim did not end cleanly)'}")
-    print(f"  Facility page load event: while joining {loads(join)}; after {loads(after)}")
+    print(f"  Facility page load event: while joining {loads(join)}; after {loads(after)}; given up after "
+          f"{LOAD_TIMEOUT_MS / 1000:.0f} s (counted at it): {figures.get('loads_timed_out', 0)}")
     socket = figures.get("socket")
     print("  Nodes page socket: " + (f"{socket[0]:.1f} KiB a minute ({socket[1]:.0f} frames a minute), "
                                      f"{args.nodes} nodes beating" if socket else "not measured"))
