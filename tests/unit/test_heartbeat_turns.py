@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agents.asgi import FULL_PATH_BUSY_TEXT, HeartbeatFastLane
+from agents.asgi import FULL_PATH_BUSY_TEXT, WAITING_PER_CONNECTION, HeartbeatFastLane
 
 SCOPE = {"type": "http", "path": "/api/v1/agents/heartbeat", "method": "POST", "headers": []}
 
@@ -78,3 +78,26 @@ def test_a_heartbeat_that_waited_its_bound_is_answered_503_with_retry_after(sett
     assert start["status"] == 503
     assert (b"retry-after", b"5") in start["headers"]
     assert json.loads(body["body"]) == {"detail": FULL_PATH_BUSY_TEXT, "field": None}
+
+
+def test_past_the_waiting_room_a_heartbeat_is_answered_at_once_and_those_waiting_are_served(settings):
+    settings.LLMGW_DB_HEARTBEAT_POOL_SIZE = 1
+    settings.LLMGW_HEARTBEAT_WAIT_SECONDS = 60
+
+    async def scenario():
+        django = Django()
+        lane = HeartbeatFastLane(django)
+        held = [answers() for _ in range(1 + WAITING_PER_CONNECTION)]  # one running, the rest waiting
+        turns = [asyncio.ensure_future(lane.full_path_turn(SCOPE, None, send)) for _, send in held]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        sent, send = answers()
+        await lane.full_path_turn(SCOPE, None, send)  # returns without waiting for any of them
+        refused_while_full = sent[0]["status"]
+        django.done.set()
+        await asyncio.gather(*turns)
+        return refused_while_full, [s[0]["status"] for s, _ in held]
+
+    refused, served = asyncio.run(scenario())
+    assert refused == 503
+    assert served == [200] * (1 + WAITING_PER_CONNECTION)
