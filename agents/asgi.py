@@ -20,6 +20,7 @@ import json
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from agents import readings
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 
 # How often a served process learns the running nodes it has not seen (their tokens and stored reports).
 LEARN_SECONDS = 5.0
+
+# Heartbeats that may wait for the full path, for each of its connections.
+WAITING_PER_CONNECTION = 4
+FULL_PATH_BUSY_TEXT = (
+    "this server is taking as many joining or changed nodes as its heartbeat connections allow; "
+    "try again in a few seconds"
+)
 
 
 def learn_running_nodes() -> None:
@@ -77,6 +85,12 @@ class HeartbeatFastLane:
 
     def __init__(self, app):
         self.app = app
+        # Heartbeats on Django's full path at once: no more than the heartbeats' own pool has connections.
+        # Each request runs in a thread of its own; past the pool's size the threads waited for a connection,
+        # and past LLMGW_DB_POOL_TIMEOUT were answered 503 "database not reachable" while it was up (a
+        # thousand nodes joining). The others wait here, on the event loop, for a turn.
+        self.full_path: asyncio.Semaphore | None = None
+        self.waiting = 0  # heartbeats waiting for their turn
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != HEARTBEAT_PATH or scope["method"] != "POST":
@@ -86,8 +100,38 @@ class HeartbeatFastLane:
             return None
         answer = self.answer(scope, body)
         if answer is None:
-            return await self.app(scope, whole(body, receive), send)
+            return await self.full_path_turn(scope, whole(body, receive), send)
         await send_json(send, 200, answer)
+
+    async def full_path_turn(self, scope, receive, send) -> None:
+        """Django's full path once a heartbeat connection is free; a heartbeat that waited
+        LLMGW_HEARTBEAT_WAIT_SECONDS for one is answered 503 with Retry-After (its agent sends again)."""
+        size = max(1, settings.LLMGW_DB_HEARTBEAT_POOL_SIZE)
+        if self.full_path is None:
+            self.full_path = asyncio.Semaphore(size)
+        # Past WAITING_PER_CONNECTION waiting a connection each, one more is answered at once: a queue that
+        # grows without end serves every heartbeat only after its bound, each of them then refused (a
+        # thousand nodes joining: not one got through for minutes), where a short one serves those it holds.
+        if self.full_path.locked() and self.waiting >= size * WAITING_PER_CONNECTION:
+            return await self.busy(send)
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self.full_path.acquire(), settings.LLMGW_HEARTBEAT_WAIT_SECONDS)
+        except TimeoutError:
+            return await self.busy(send)
+        finally:
+            self.waiting -= 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.full_path.release()
+
+    @staticmethod
+    async def busy(send) -> None:
+        from llmgw.dependencies import RETRY_AFTER_SECONDS
+
+        await send_json(send, 503, {"detail": FULL_PATH_BUSY_TEXT, "field": None},
+                        headers=((b"retry-after", str(RETRY_AFTER_SECONDS).encode()),))
 
     def answer(self, scope, body: bytes) -> dict[str, Any] | None:
         """The answer when the fast lane can give it, else None (Django answers)."""

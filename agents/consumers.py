@@ -157,6 +157,10 @@ class ReaderConsumer(WebsocketConsumer):
                     log.warning("socket %s did not leave group %s", self.channel_name, group, exc_info=True)
 
 
+# The cells of a Nodes row that a heartbeat changes (agents/_node_reading.html).
+READING_CELLS = ("power", "temp", "throttle")
+
+
 class NodesConsumer(ReaderConsumer):
     """The Nodes list's socket: re-renders the rows the page shows when their node changes.
 
@@ -170,6 +174,9 @@ class NodesConsumer(ReaderConsumer):
 
     def groups_to_join(self) -> list[str]:
         self.shown = set()
+        # What the page shows of each row, as this socket last sent it: the row but its readings, and each
+        # reading cell (READING_CELLS).
+        self.sent: dict[str, tuple[str, dict[str, str]]] = {}
         self.filter = ""
         self.summary_at = 0.0
         self.filter_read_at = 0.0
@@ -180,6 +187,8 @@ class NodesConsumer(ReaderConsumer):
         message = page_message(text_data)
         if isinstance(message.get("shown"), str):
             self.shown = set(message["shown"].split()[:MAX_SHOWN])
+            # The page swapped its table (or connected): what it shows was rendered just now, not sent here.
+            self.sent = {}
         if isinstance(message.get("filter"), str):
             self.filter = message["filter"][:1000]
             # The summary as the page shows it, counted at most every PAGE_SECONDS (a script sending filters
@@ -226,13 +235,27 @@ class NodesConsumer(ReaderConsumer):
         return render_to_string("agents/_node_summary.html", {**node_summary(dict(parse_qsl(self.filter))), "oob": True})
 
     def send_rows(self, names: list[str]) -> None:
+        """What changed of these rows since this socket sent them: a row whose readings alone changed, only
+        the cells that did (a heartbeat moves the power, seldom the rest); any other, whole."""
         from agents.views import rows_for
 
-        html = "".join(
-            render_to_string("agents/_node_row.html", {"row": row, "oob": True}).strip() for row in rows_for(names, by="name")
-        )
-        if html:
-            self.send(text_data=html)
+        parts = []
+        for row in rows_for(names, by="name"):
+            cells = {cell: render_to_string("agents/_node_reading.html", {"row": row, "cell": cell, "cell_oob": True})
+                     .strip() for cell in READING_CELLS}
+            whole_row = render_to_string("agents/_node_row.html", {"row": row, "oob": True}).strip()
+            # The row less its cells (as the row renders them: without the oob attribute): what else it shows.
+            rest = whole_row
+            for html in cells.values():
+                rest = rest.replace(html.replace(' hx-swap-oob="true"', "", 1), "")
+            before = self.sent.get(row.name)
+            if before is None or before[0] != rest:
+                parts.append(whole_row)
+            else:
+                parts += [html for cell, html in cells.items() if before[1].get(cell) != html]
+            self.sent[row.name] = (rest, cells)
+        if parts:
+            self.send(text_data="".join(parts))
 
 
 class NodeConsumer(ReaderConsumer):
@@ -278,6 +301,12 @@ class NodeConsumer(ReaderConsumer):
 READINGS_RENDER_SECONDS = 5.0
 
 
+# A page's socket renders again no sooner than this many times what its last render took: on a busy server
+# (a thousand nodes joining, placement changing every second) an open Facility page rendered its parts every
+# second, each render seconds long, and took the web process's CPU from heartbeats and page loads.
+RENDER_COST_TIMES = 4.0
+
+
 class FilteredPageConsumer(ReaderConsumer):
     """A page that renders one body for the filter the page reports (a `ws-send` of `filter`, a query string).
 
@@ -310,6 +339,7 @@ class FilteredPageConsumer(ReaderConsumer):
     def groups_to_join(self) -> list[str]:
         self.filter = ""
         self.last_render = 0.0
+        self.render_cost = 0.0  # how long the last render took
         return [PLACEMENT_GROUP]
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -323,8 +353,9 @@ class FilteredPageConsumer(ReaderConsumer):
                 self.owe(PAGE_SECONDS)
 
     def owe(self, seconds: float) -> None:
-        """A render is owed within `seconds` of the last one: now if that has passed, else at the tick."""
-        due = self.last_render + seconds
+        """A render is owed within `seconds` of the last one — or RENDER_COST_TIMES what the last one took,
+        when more: now if that has passed, else at the tick."""
+        due = self.last_render + max(seconds, self.render_cost * RENDER_COST_TIMES)
         if time.monotonic() >= due:
             self.render()
         elif getattr(self, "due_at", None) is None or due < self.due_at:
@@ -343,6 +374,7 @@ class FilteredPageConsumer(ReaderConsumer):
         self.last_render = time.monotonic()
         self.due_at = None
         self.send(text_data=self.html())
+        self.render_cost = time.monotonic() - self.last_render
 
     def html(self) -> str:
         raise NotImplementedError
@@ -442,6 +474,7 @@ class FacilityConsumer(FilteredPageConsumer):
         self.last_render = time.monotonic()
         self.due_at = None
         fragments = self.fragments()
+        self.render_cost = time.monotonic() - self.last_render
         messages = fragments_changed(self.sent, fragments)
         self.sent = fragment_hashes(fragments)
         if synced or self.sync_owed:

@@ -77,9 +77,10 @@ async def read_body(scope, receive) -> bytes:
             return b"".join(chunks)
 
 
-async def send_json(send, status: int, body: dict, *, close: bool = False) -> None:
+async def send_json(send, status: int, body: dict, *, close: bool = False,
+                    headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
     if close:  # the rest of the body is never read: the connection cannot carry another request
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

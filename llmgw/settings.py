@@ -492,6 +492,9 @@ LLMGW_PARSE_CONCURRENCY = env_number("LLMGW_PARSE_CONCURRENCY", "2", int)
 # The connections of the heartbeats' own pool in each process (PostgreSQL, with the pool on), besides
 # LLMGW_DB_POOL_SIZE's for everything else.
 LLMGW_DB_HEARTBEAT_POOL_SIZE = env_number("LLMGW_DB_HEARTBEAT_POOL_SIZE", "4", int)
+# Heartbeats on the full path (a node joining or changing) at once in a web process are at most that pool's
+# size; one that waits this long for its turn is answered 503 with Retry-After.
+LLMGW_HEARTBEAT_WAIT_SECONDS = env_number("LLMGW_HEARTBEAT_WAIT_SECONDS", "20", float)
 # WebSocket messages from the console (a list of the rows a page shows) are small; larger ones are refused.
 LLMGW_WS_MAX_BYTES = env_number("LLMGW_WS_MAX_BYTES", str(256 * 1024), int)
 # The server's own limits (llmgw.serving): a request's head (request line and headers) in bytes, the time

@@ -1,7 +1,8 @@
-"""REST API of API tokens and logins: /api/v1/tokens (list, create), /api/v1/tokens/<username> (revoke),
-/api/v1/tokens/<username>/rotate, /api/v1/users/<username>/unlock — what `llmgw ctl token …` and
-`llmgw ctl user unlock` call in remote mode. A user lists, rotates and revokes their own token; an admin
-(staff) anyone's, and only a superuser an admin's."""
+"""REST API of API tokens, users and logins: /api/v1/tokens (list, create), /api/v1/tokens/<username> (revoke),
+/api/v1/tokens/<username>/rotate, /api/v1/users (list, create), /api/v1/users/<username> (remove),
+/api/v1/users/<username>/password, /api/v1/users/<username>/unlock — what `llmgw ctl token …` and
+`llmgw ctl user …` call in remote mode. A user lists, rotates and revokes their own token and sets their own
+password; an admin (staff) anyone's, and only a superuser an admin's."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from llmgw.access.tokens import LIFETIME_PATTERN
 from llmgw.api import ApiView, TextField, documented
 from llmgw.permissions import ROLES, IsAdmin, can_administer
 from llmgw.users import (
+    MAX_PASSWORD,
     MAX_USERNAME,
     is_admin_account,
     token_create,
     token_list,
     token_revoke,
     token_rotate,
+    user_create,
+    user_list,
+    user_password_set,
+    user_remove,
     user_unlock,
 )
 
@@ -66,6 +72,24 @@ class TokenRowSerializer(serializers.Serializer):
     expired = serializers.BooleanField()
 
 
+class UserCreateSerializer(StrictSerializer):
+    username = UsernameField(max_length=MAX_USERNAME, help_text="a new user; letters, digits and @ . + - _")
+    role = serializers.ChoiceField(choices=ROLES, help_text="viewer reads; operator also changes")
+    password = TextField(max_length=MAX_PASSWORD, help_text="what they log in to the console with; at least 8 characters")
+
+
+class PasswordSerializer(StrictSerializer):
+    password = TextField(max_length=MAX_PASSWORD, help_text="the new password; at least 8 characters")
+
+
+class UserRowSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField(help_text="viewer, operator, admin, or none")
+    has_password = serializers.BooleanField(help_text="false: the user cannot log in to the console")
+    has_token = serializers.BooleanField()
+    last_login = serializers.DateTimeField(allow_null=True, help_text="null: never logged in")
+
+
 class UnlockSerializer(serializers.Serializer):
     username = serializers.CharField()
     removed = serializers.IntegerField(help_text="records of failed logins removed (one a username and address; 0: none)")
@@ -74,15 +98,15 @@ class UnlockSerializer(serializers.Serializer):
 USERNAME_IN_PATH = [OpenApiParameter("username", str, OpenApiParameter.PATH, description="the token's user")]
 
 
-def check_may_change(request, username: str) -> None:
-    """A user changes their own token; an admin anyone's; an admin's token only a superuser (or its owner)."""
+def check_may_change(request, username: str, what: str = "token") -> None:
+    """A user changes their own token (or password); an admin anyone's; an admin's only a superuser (or its owner)."""
     user = request.user
     if user.get_username() == username:
         return
     if not can_administer(user):
-        raise PermissionDenied(f"username: {username} is not you; only an admin (a staff user) changes another's token")
+        raise PermissionDenied(f"username: {username} is not you; only an admin (a staff user) changes another's {what}")
     if is_admin_account(username) and not user.is_superuser:
-        raise PermissionDenied(f"username: {username} is an admin; only a superuser changes an admin's token")
+        raise PermissionDenied(f"username: {username} is an admin; only a superuser changes an admin's {what}")
 
 
 def issued(username: str, key: str) -> dict:
@@ -156,3 +180,57 @@ class UserUnlockView(ApiView):
                 ok={200: UnlockSerializer}, parameters=USERNAME_IN_PATH)
     def post(self, request, username: str):
         return Response({"username": username, "removed": user_unlock(username=username)})
+
+
+class IsUserAdmin(IsAdmin):
+    message = "your role does not allow this: users are made, listed and removed by an admin (a staff user)"
+
+
+class UserListView(ApiView):
+    """GET: every user, with role and whether they have a password and a token. POST: a console user with a
+    password and a role. Admins only."""
+
+    permission_classes = [IsUserAdmin]
+
+    @documented(summary="Users: role, password or not, API token or not, last login; admins (staff) only",
+                ok={200: UserRowSerializer(many=True)})
+    def get(self, request):
+        return Response(UserRowSerializer(user_list(), many=True).data)
+
+    @documented(summary="A console user with a password and a role; admins (staff) only",
+                request=UserCreateSerializer, ok={201: UserRowSerializer}, errors=(409,))
+    def post(self, request):
+        data = UserCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = user_create(**data.validated_data)
+        return Response(UserRowSerializer(row).data, status=status.HTTP_201_CREATED)
+
+
+class UserDetailView(ApiView):
+    """DELETE: remove a user and their API token; admins only (an admin's account only a superuser)."""
+
+    permission_classes = [IsUserAdmin]
+
+    @documented(summary="Remove a user and their API token; admins (staff) only, an admin only by a superuser",
+                ok={204: None}, errors=(404,), parameters=USERNAME_IN_PATH)
+    def delete(self, request, username: str):
+        if request.user.get_username() == username:
+            raise PermissionDenied(f"username: {username} is you; another admin removes your account")
+        check_may_change(request, username, "account")
+        user_remove(username=username)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class UserPasswordView(ApiView):
+    """POST: a new password for a user: your own, or (an admin) anyone's."""
+
+    permission_classes = [IsAuthenticated]
+
+    @documented(summary="Set a user's console password: yours, or (an admin) anyone's", request=PasswordSerializer,
+                ok={204: None}, errors=(404,), parameters=USERNAME_IN_PATH)
+    def post(self, request, username: str):
+        check_may_change(request, username, "password")
+        data = PasswordSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user_password_set(username=username, password=data.validated_data["password"])
+        return Response(status=status.HTTP_204_NO_CONTENT)

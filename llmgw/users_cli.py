@@ -1,13 +1,17 @@
-"""`llmgw ctl token create|list|rotate|revoke` (API tokens for people and tools) and `llmgw ctl user unlock`
-(a login lockout lifted)."""
+"""`llmgw ctl token create|list|rotate|revoke` (API tokens for people and tools) and `llmgw ctl user
+create|list|set-password|remove|unlock` (console users, their passwords, a login lockout lifted)."""
 
 from __future__ import annotations
 
+import sys
+
+from llmgw.errors import InvalidInput
 from llmgw.output import print_json, print_table
 from llmgw.remote import path_part, read, write
 
 # llmgw.permissions.ROLES, named here too: importing it would load Django for every remote command.
 ROLES = ("viewer", "operator")
+PASSWORD_STDIN_HELP = "read the password from the first line of standard input instead of asking for it"
 EXPIRES_HELP = ("the token's lifetime: e.g. 90d, 12h, 30m, or never (default: LLMGW_TOKEN_LIFETIME, 90d); "
                 "past it the token is refused")
 
@@ -53,8 +57,40 @@ def register(commands) -> None:
     v.add_argument("username")
     v.set_defaults(handler=token_revoke_command)
 
-    u = commands.add_parser("user", help="users: llmgw ctl user unlock USERNAME")
+    u = commands.add_parser(
+        "user", help="console users: llmgw ctl user create USERNAME --role viewer, list, set-password, remove, unlock",
+    )
     usub = u.add_subparsers(dest="user_command", metavar="COMMAND", required=True)
+    c = usub.add_parser(
+        "create", help="a console user who logs in with a password, with a role",
+        description="Asks for the password twice (or reads one line from standard input with --password-stdin); "
+        "at least 8 characters. viewer reads; operator also changes labels, holds, models and budgets. An admin "
+        "(who gives out tokens and makes users) is made with `llmgw createsuperuser`. In remote mode an admin's token.",
+    )
+    c.add_argument("username")
+    c.add_argument("--role", choices=ROLES, required=True)
+    c.add_argument("--password-stdin", action="store_true", help=PASSWORD_STDIN_HELP)
+    c.set_defaults(handler=user_create_command)
+    ls = usub.add_parser(
+        "list", help="the users: role, password or not, API token or not, last login",
+        description="In remote mode an admin's token.",
+    )
+    ls.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    ls.set_defaults(handler=user_list_command)
+    pw = usub.add_parser(
+        "set-password", help="a new console password for a user; the old one is refused at once",
+        description="Asks for it twice (or reads one line from standard input with --password-stdin). Anyone's "
+        "where the database is; in remote mode your own, or (an admin's token) anyone's.",
+    )
+    pw.add_argument("username")
+    pw.add_argument("--password-stdin", action="store_true", help=PASSWORD_STDIN_HELP)
+    pw.set_defaults(handler=user_password_command)
+    rm = usub.add_parser(
+        "remove", help="remove a user and their API token (holds they made keep their name)",
+        description="In remote mode an admin's token; an admin's account only a superuser's.",
+    )
+    rm.add_argument("username")
+    rm.set_defaults(handler=user_remove_command)
     k = usub.add_parser(
         "unlock", help="lift a user's login lockout (after too many failed logins)",
         description="Forgets the failed logins recorded under the username, so they may log in again at once. "
@@ -79,6 +115,13 @@ def token_command(args) -> int:
     return 0
 
 
+def as_json(rows) -> list[dict]:
+    """Rows (dataclasses) as the API answers them: times in ISO form."""
+    from dataclasses import asdict
+
+    return [{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in asdict(row).items()} for row in rows]
+
+
 def _when(value) -> str:
     if value is None:
         return "-"
@@ -88,12 +131,9 @@ def _when(value) -> str:
 
 def token_list_command(args) -> int:
     def local() -> list[dict]:
-        from dataclasses import asdict
-
         from llmgw.users import token_list
 
-        return [{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in asdict(row).items()}
-                for row in token_list()]
+        return as_json(token_list())
 
     rows = read(args, "tokens", local)
     if args.output == "json":
@@ -140,4 +180,77 @@ def user_unlock_command(args) -> int:
     removed = data["removed"]
     print(f"{args.username} unlocked: their failed logins are forgotten" if removed
           else f"{args.username} had no failed logins recorded")
+    return 0
+
+
+def password_read(args) -> str:
+    """The password: one line of standard input (--password-stdin), else asked for twice without echo. Never an
+    argument: a command line is seen by every user of the machine (ps)."""
+    if args.password_stdin:
+        line = sys.stdin.readline(10_000)
+        return line.rstrip("\r\n")
+    if not sys.stdin.isatty():
+        raise InvalidInput("password: standard input is not a terminal; give --password-stdin to read it from there",
+                           field="password")
+    from getpass import getpass
+
+    password = getpass(f"password for {args.username}: ")
+    if getpass("again: ") != password:
+        raise InvalidInput("password: the two did not match; nothing was changed", field="password")
+    return password
+
+
+def user_create_command(args) -> int:
+    password = password_read(args)
+
+    def local() -> dict:
+        from llmgw.users import user_create
+
+        user_create(username=args.username, role=args.role, password=password)
+        return {}
+
+    write(args, "POST", "users", {"username": args.username, "role": args.role, "password": password}, local)
+    print(f"user {args.username} made ({args.role}): they log in to the console with that password")
+    return 0
+
+
+def user_list_command(args) -> int:
+    def local() -> list[dict]:
+        from llmgw.users import user_list
+
+        return as_json(user_list())
+
+    rows = read(args, "users", local)
+    if args.output == "json":
+        print_json(rows)
+        return 0
+    print_table(
+        ["USER", "ROLE", "PASSWORD", "TOKEN", "LAST LOGIN"],
+        [[r["username"], r["role"], "yes" if r["has_password"] else "no", "yes" if r["has_token"] else "no",
+          _when(r["last_login"])] for r in rows],
+    )
+    return 0
+
+
+def user_password_command(args) -> int:
+    password = password_read(args)
+
+    def local() -> None:
+        from llmgw.users import user_password_set
+
+        user_password_set(username=args.username, password=password)
+
+    write(args, "POST", f"users/{path_part(args.username, 'username')}/password", {"password": password}, local)
+    print(f"password of {args.username} set: the old one is refused from now")
+    return 0
+
+
+def user_remove_command(args) -> int:
+    def local() -> None:
+        from llmgw.users import user_remove
+
+        user_remove(username=args.username)
+
+    write(args, "DELETE", f"users/{path_part(args.username, 'username')}", None, local)
+    print(f"user {args.username} removed, with their API token")
     return 0

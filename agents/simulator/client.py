@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ class BeatResult:
     ok: bool
     seconds: float
     error: str = ""
+    # The answer's status ("200", "503"), or the client's error's name ("ReadTimeout") when none came.
+    status: str = "200"
 
 
 def _error_text(response: Any) -> str:
@@ -46,9 +49,9 @@ async def post_heartbeat(
     try:
         response = await client.post(HEARTBEAT_PATH, json=body, headers={"Authorization": f"Token {token}"})
     except httpx.HTTPError as exc:
-        return BeatResult(node.name, False, clock() - start, f"{type(exc).__name__}: {exc}")
+        return BeatResult(node.name, False, clock() - start, f"{type(exc).__name__}: {exc}", type(exc).__name__)
     if response.status_code != 200:
-        return BeatResult(node.name, False, clock() - start, _error_text(response))
+        return BeatResult(node.name, False, clock() - start, _error_text(response), str(response.status_code))
     node.take_answer(response.json(), clock())
     return BeatResult(node.name, True, clock() - start)
 
@@ -85,8 +88,10 @@ async def run_nodes(
     interval: float,
     stop: asyncio.Event | None = None,
     connections: int = 100,
+    tally: Counter | None = None,
 ) -> None:
-    """Every node beats every `interval` seconds, their starts spread over one interval, until `stop` is set."""
+    """Every node beats every `interval` seconds, their starts spread over one interval, until `stop` is set;
+    each answer's status counted in `tally`."""
     stop = stop or asyncio.Event()
     async with client_for(server, connections) as client:
 
@@ -103,6 +108,8 @@ async def run_nodes(
                     except TimeoutError:
                         pass
                 result = await post_heartbeat(client, node, tokens[node.name])
+                if tally is not None:
+                    tally[result.status] += 1
                 if not result.ok and not failing:
                     log.warning("sim %s: heartbeat failed: %s (retrying every interval)", node.name, result.error)
                 elif result.ok and failing:
@@ -115,3 +122,15 @@ async def run_nodes(
 
         count = max(len(nodes), 1)
         await asyncio.gather(*(beat_forever(n, interval * i / count) for i, n in enumerate(nodes)))
+
+
+def tally_text(tally: Counter) -> str:
+    """``1,200 heartbeats: 1,188 ok; refused or failed: 12 (503 × 9, ReadTimeout × 3)``."""
+    total = sum(tally.values())
+    ok = tally.get("200", 0)
+    failed = {status: n for status, n in tally.items() if status != "200"}
+    text = f"{total:,} heartbeats: {ok:,} ok"
+    if failed:
+        parts = ", ".join(f"{status} × {n:,}" for status, n in sorted(failed.items(), key=lambda kv: -kv[1]))
+        text += f"; refused or failed: {total - ok:,} ({parts})"
+    return text

@@ -128,6 +128,11 @@ def test_a_heartbeat_changes_the_open_page_without_a_reload(racks, page, server)
     beat(readings(88))
     expect(page.locator("#node-gpu01 td.temp")).to_have_text("88 °C")
     expect(page.locator("#node-gpu02 td.temp")).to_have_text("62 °C")
+    # Only its readings changed since: the socket sends the cells, swapped into the row in place.
+    beat(readings(93))
+    expect(page.locator("#node-gpu01 td.temp")).to_have_text("93 °C")
+    expect(page.locator("#node-gpu01 > td")).to_have_count(7)
+    expect(page.locator("#node-gpu01 td.power .age time.since")).to_have_count(1)
     assert page.evaluate("window.notReloaded") is True
 
     page.goto("/nodes/gpu01/")

@@ -443,6 +443,49 @@ def test_the_nodes_socket_sends_the_changed_row_it_shows(make_user):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_nodes_socket_sends_only_the_reading_cells_that_changed_and_a_row_whole_when_more_did(make_user):
+    from agents.consumers import NodesConsumer
+    from facility.services import hold_create
+
+    heartbeat("gpu01", rack="r1", gpus=2, sensors=gpu_readings([70, 70]))
+    user, _ = make_user("viewer1", "viewer")
+
+    async def run():
+        from asgiref.sync import sync_to_async
+
+        socket = communicate("/ws/nodes/", user, NodesConsumer)
+        assert (await socket.connect())[0]
+        await socket.send_json_to({"shown": "gpu01"})
+        await socket.receive_nothing(0.2)
+        sent = []
+        # The first update after the page said what it shows: the row whole (the socket never sent it).
+        await sync_to_async(heartbeat)("gpu01", rack="r1", gpus=2, sensors=gpu_readings([70, 70], power=410))
+        sent.append(await socket.receive_from(timeout=5))
+        # Power moved, the temperature did not: the power cell alone.
+        await sync_to_async(heartbeat)("gpu01", rack="r1", gpus=2, sensors=gpu_readings([70, 70], power=420))
+        sent.append(await socket.receive_from(timeout=5))
+        # Hotter and throttled: those cells too, still not the row.
+        await sync_to_async(heartbeat)("gpu01", rack="r1", gpus=2,
+                                       sensors=gpu_readings([88, 70], power=430, throttle={0: ["sw_thermal"]}))
+        sent.append(await socket.receive_from(timeout=5))
+        # A hold changes the row's state: the row whole again.
+        await sync_to_async(hold_create)(domain="rack:r1", reason="PDU swap")
+        sent.append(await socket.receive_from(timeout=5))
+        await socket.disconnect()
+        return sent
+
+    whole, power, hot, held = async_to_sync(run)()
+    assert whole.startswith('<tr id="node-gpu01" hx-swap-oob="true"') and "820 W" in whole
+    assert power.startswith('<td id="node-gpu01-power" hx-swap-oob="true" class="num power">840 W')
+    assert "<tr" not in power and "node-gpu01-temp" not in power and "node-gpu01-throttle" not in power
+    assert "<tr" not in hot
+    assert [cell in hot for cell in ('id="node-gpu01-power"', 'id="node-gpu01-temp"', 'id="node-gpu01-throttle"')] == [
+        True, True, True]
+    assert "88 °C" in hot and "throttled" in hot
+    assert held.startswith('<tr id="node-gpu01" hx-swap-oob="true"') and "rack:r1: PDU swap" in held
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_node_socket_sends_its_panels_and_refuses_a_stranger(make_user):
     from django.contrib.auth.models import AnonymousUser
 

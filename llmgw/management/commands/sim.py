@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError
 
-from agents.simulator.client import run_nodes, run_round
+from agents.simulator.client import run_nodes, run_round, tally_text
 from agents.simulator.cluster import DEFAULT_INTERVAL_SECONDS, load_cluster_file
 from agents.simulator.nodes import DEFAULT_READY_DELAY_SECONDS, SimNode
 from llmgw.errors import InvalidInput
@@ -157,10 +158,13 @@ class Command(LlmgwCommand):
                 raise CommandError(f"{len(failed)} of {len(results)} heartbeats failed")
             return
         self.stdout.write(f"simulating {len(nodes)} nodes against {server}, every {interval} s (Ctrl-C stops)")
+        tally: Counter = Counter()
         try:
-            asyncio.run(run_nodes(nodes, node_tokens, server, interval=interval))
+            asyncio.run(run_nodes(nodes, node_tokens, server, interval=interval, tally=tally))
         except KeyboardInterrupt:
             pass
+        # What the control plane answered over the run: a refusal is logged once a streak, counted here each time.
+        self.stdout.write(tally_text(tally))
 
     def replay_facility(self, file: str, speed: float) -> None:
         """Start replaying a scenario into the simulated source; the periodic evaluation reads it from now."""
