@@ -51,3 +51,30 @@ def test_a_dell_idrac_rack_chassis_is_taken_and_its_missing_power_said():
     assert str(down.value) == (
         "chassis System.Embedded.1 reports no power reading (no EnvironmentMetrics, PowerSubsystem, Power or Sensors)"
     )
+
+
+def test_a_blade_enclosures_bmc_asks_which_blade_and_a_blade_without_power_says_so():
+    # DMTF's bladed mockup: an enclosure and four blades, each blade linking its own system.
+    with sushy_static("public-bladed") as url:
+        with pytest.raises(BmcDown) as several:
+            read(url)
+        with pytest.raises(BmcDown) as blade:
+            read(url, chassis="Blade1")
+    assert str(several.value) == (
+        "the BMC has 5 chassis (MultiBladeEncl, Blade1, Blade2, Blade3, Blade4); name the node's in agent.yaml "
+        "(bmc: chassis:)"
+    )
+    assert str(blade.value) == (
+        "chassis Blade1 reports no power reading (no EnvironmentMetrics, PowerSubsystem, Power or Sensors)"
+    )
+
+
+def test_a_rack_server_with_trays_linking_the_same_system_is_read_once_named():
+    # DMTF's telemetry mockup: chassis 1 and three trays, every one a RackMount linking system 1.
+    with sushy_static("public-telemetry") as url:
+        with pytest.raises(BmcDown) as several:
+            read(url)
+        assert read(url, chassis="1") == (8000.0, "Power")
+    assert str(several.value) == (
+        "the BMC has 4 chassis (1, Tray_1, Tray_2, Tray_3); name the node's in agent.yaml (bmc: chassis:)"
+    )
