@@ -36,7 +36,7 @@ IMPLAUSIBLE_GAUGE = (
 # counter in each web process: every process answers the same figure, and one restarted loses nothing.
 IMPLAUSIBLE_KINDS_GAUGE = (
     "llmgw_readings_implausible",
-    "Readings dropped from ready nodes' last heartbeats, by kind (out_of_bounds, unknown_gpu, gpu_power, node_power, bmc_low).",
+    "Readings dropped from ready nodes' last heartbeats, by kind (out_of_bounds, at_source, unknown_gpu, gpu_power, node_power, bmc_low).",
 )
 PENDING_GAUGE = (
     "llmgw_node_inventory_pending", "GPUs its agent reports while a change of its inventory waits for an operator."

@@ -101,7 +101,7 @@ class NodeDetailSerializer(NodeRowSerializer):
     sensors = serializers.DictField(
         allow_null=True,
         help_text="the agent's last readings as they were taken; `implausible`: those dropped, each "
-        "{reading: its field, value, why, kind: out_of_bounds|unknown_gpu|gpu_power|node_power|bmc_low}",
+        "{reading: its field, value, why, kind: out_of_bounds|at_source|unknown_gpu|gpu_power|node_power|bmc_low}",
     )
     location_conflicts = serializers.ListField(
         child=serializers.CharField(),

@@ -36,6 +36,7 @@ from agents.node.config import (
 )
 from agents.node.protocol import HeartbeatError, validate_capping
 from agents.node.runtime import Runtime
+from llmgw import outbound
 
 logger = logging.getLogger("llmgw.agent")
 
@@ -43,6 +44,12 @@ AGENT_VERSION = "0.1.0"
 # An outage's retries grow to this many intervals and no further.
 BACKOFF_CAP_INTERVALS = 6
 REPLICA_FIELDS = ("id", "state", "port", "restarts", "message")
+# The most of the control plane's answer read: it lists the node's replicas, at most 1,024 of them.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+
+
+class AnswerTooLarge(httpx.TransportError):
+    """The control plane's answer passed MAX_ANSWER_BYTES: not read further."""
 
 
 class Reader(Protocol):
@@ -157,20 +164,51 @@ class Agent:
         self._problem: str | None = None
         self._capping_problem: str | None = None
         self._warnings = ""  # the last answer's warnings, logged when they change
-        self._client = client or httpx.Client(
-            timeout=min(MAX_INTERVAL_SECONDS, max(2.0, config.interval_seconds)),
-            headers={"User-Agent": f"llmgw-agent/{AGENT_VERSION}"},
-        )
+        # One deadline for a whole heartbeat: connect, the request, the answer's status line, headers and body.
+        self.deadline_seconds = min(MAX_INTERVAL_SECONDS, max(2.0, config.interval_seconds))
+        self._client = client or outbound.client(headers={"User-Agent": f"llmgw-agent/{AGENT_VERSION}"})
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
 
     def send(self, body: dict) -> httpx.Response:
-        """POST one heartbeat; raises httpx.HTTPError when the server cannot be reached."""
-        return self._client.post(
-            self.config.heartbeat_url, json=body, headers={"Authorization": f"Token {self.config.token}"}
-        )
+        """POST one heartbeat and read its answer whole; raises httpx.HTTPError when the server cannot be
+        reached, or passes the deadline or MAX_ANSWER_BYTES.
+
+        A timeout per wait bounds nothing against a server (or a proxy) that sends its answer a byte at a
+        time: one deadline covers the whole call — connect, the request, the status line, the headers and
+        the body (llmgw.outbound keeps it at the socket) — so a heartbeat never waits past it.
+        """
+        seconds = self.deadline_seconds
+        with outbound.Deadline(seconds) as deadline:
+            request = self._client.build_request(
+                "POST", self.config.heartbeat_url, json=body, headers={"Authorization": f"Token {self.config.token}"},
+                timeout=httpx.Timeout(seconds),
+            )
+            try:
+                response = self._client.send(request, stream=True)
+                try:
+                    stream = response.iter_bytes()  # as it arrives, decoded: the cap counts what is kept
+                    content = outbound.read_within(
+                        lambda _: next(stream, b""), deadline_at=deadline.at, max_bytes=MAX_ANSWER_BYTES,
+                        what="the control plane's answer",
+                    )
+                finally:
+                    response.close()
+            except (httpx.HTTPError, outbound.OutboundError) as exc:
+                # Every wait is held to what is left of the deadline: a timeout is the deadline's.
+                if deadline.left() <= 0 or isinstance(exc, httpx.TimeoutException):
+                    raise httpx.ReadTimeout(f"no answer within {seconds:g} s", request=request) from None
+                if isinstance(exc, outbound.OutboundError):
+                    raise AnswerTooLarge(str(exc), request=request) from None
+                raise
+        # Decoded already: the answer as read, less the headers that describe its encoding on the wire.
+        headers = [
+            (key, value) for key, value in response.headers.multi_items()
+            if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+        ]
+        return httpx.Response(response.status_code, headers=headers, content=content, request=request)
 
     def beat(self) -> float:
         """Send one heartbeat and apply its answer; returns the seconds to wait before the next.
@@ -185,6 +223,8 @@ class Agent:
         url = self.config.heartbeat_url
         try:
             response = self.send(body)
+        except AnswerTooLarge as exc:
+            return self._outage(f"{url}: {exc}")
         except httpx.HTTPError as exc:
             return self._outage(f"cannot reach {url} ({type(exc).__name__}: {exc})")
         if response.status_code >= 500:

@@ -295,8 +295,16 @@ INVENTORY_KEYS = frozenset(
 )
 GPU_SENSOR_KEYS = frozenset(
     {"index", "uuid", "temperature_celsius", "memory_temperature_celsius", "slowdown_temperature_celsius",
-     "power_watts", "power_limit_watts", "throttle_reasons"}
+     "power_watts", "power_limit_watts", "throttle_reasons", "dropped"}
 )
+# A GPU's `dropped`: the readings its agent dropped at the source (NVML's not-available value, a figure no
+# card has), each {"reading": its key, "value": what was read in the reading's unit (optional), "why"}.
+GPU_DROPPED_READINGS = frozenset(
+    {"temperature_celsius", "memory_temperature_celsius", "slowdown_temperature_celsius", "power_watts",
+     "power_limit_watts", "enforced_power_limit_watts", "default_power_limit_watts"}
+)
+DROPPED_KEYS = frozenset({"reading", "value", "why"})
+MAX_DROPPED_WHY_LENGTH = 200
 SENSOR_KEYS = frozenset({"gpus", "cpu_temperature_celsius", "inlet_temperature_celsius", "cpu_power_watts"})
 # The node's whole draw from its BMC (agents.node.sensors.bmc): the figure, where it comes from, and the BMC's
 # state as a source. `node_power_watts` and `power_source: "bmc"` come together, while the BMC is up;
@@ -468,6 +476,7 @@ def _sensors(raw: Any) -> dict[str, Any]:
                         )
                 gpu["throttle_reasons"] = sorted(set(reasons))
             _gpu_capping_sensors(g, f, gpu, dropped)
+            _dropped_at_source(g, f, gpu, dropped)
             gpus.append(gpu)
         out["gpus"] = gpus
     _temperature(s, "cpu_temperature_celsius", "sensors", out, dropped)
@@ -479,6 +488,31 @@ def _sensors(raw: Any) -> dict[str, Any]:
     if dropped:
         out["implausible"] = dropped
     return out
+
+
+def _dropped_at_source(g: Mapping[str, Any], field: str, gpu: Mapping[str, Any], dropped: list) -> None:
+    """The readings a GPU's agent dropped at the source (its ``dropped``), each flagged as a reading the
+    control plane drops is (kind ``at_source``); the GPU carries none of them."""
+    if g.get("dropped") is None:
+        return
+    for j, entry in enumerate(_list(g["dropped"], f"{field}.dropped", len(GPU_DROPPED_READINGS))):
+        where = f"{field}.dropped[{j}]"
+        entry = _mapping(entry, where)
+        _only(entry, where, DROPPED_KEYS)
+        reading = entry.get("reading")
+        if not isinstance(reading, str) or reading not in GPU_DROPPED_READINGS:
+            raise HeartbeatError(
+                f"{where}.reading", f"must be one of {', '.join(sorted(GPU_DROPPED_READINGS))}, not {_shown(reading)}"
+            )
+        if reading in gpu:
+            raise HeartbeatError(f"{where}.reading", f"{reading} is read too ({gpu[reading]:g}); a reading dropped is absent")
+        if entry.get("why") is None:
+            raise HeartbeatError(f"{where}.why", "is required")
+        why = _text(entry["why"], f"{where}.why", MAX_DROPPED_WHY_LENGTH)
+        value = entry.get("value")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise HeartbeatError(f"{where}.value", f"must be a number, not {_shown(value)}")
+        dropped.append(implausible_entry(f"{field}.{reading}", value, why, "at_source"))
 
 
 def _bmc_sensors(s: Mapping[str, Any], out: dict[str, Any], dropped: list) -> None:
@@ -596,7 +630,7 @@ def validate_heartbeat(raw: Any) -> dict[str, Any]:
 # flagged in its sensors (`implausible`: each reading, its value, why, its kind) and the answer warns.
 
 # The kinds of dropped readings (the label of llmgw_readings_implausible_total).
-IMPLAUSIBLE_KINDS = ("out_of_bounds", "unknown_gpu", "gpu_power", "node_power", "bmc_low")
+IMPLAUSIBLE_KINDS = ("out_of_bounds", "at_source", "unknown_gpu", "gpu_power", "node_power", "bmc_low")
 
 # A card's reading is believed up to GPU_READING_TOLERANCE × its maximum + READING_SLACK_WATTS: its 1-s
 # average overshoots the limit for a moment. Its maximum is the highest of what the node says of it: the

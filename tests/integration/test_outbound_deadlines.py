@@ -4,84 +4,20 @@ fires: each byte comes in time). Real sockets on 127.0.0.1; the deadlines are sm
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
 
 from facility.sources import parse_query_signals, poll_prometheus
 from llmgw import outbound
-
-# What the trickle sends, a byte at a time: its status line, then headers that would take a minute or more.
-STATUS = b"HTTP/1.1 200 OK\r\n"
-HEADERS = b"Content-Type: application/json\r\nX-Slow: " + b"s" * 200 + b"\r\nContent-Length: 2\r\n\r\n{}"
-EVERY = 0.5  # seconds between two bytes
-CUT_WITHIN = 30  # seconds: far more than any deadline below, far less than a trickle (100 s and more)
-
-
-class HeaderTrickle:
-    """A server that answers every request a byte every EVERY seconds, from ``start`` on (the status line's
-    first byte, or the headers' after a whole status line); ``cut`` is set when the client went away."""
-
-    def __init__(self, *, status_too: bool):
-        self.status_too = status_too
-        self.cut = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self._stop = False
-
-    def __enter__(self):
-        threading.Thread(target=self._serve, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self.listener.close()
-
-    def _serve(self):
-        while not self._stop:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket):
-        with conn:
-            conn.settimeout(5)
-            try:
-                conn.recv(65536)  # the request (small, one segment)
-                answer = STATUS + HEADERS
-                if not self.status_too:
-                    conn.sendall(STATUS)
-                    answer = HEADERS
-                for byte in answer:
-                    if self._stop:
-                        return
-                    conn.sendall(bytes([byte]))
-                    time.sleep(EVERY)
-                    # A client that went away: its end is readable (EOF or a reset) before the send fails.
-                    conn.setblocking(False)
-                    try:
-                        if conn.recv(1) == b"":
-                            break
-                    except BlockingIOError:
-                        pass
-                    finally:
-                        conn.setblocking(True)
-                        conn.settimeout(5)
-            except OSError:
-                pass
-            self.cut.set()
-
+from tests.fakes.trickle import CUT_WITHIN, Trickle
 
 SIGNALS = parse_query_signals({"inlet_temp_c": {"query": "max by (rack) (x)", "domain_label": "rack"}})
 
 
 @pytest.mark.parametrize("status_too", [True, False], ids=["status-line", "headers"])
 def test_a_prometheus_trickling_its_head_is_down_once_the_polls_deadline_passes(status_too):
-    with HeaderTrickle(status_too=status_too) as slow, outbound.client() as client:
+    with Trickle("status" if status_too else "headers") as slow, outbound.client() as client:
         poll = poll_prometheus(slow.url, SIGNALS, client=client, now=time.time(), deadline_seconds=1.0)
         assert slow.cut.wait(CUT_WITHIN), "the poll kept waiting for the headers"
     assert not poll.up
@@ -95,7 +31,7 @@ def test_the_periodic_evaluation_marks_a_prometheus_trickling_its_headers_down()
     from facility.models import SourceStatus
     from facility.services import facility_apply
 
-    with HeaderTrickle(status_too=False) as slow:
+    with Trickle("headers") as slow:
         facility_apply(text=(
             "facility:\n  sources:\n    prometheus:\n"
             f"      url: {slow.url}\n      interval: 30s\n      signals:\n"
@@ -110,7 +46,7 @@ def test_the_periodic_evaluation_marks_a_prometheus_trickling_its_headers_down()
 def test_a_requests_session_keeps_the_deadline_through_a_trickled_head():
     import requests
 
-    with HeaderTrickle(status_too=True) as slow:
+    with Trickle("status") as slow:
         session = outbound.bound_session(requests.Session())
         with outbound.Deadline(1.0) as deadline, pytest.raises(requests.RequestException):
             # requests' timeout bounds each wait on the socket: 5 s, never reached by a byte every 0.5 s.
@@ -127,7 +63,7 @@ def test_a_netbox_trickling_its_headers_is_refused_naming_the_url(tmp_path, caps
     token = tmp_path / "nb.token"
     token.write_text("t")
     monkeypatch.setattr(netbox_import, "NETBOX_TIMEOUT_SECONDS", 1)
-    with HeaderTrickle(status_too=False) as slow:
+    with Trickle("headers") as slow:
         code = ctl(["facility", "import", "netbox", "--url", slow.url, "--token-file", str(token)])
         assert slow.cut.wait(CUT_WITHIN)
     assert code == 1

@@ -4,6 +4,7 @@ sample never holds a peak."""
 
 from __future__ import annotations
 
+import html
 from datetime import timedelta
 
 import pytest
@@ -103,6 +104,43 @@ def test_a_card_reading_nvmls_sentinel_is_dropped_and_flagged_the_heartbeat_take
     text = node_sensors_text()
     assert 'llmgw_readings_implausible{kind="out_of_bounds"} 1.0' in text
     assert 'llmgw_readings_implausible{kind="gpu_power"}' not in text  # a series only for a kind dropped
+    assert 'llmgw_node_implausible_readings{node="gpu01"} 1.0' in text
+
+
+def test_a_card_reading_the_agent_dropped_at_the_source_flags_the_node_as_one_dropped_here(
+    node_client, clock, api, viewer_page
+):
+    """The agent's own reader, on a card whose NVML answers its not-available value for power: the GPU's
+    `dropped` goes out, and the control plane flags the node for it as for a reading it drops itself."""
+    from agents.node.sensors import SensorReader
+    from tests.fakes.fake_nvml import fake_nvml, h100_sxm
+    from tests.fakes.fixture_trees import tree
+
+    card = h100_sxm(0)
+    card.power_mw = 0xFFFFFFFF
+    read = SensorReader(sys_root=tree("vm"), nvml=fake_nvml([card])).read()["gpus"][0]
+    assert "power_watts" not in read
+    hb = beat()
+    hb["sensors"]["gpus"][3] = {**read, "index": 3, "uuid": gpu_uuid("gpu01", 3)}
+    agent = node_client("gpu01")
+    for _ in range(2):
+        clock()
+        response = agent.post(PATH, hb, format="json")
+        assert response.status_code == 200
+    line = "sensors.gpus[3].power_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"
+    assert response.json()["warnings"] == [line]
+    stored = node()
+    assert stored.is_ready()
+    assert stored.sensors["implausible"] == [{
+        "reading": "sensors.gpus[3].power_watts", "value": 4294967.295,
+        "why": "0xFFFFFFFF mW, NVML's not-available value", "kind": "at_source",
+    }]
+    assert "dropped" not in stored.sensors["gpus"][3]
+    assert stored.measured_watts == 7 * 300.0 + 220.0
+    assert detail(api)["sensors"]["implausible"][0]["kind"] == "at_source"
+    assert html.escape(line) in viewer_page()
+    text = node_sensors_text()
+    assert 'llmgw_readings_implausible{kind="at_source"} 1.0' in text
     assert 'llmgw_node_implausible_readings{node="gpu01"} 1.0' in text
 
 

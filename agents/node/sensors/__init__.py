@@ -19,7 +19,7 @@ from typing import Any
 
 from agents.node.protocol import GPU_CAPPING_SENSOR_KEYS, GPU_INVENTORY_KEYS, GPU_SENSOR_KEYS, Capping
 from agents.node.sensors import host, hwmon, topology
-from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession
+from agents.node.sensors.nvml import THROTTLE_REASONS, NvmlSession, dropped_text
 from agents.node.sensors.rapl import PackagePower
 
 __all__ = ["THROTTLE_REASONS", "SensorReader", "read_file_once"]
@@ -128,7 +128,7 @@ class SensorReader:
         and only the keys the control plane's protocol takes (a key this agent reads before the protocol
         names it is left out, not sent to get the whole heartbeat refused)."""
         for gpu in gpus:
-            dropped = tuple(gpu.get("dropped") or ())
+            dropped = tuple(dropped_text(entry) for entry in gpu.get("dropped") or ())
             said = f"{what} {gpu.get('uuid')}"
             if dropped and self._said_dropped.get(said) != dropped:
                 log.warning("GPU %s %s: %s", gpu.get("index"), what, "; ".join(dropped))

@@ -16,8 +16,9 @@ line of at most 500 characters: it logs a BMC's whole answer (an HTML page of 90
 A BMC answers in hundreds of milliseconds to seconds, and sometimes not at all: reads run in a worker
 thread, one at a time, started by a heartbeat and taken by the next one, so no heartbeat ever waits on the
 BMC. A read that passes its deadline (shorter than the heartbeat interval), fails or finds no figure makes
-the BMC ``down`` with the reason; the node then falls back to its GPU and CPU readings. Each answer is read
-within the deadline and a size cap (a BMC that trickles bytes is cut off, not waited for).
+the BMC ``down`` with the reason; the node then falls back to its GPU and CPU readings. One deadline covers
+the whole read — every connect, status line, headers and body of its requests (llmgw.outbound keeps it at
+the socket) — and each answer is read within a size cap: a BMC that trickles bytes is cut off, not waited for.
 
 What a heartbeat's sensors carry (agents.node.protocol):
 ``node_power_watts`` and ``power_source: "bmc"`` while the BMC is up, and ``bmc``:
@@ -38,6 +39,7 @@ from urllib.parse import quote
 
 from agents.node.config import CHASSIS_PATH_PREFIX, BmcSettings
 from agents.node.protocol import BMC_RESOURCES, MAX_BMC_REASON_LENGTH, NODE_POWER_WATTS_MAX, carried_text
+from llmgw import outbound
 
 log = logging.getLogger(__name__)
 
@@ -270,18 +272,20 @@ class RedfishPower:
         self._chassis: str | None = None
         self._sensors: list[str] = []  # the chassis' power sensors, once found: read alone after that
         self._deadline_at = 0.0
+        self._deadline: outbound.Deadline | None = None
 
     def read(self) -> tuple[float, str]:
         """(watts, resource) within the settings' deadline, or BmcDown with the reason."""
         self._deadline_at = self._clock() + self._settings.deadline_seconds
-        if self._chassis is None:
-            self._chassis = find_chassis(self._get, self._settings.chassis)
-        try:
-            return chassis_power(self._get, self._chassis, self._sensors)
-        except BmcDown:
-            self._chassis = None  # the BMC's firmware may have changed: look for the chassis again
-            self._sensors.clear()
-            raise
+        with outbound.Deadline(self._settings.deadline_seconds) as self._deadline:
+            if self._chassis is None:
+                self._chassis = find_chassis(self._get, self._settings.chassis)
+            try:
+                return chassis_power(self._get, self._chassis, self._sensors)
+            except BmcDown:
+                self._chassis = None  # the BMC's firmware may have changed: look for the chassis again
+                self._sensors.clear()
+                raise
 
     def close(self) -> None:
         if self._client is not None:
@@ -297,7 +301,10 @@ class RedfishPower:
         except BmcDown:
             raise
         except Exception as exc:
-            raise BmcDown(_failure(exc, self._settings)) from None
+            reason = _failure(exc, self._settings)
+            if self._cut_by_deadline() and not reason.startswith("no answer within"):
+                reason = f"no answer within {self._settings.deadline_seconds:g} s"  # its sockets were shut: that is why
+            raise BmcDown(reason) from None
         if response.status == 404:
             return None
         if response.status in (401, 403):
@@ -336,11 +343,19 @@ class RedfishPower:
             # Basic authentication on each request: no Redfish session to create, keep alive and delete.
             token = base64.b64encode(f"{settings.username}:{settings.password}".encode()).decode()
             client.set_authorization_key(f"Basic {token}")
+            # Its requests keep the read's one deadline (outbound.Deadline, in read()) at the socket.
+            outbound.bound_session(client._session)
             # The client is built on requests, whose timeouts bound each wait but not the whole body: a
             # response hook (run before requests reads the body) reads it within the deadline and a size cap.
             client._session.hooks["response"].append(self._bounded_body)
             self._client = client
         return self._client
+
+    def _cut_by_deadline(self) -> bool:
+        return self._deadline is not None and self._deadline.expired
+
+    def _cut_after(self, size: int) -> str:
+        return f"no answer within {self._settings.deadline_seconds:g} s (cut after {size:,} bytes)"
 
     def _bounded_body(self, response: Any, *args: Any, **kwargs: Any) -> Any:
         length = response.headers.get("Content-Length")
@@ -355,9 +370,18 @@ class RedfishPower:
         while True:
             if self._clock() > self._deadline_at:
                 response.close()
-                raise BmcDown(f"no answer within {self._settings.deadline_seconds:g} s (cut after {size:,} bytes)")
-            chunk = read(_CHUNK_BYTES, decode_content=True)
+                raise BmcDown(self._cut_after(size))
+            try:
+                chunk = read(_CHUNK_BYTES, decode_content=True)
+            except Exception:
+                if self._cut_by_deadline():  # its watchdog shut the socket under the read
+                    response.close()
+                    raise BmcDown(self._cut_after(size)) from None
+                raise
             if not chunk:
+                if self._cut_by_deadline():  # the watchdog's cut reads as the end of the stream
+                    response.close()
+                    raise BmcDown(self._cut_after(size))
                 break
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:

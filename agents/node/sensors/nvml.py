@@ -5,7 +5,8 @@ One NVML session is kept for the agent's life and opened again after the errors 
 GPU does not support is left out of that GPU's reading. Nothing here reports 0 for unknown.
 A value no card can have — NVML's "not available" answer (an unsigned field all ones: 0xFFFFFFFF mW
 reads 4,294,967 W), a temperature outside -40…150 °C, a power beyond any card's — is dropped here, at
-the source, and named in the GPU's ``dropped`` list, so one bad field never costs the heartbeat.
+the source, and named in the GPU's ``dropped`` list (each ``{"reading", "value", "why"}``, as the heartbeat
+carries it: the control plane flags the node for it), so one bad field never costs the heartbeat.
 Calls here may block in the kernel on a hung GPU: the caller runs them in a worker thread.
 """
 
@@ -193,7 +194,7 @@ class NvmlSession:
     def _gpu_inventory(self, handle: Any, index: int) -> dict[str, Any]:
         nv = self._nv
         gpu: dict[str, Any] = {"index": index, "uuid": nv.nvmlDeviceGetUUID(handle)}
-        dropped: list[str] = []
+        dropped: list[dict[str, Any]] = []
         name = self._optional(lambda: nv.nvmlDeviceGetName(handle))
         if name:
             gpu["name"] = name
@@ -208,10 +209,8 @@ class NvmlSession:
             _watts(bounds, "power_limit_min_watts", constraints[0], dropped)
             _watts(bounds, "power_limit_max_watts", constraints[1], dropped)
             if len(bounds) == 2 and bounds["power_limit_min_watts"] > bounds["power_limit_max_watts"]:
-                dropped.append(
-                    f"power_limit_min_watts, power_limit_max_watts: {bounds['power_limit_min_watts']:g} W above "
-                    f"{bounds['power_limit_max_watts']:g} W is no range; dropped"
-                )
+                low, high = bounds["power_limit_min_watts"], bounds["power_limit_max_watts"]
+                dropped.append(_dropped("power_limit_min_watts", low, f"{low:g} W above the maximum's {high:g} W is no range"))
             elif len(bounds) == 2:  # half a range says nothing of where a limit may be set
                 gpu.update(bounds)
         if dropped:
@@ -221,7 +220,7 @@ class NvmlSession:
     def _gpu_reading(self, handle: Any, index: int) -> dict[str, Any]:
         nv = self._nv
         gpu: dict[str, Any] = {"uuid": nv.nvmlDeviceGetUUID(handle), "index": index}
-        dropped: list[str] = []
+        dropped: list[dict[str, Any]] = []
         _celsius(gpu, "temperature_celsius", self._optional(lambda: self._temperature(handle)), dropped)
         _celsius(gpu, "memory_temperature_celsius", self._optional(lambda: self._memory_temperature(handle)), dropped)
         # Where the card starts slowing its clocks for heat: the margin to it is what a warm domain is judged by.
@@ -312,28 +311,39 @@ def _shown(value: Any) -> str:
     return f"0x{value:X}" if value in NOT_AVAILABLE else f"{value:g}"
 
 
-def _celsius(gpu: dict[str, Any], key: str, value: Any, dropped: list[str]) -> None:
+def _dropped(reading: str, value: float, why: str) -> dict[str, Any]:
+    """A value dropped at the source, as a GPU's ``dropped`` carries it (agents.node.protocol.DROPPED_KEYS)."""
+    return {"reading": reading, "value": value, "why": why}
+
+
+def dropped_text(entry: dict[str, Any]) -> str:
+    """A dropped value in one line, as the agent's log says it."""
+    return f"{entry.get('reading')}: {entry.get('why')}; dropped"
+
+
+def _celsius(gpu: dict[str, Any], key: str, value: Any, dropped: list[dict[str, Any]]) -> None:
     """``gpu[key]``, the temperature NVML answered (°C), unless it is none a card can have: then named in ``dropped``."""
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     if value in NOT_AVAILABLE:
-        dropped.append(f"{key}: {_shown(value)}, NVML's not-available value; dropped")
+        dropped.append(_dropped(key, value, f"{_shown(value)}, NVML's not-available value"))
     elif not MIN_CELSIUS <= value <= MAX_CELSIUS:
-        dropped.append(f"{key}: {value:g} °C is outside {MIN_CELSIUS:g}…{MAX_CELSIUS:g} °C; dropped")
+        dropped.append(_dropped(key, value, f"{value:g} °C is outside {MIN_CELSIUS:g}…{MAX_CELSIUS:g} °C"))
     else:
         gpu[key] = float(value)
 
 
-def _watts(gpu: dict[str, Any], key: str, milliwatts: Any, dropped: list[str]) -> None:
+def _watts(gpu: dict[str, Any], key: str, milliwatts: Any, dropped: list[dict[str, Any]]) -> None:
     """``gpu[key]`` in W from NVML's milliwatts, unless it is none a card can have: then named in ``dropped``.
     0 (a limit NVML does not know) is left out unsaid."""
     if milliwatts is None or isinstance(milliwatts, bool) or not isinstance(milliwatts, int | float):
         return
     if milliwatts in NOT_AVAILABLE:
-        dropped.append(f"{key}: {_shown(milliwatts)} mW, NVML's not-available value; dropped")
+        dropped.append(_dropped(key, milliwatts / 1000, f"{_shown(milliwatts)} mW, NVML's not-available value"))
     elif milliwatts < 0:
-        dropped.append(f"{key}: {milliwatts / 1000:g} W is below 0 W; dropped")
+        dropped.append(_dropped(key, milliwatts / 1000, f"{milliwatts / 1000:g} W is below 0 W"))
     elif milliwatts > GPU_WATTS_MAX * 1000:
-        dropped.append(f"{key}: {milliwatts / 1000:g} W is more than any card draws ({GPU_WATTS_MAX:g} W); dropped")
+        watts = milliwatts / 1000
+        dropped.append(_dropped(key, watts, f"{watts:g} W is more than any card draws ({GPU_WATTS_MAX:g} W)"))
     elif milliwatts > 0 or key == "power_watts":
         gpu[key] = milliwatts / 1000.0

@@ -239,3 +239,65 @@ def test_a_heartbeat_cannot_say_its_own_readings_are_implausible():
     with pytest.raises(HeartbeatError) as exc:
         validate_heartbeat({"node": "gpu01", "sensors": {"implausible": []}})
     assert exc.value.field == "sensors.implausible"
+
+
+# -- readings the agent dropped at the source ---------------------------------------------------------------
+
+SENTINEL = {"reading": "power_watts", "value": 4294967.295, "why": "0xFFFFFFFF mW, NVML's not-available value"}
+
+
+def test_a_reading_the_agent_dropped_flags_the_node_as_one_dropped_here_would():
+    hb = validate_heartbeat({
+        "node": "gpu01",
+        "inventory": {"gpus": [{"index": 0, "power_limit_watts": 700}, {"index": 1, "power_limit_watts": 700}]},
+        "sensors": {"gpus": [{"index": 0, "power_watts": 300.0}, {"index": 1, "temperature_celsius": 61.0,
+                                                                    "dropped": [SENTINEL]}]},
+    })
+    assert hb["sensors"]["gpus"][1] == {"index": 1, "temperature_celsius": 61.0}  # carries none of it
+    assert hb["sensors"]["implausible"] == [{
+        "reading": "sensors.gpus[1].power_watts", "value": 4294967.295,
+        "why": "0xFFFFFFFF mW, NVML's not-available value", "kind": "at_source",
+    }]
+    sensors, dropped = check(hb)
+    assert dropped == ["sensors.gpus[1].power_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
+    assert sensors["gpus"][0]["power_watts"] == 300.0
+
+
+def test_a_value_the_agent_could_not_show_is_none():
+    entry = {"reading": "temperature_celsius", "why": "no reading"}
+    hb = validate_heartbeat({"node": "gpu01", "sensors": {"gpus": [{"index": 0, "dropped": [entry]}]}})
+    assert hb["sensors"]["implausible"][0]["value"] is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "message"),
+    [
+        ("power_watts", "sensors.gpus[0].dropped[0]", "must be an object"),
+        ({**SENTINEL, "reading": "fan_rpm"}, "sensors.gpus[0].dropped[0].reading",
+         "must be one of default_power_limit_watts, enforced_power_limit_watts, memory_temperature_celsius, "
+         "power_limit_watts, power_watts, slowdown_temperature_celsius, temperature_celsius, not 'fan_rpm'"),
+        ({"reading": "power_watts"}, "sensors.gpus[0].dropped[0].why", "is required"),
+        ({**SENTINEL, "value": "4294967"}, "sensors.gpus[0].dropped[0].value", "must be a number, not '4294967'"),
+        ({**SENTINEL, "kind": "at_source"}, "sensors.gpus[0].dropped[0].kind",
+         "unknown field; sensors.gpus[0].dropped[0] takes reading, value, why"),
+        ({**SENTINEL, "why": "x" * 201}, "sensors.gpus[0].dropped[0].why", "at most 200 characters, got 201"),
+    ],
+)
+def test_a_malformed_dropped_entry_refuses_the_heartbeat_naming_the_field(entry, field, message):
+    with pytest.raises(HeartbeatError) as exc:
+        validate_heartbeat({"node": "gpu01", "sensors": {"gpus": [{"index": 0, "dropped": [entry]}]}})
+    assert exc.value.message == f"{field}: {message}"
+
+
+def test_a_reading_both_read_and_dropped_refuses_the_heartbeat():
+    with pytest.raises(HeartbeatError) as exc:
+        validate_heartbeat({"node": "gpu01", "sensors": {"gpus": [{"index": 0, "power_watts": 300, "dropped": [SENTINEL]}]}})
+    assert exc.value.message == (
+        "sensors.gpus[0].dropped[0].reading: power_watts is read too (300); a reading dropped is absent"
+    )
+
+
+def test_no_more_dropped_entries_than_a_gpu_has_readings():
+    with pytest.raises(HeartbeatError) as exc:
+        validate_heartbeat({"node": "gpu01", "sensors": {"gpus": [{"index": 0, "dropped": [SENTINEL] * 8}]}})
+    assert exc.value.message == "sensors.gpus[0].dropped: at most 7 entries"

@@ -8,7 +8,7 @@ import pynvml
 
 from agents.node.protocol import GPU_INVENTORY_KEYS, GPU_SENSOR_KEYS
 from agents.node.sensors import SensorReader
-from agents.node.sensors.nvml import NvmlSession
+from agents.node.sensors.nvml import NvmlSession, dropped_text
 from tests.fakes.fake_nvml import a100_sxm, fake_nvml, h100_sxm, l4, l40s, library_missing
 from tests.fakes.fixture_trees import tree
 
@@ -258,7 +258,9 @@ def test_power_read_as_nvmls_not_available_value_is_dropped_and_named():
     gpu.power_mw = 0xFFFFFFFF
     reading = NvmlSession(fake_nvml([gpu])).readings()[0]
     assert "power_watts" not in reading
-    assert reading["dropped"] == ["power_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
+    assert reading["dropped"] == [
+        {"reading": "power_watts", "value": 4294967.295, "why": "0xFFFFFFFF mW, NVML's not-available value"}
+    ]
     assert reading["temperature_celsius"] == 54.0  # the card's other readings are kept
 
 
@@ -272,7 +274,7 @@ def test_every_power_and_temperature_field_nvml_cannot_give_is_dropped_and_named
     for key in ("power_limit_watts", "enforced_power_limit_watts", "default_power_limit_watts"):
         assert key not in reading
     assert "temperature_celsius" not in reading and "memory_temperature_celsius" not in reading
-    assert reading["dropped"] == [
+    assert [dropped_text(entry) for entry in reading["dropped"]] == [
         "temperature_celsius: 0xFFFFFFFF, NVML's not-available value; dropped",
         "memory_temperature_celsius: 200 °C is outside -40…150 °C; dropped",
         "power_limit_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped",
@@ -297,17 +299,19 @@ def test_a_power_limit_range_nvml_cannot_give_is_left_out_and_named():
     gpu.power_limit_constraints_mw = (100_000, 0xFFFFFFFF)
     card = NvmlSession(fake_nvml([gpu])).inventory()[0]
     assert "power_limit_min_watts" not in card and "power_limit_max_watts" not in card
-    assert card["dropped"] == ["power_limit_max_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"]
+    assert [dropped_text(entry) for entry in card["dropped"]] == [
+        "power_limit_max_watts: 0xFFFFFFFF mW, NVML's not-available value; dropped"
+    ]
     gpu.power_limit_constraints_mw = (300_000, 100_000)
     card = NvmlSession(fake_nvml([gpu])).inventory()[0]
-    assert card["dropped"] == [
-        "power_limit_min_watts, power_limit_max_watts: 300 W above 100 W is no range; dropped"
+    assert [dropped_text(entry) for entry in card["dropped"]] == [
+        "power_limit_min_watts: 300 W above the maximum's 100 W is no range; dropped"
     ]
 
 
 def test_the_heartbeat_carries_only_what_the_protocol_takes_and_the_drop_is_logged_once(caplog):
-    # The sentinel no longer reaches the heartbeat (4,294,967 W would get it refused whole); the note and
-    # the limit range go out once the protocol names them, and meanwhile the agent's log says what went.
+    # The sentinel never reaches the heartbeat as a reading: the GPU's `dropped` names it (the control plane
+    # flags the node for it), and the agent's log says what went, once.
     gpu = h100_sxm(0)
     gpu.power_mw = 0xFFFFFFFF
     sensors = reader(fake_nvml([gpu]))
@@ -315,6 +319,7 @@ def test_the_heartbeat_carries_only_what_the_protocol_takes_and_the_drop_is_logg
         reading = sensors.read()["gpus"][0]
         card = sensors.inventory()["gpus"][0]
     assert "power_watts" not in reading
+    assert [entry["reading"] for entry in reading["dropped"]] == ["power_watts"]
     assert set(reading) <= GPU_SENSOR_KEYS | {"enforced_power_limit_watts", "default_power_limit_watts", "max_sm_clock_mhz"}
     assert set(card) <= GPU_INVENTORY_KEYS
     said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]

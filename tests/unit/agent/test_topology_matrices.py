@@ -10,7 +10,7 @@ from agents.node.sensors.nvml import NvmlSession
 from placement.topology import gpus_pick, pick_words, refusal, topology_of
 from tests.fakes.topo_matrices import matrix, numa_by_bus, scripted_nvml
 
-MACHINES = ("dgx1-v100", "hgx-a100-p4d", "pcie-l40s-g6e")
+MACHINES = ("dgx1-v100", "hgx-a100-p4d", "hgx-h100", "pcie-l40s-g6e")
 
 
 def read_back(name: str) -> dict[str, list]:
@@ -61,6 +61,17 @@ def test_hgx_a100_keeps_a_shard_on_one_socket():
     assert gpus_pick(tuple(range(8)), 4, wiring) == (0, 1, 2, 3)
     assert gpus_pick((2, 3, 4, 5, 6, 7), 4, wiring, "same-numa") == (4, 5, 6, 7)
     assert pick_words(wiring, (4, 5, 6, 7)) == "GPUs 4-7, NVLink-complete"
+
+
+def test_hgx_h100_reads_as_eighteen_nvlinks_a_pair_and_keeps_a_shard_on_one_socket():
+    read = read_back("hgx-h100")
+    assert read["links"][0] == ["X"] + ["NV18"] * 7
+    assert read["numa"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    wiring = topology_of(read)
+    assert gpus_pick((3, 4, 5, 6, 7), 4, wiring) == (4, 5, 6, 7)
+    assert gpus_pick((2, 3, 4, 5, 6, 7), 3, wiring, "same-numa") == (4, 5, 6)
+    assert pick_words(wiring, (4, 5, 6, 7)) == "GPUs 4-7, NVLink-complete"
+    assert refusal("same-numa", 5, tuple(range(8)), wiring) == "topology: no 5 free GPUs on one NUMA node (free: 0-7)"
 
 
 def test_pcie_box_without_nvlink_is_one_numa_node_and_never_nvlink():
