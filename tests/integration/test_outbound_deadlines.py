@@ -4,6 +4,8 @@ fires: each byte comes in time). Real sockets on 127.0.0.1; the deadlines are sm
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 import pytest
