@@ -212,18 +212,24 @@ def jobs_recent(limit: int = 50) -> list[ImportJob]:
 
 
 def jobs_shown() -> list[dict[str, Any]]:
-    """What the Facility page says of the imports: each job queued or running, and the newest one if it failed
-    in the last hour."""
+    """What the Facility page says of the imports (one query): each job queued or running, and the newest job
+    to end in the last hour if it failed."""
+    from django.db.models import Q
+
     hour_ago = timezone.now() - timedelta(hours=1)
+    recent = ImportJob.objects.filter(Q(state__in=ACTIVE) | Q(finished_at__gt=hour_ago)).order_by("-id")
     out = []
-    for job in ImportJob.objects.filter(state__in=ACTIVE).order_by("id")[:MAX_ACTIVE * 2]:
-        out.append({"id": job.pk, "kind": job.kind, "state": job.state, "text": job_progress_text(_fields(job)),
-                    "since": job.created_at.timestamp()})
-    last = ImportJob.objects.filter(state__in=ENDED).first()
-    if last is not None and last.state == ImportJob.State.FAILED and last.finished_at and last.finished_at > hour_ago:
-        out.append({"id": last.pk, "kind": last.kind, "state": last.state, "text": job_progress_text(_fields(last)),
-                    "since": last.finished_at.timestamp()})
-    return out
+    last_ended = None
+    for job in recent[:MAX_ACTIVE * 2 + 1]:
+        if job.state in ACTIVE:
+            out.append({"id": job.pk, "state": job.state, "text": job_progress_text(_fields(job)),
+                        "since": job.created_at.timestamp()})
+        elif last_ended is None:
+            last_ended = job
+    if last_ended is not None and last_ended.state == ImportJob.State.FAILED:
+        out.append({"id": last_ended.pk, "state": last_ended.state, "text": job_progress_text(_fields(last_ended)),
+                    "since": last_ended.finished_at.timestamp()})
+    return sorted(out, key=lambda j: j["id"])
 
 
 def _fields(job: ImportJob) -> dict[str, Any]:

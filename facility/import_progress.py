@@ -15,6 +15,10 @@ def job_progress_text(job: dict[str, Any]) -> str:
         return f"{what} failed: {job['error']}"
     read = f", {job['objects_read']:,} objects read" if job.get("objects_read") else ""
     if job["state"] == "done":
+        if job.get("dry_run"):
+            return f"{what} done{read}: nothing written"
         applied = job.get("objects_applied") or 0
         return f"{what} done{read}, {applied:,} change{'s' if applied != 1 else ''} applied"
+    if job["state"] == "queued":
+        return f"{what} queued"
     return f"{what} {job['state']}: {job['phase']}{read}"
