@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # small.
 FLUSH_SECONDS = 0.1
 ASSIGNMENTS_SECONDS = 1.0
+# How old a map the lane answers from while the refresher's next read is under way: one heartbeat at the
+# protocol's longest interval, so an assignment reaches a node at most one beat later than a fresh map says.
+MAP_KEPT_SECONDS = 10.0
 
 _lock = threading.Lock()
 _known: dict[str, tuple[str, float]] = {}  # node → (fingerprint of its last full heartbeat, monotonic time seen)
@@ -499,10 +502,13 @@ def invalidate_assignments(*, nodes: Iterable[str] | None = None, **_: Any) -> N
 
 
 def _max_age() -> float:
-    # With the refresher reading every ASSIGNMENTS_SECONDS, a map is kept a little past that while the
-    # next read is under way (a slow read on a loaded machine), rather than sending every heartbeat of
-    # that moment down the full path.
-    return ASSIGNMENTS_SECONDS * (3 if _refresher is not None else 1)
+    # With the refresher reading every ASSIGNMENTS_SECONDS, a map is kept past that while the next read is
+    # under way, up to MAP_KEPT_SECONDS, rather than sending every heartbeat of that moment down the full
+    # path. A read is slow when the process is short of CPU, and the full path costs far more than the
+    # lane: a map dropped after a few seconds sent the heartbeats of known nodes down the full path just
+    # when the process could least afford it, and it fell further behind (nodes joining at once). This
+    # process's own changes still make their nodes' entries stale at once.
+    return max(ASSIGNMENTS_SECONDS, MAP_KEPT_SECONDS) if _refresher is not None else ASSIGNMENTS_SECONDS
 
 
 def cached_assignments(node_name: str) -> list[dict] | None:
