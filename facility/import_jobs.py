@@ -171,6 +171,8 @@ def import_job_run(*, job_id: int) -> None:
     except BaseException as exc:
         reason = ("it ran past its time limit" if is_time_limit(exc)
                   else f"{type(exc).__name__}: {str(exc)[:300]} (the server's log has the rest)")
+        if is_time_limit(exc):  # the limit may have struck inside a database command: a connection of its own
+            connection.close()
         _end(job_id, state=ImportJob.State.FAILED, error=f"the import stopped: {reason}")
         raise
     applied = change_count(result) if result.get("applied") else 0
