@@ -142,8 +142,9 @@ def django_started() -> bool:
 
 
 def django_setup(*, read_only: bool) -> None:
-    """Start Django for local mode; a listing (llmgw.remote.listing) with only the apps it reads
-    (settings.CTL_READ_APPS) unless Django has started already (tests, `llmgw shell`)."""
+    """Start Django for local mode with ctl's apps, not the web server's: a listing (llmgw.remote.listing)
+    with those it reads (settings.CTL_READ_APPS), any other command with those it writes
+    (settings.CTL_WRITE_APPS); unless Django has started already (tests, `llmgw shell`)."""
     import django
     from django.apps import apps
     from django.conf import settings
@@ -151,8 +152,9 @@ def django_setup(*, read_only: bool) -> None:
     if not apps.ready:
         # One command, one connection: a pool would only wait its 30 s before saying it cannot connect.
         os.environ.setdefault("LLMGW_DB_POOL", "false")
-    if read_only and not apps.ready and hasattr(settings, "CTL_READ_APPS"):
-        settings.INSTALLED_APPS = settings.CTL_READ_APPS
+        ctl_apps = getattr(settings, "CTL_READ_APPS" if read_only else "CTL_WRITE_APPS", None)
+        if ctl_apps is not None:
+            settings.INSTALLED_APPS = ctl_apps
     django.setup()
 
 
