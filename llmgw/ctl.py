@@ -17,7 +17,7 @@ from pathlib import Path
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
 from llmgw.errors import InvalidInput, LlmgwError
-from llmgw.output import printable, printable_output
+from llmgw.output import WIDTH, printable, printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
 # `ctl login --token-file`: a token is a word of some tens of characters; a file of more holds none.
@@ -37,8 +37,11 @@ examples:
 
 
 def output_option(parser: argparse.ArgumentParser) -> None:
+    """A listing's -o: a table for people (table, at most llmgw.output.WIDTH columns; wide: every column,
+    nothing cut), json for tools."""
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="table for people (default), json for tools"
+        "-o", "--output", choices=("table", "wide", "json"), default="table",
+        help=f"table for people (default: at most {WIDTH} columns), wide (every column, nothing cut), json for tools",
     )
 
 
