@@ -8,7 +8,7 @@ import json
 
 from agents.node.protocol import value_shown
 from facility.domains import parse_label_args
-from llmgw.output import print_json, print_table
+from llmgw.output import print_json, print_table, print_wrapped
 from llmgw.remote import SUGGESTIONS_HEADER, lazy, listing, path_part, read, write
 
 # A node's states, as the API's filter takes them (agents.filtersets.STATES: not imported by ctl's parser).
@@ -32,12 +32,12 @@ def register(commands) -> None:
         help="list nodes: state, free GPUs, location; accept a change of a node's GPUs",
         description=(
             "llmgw ctl nodes                          list nodes with STATE (ready, not-ready, cordoned, held),\n"
-            "                                         GPUS (free/total) and LOCATION\n"
+            "                                         GPUS FREE/TOTAL and LOCATION (-o wide: its legs too)\n"
             "llmgw ctl nodes accept-inventory NODE    take the change of GPUs NODE's agent reports as its\n"
             "                                         inventory (until then placement keeps its known GPUs and\n"
             "                                         only their readings count)"
         ),
-        usage="llmgw ctl nodes [--domain FILTER] [--state STATE] [-o {table,json}]\n"
+        usage="llmgw ctl nodes [--domain FILTER] [--state STATE] [-o {table,wide,json}]\n"
         "       llmgw ctl nodes accept-inventory NODE",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,7 +78,7 @@ def register(commands) -> None:
             "                            in agent.yaml (token:) or a token_file\n"
             "llmgw ctl node show NODE    the node, for one named 'token'"
         ),
-        usage="llmgw ctl node [-o {table,json}] NODE\n       llmgw ctl node token NODE",
+        usage="llmgw ctl node [-o {table,wide,json}] NODE\n       llmgw ctl node token NODE",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("words", nargs="+", metavar="NODE | token NODE", action=NodeWords)
@@ -117,17 +117,20 @@ def nodes(args) -> int:
     if args.output == "json":
         print_json(rows)
         return 0
+    wide = args.output == "wide"
     print_table(
-        ["NAME", "STATE", "GPUS", "CONDITION", "LOCATION"],
-        [[r["name"], r["state"], f"{r['gpus']['free']}/{r['gpus']['total']}", r["condition"], location_words(r["location"])]
+        ["NAME", "STATE", "GPUS FREE/TOTAL", "CONDITION", "LOCATION"],
+        [[r["name"], r["state"], f"{r['gpus']['free']}/{r['gpus']['total']}", r["condition"],
+          location_words(r["location"] if wide else {k: v for k, v in r["location"].items() if k != "leg"})]
          for r in rows],
+        cut=("NAME", "LOCATION"), wide=wide,
     )
     for r in rows:
         for warning in r.get("warnings") or ():  # an older server's rows have none
-            print(f"warning: {r['name']}: {warning}")
+            print_wrapped(f"warning: {r['name']}: {warning}")
     for said in suggestions:  # as the console's Nodes page says it
         matches = f" Did you mean {', '.join(said['matches'])}?" if said["matches"] else " No name is close to it."
-        print(f"warning: {said['text']}{matches}")
+        print_wrapped(f"warning: {said['text']}{matches}")
     return 0
 
 
@@ -218,7 +221,7 @@ def node_show(args) -> int:
         print_json(detail)
         return 0
     for line in node_lines(detail):
-        print(line)
+        print_wrapped(line)
     return 0
 
 

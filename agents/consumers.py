@@ -22,7 +22,6 @@ from channels.generic.websocket import WebsocketConsumer
 from django.conf import settings
 from django.template.loader import render_to_string
 
-from agents import events
 from agents.events import NODES_GROUP, PLACEMENT_GROUP
 from agents.models import Node
 from agents.node.protocol import is_node_name
@@ -493,15 +492,3 @@ class ModelsConsumer(FilteredPageConsumer):
         from placement.views import models_context
 
         return render_to_string("placement/_models.html", {**models_context(self.params()), "oob": True})
-
-
-def placement_changed_receiver(**_: object) -> None:
-    """placement.signals.placement_changed (sent on commit): tell the open Facility and Models pages."""
-    events.placement_changed()
-
-
-def facility_changed_receiver(**_: object) -> None:
-    """facility.signals.facility_changed (sent in the writing transaction): tell them once it commits."""
-    from django.db import transaction
-
-    transaction.on_commit(events.placement_changed)

@@ -78,7 +78,7 @@ def nodes_changed() -> None:
 def placement_changed() -> None:
     """Replicas, shards or facility figures changed (a placement, a drain's step, a budget): the Facility
     and Models pages render again. Sent by the interface layer's receivers of placement's and the
-    facility's signals (agents.consumers), on commit."""
+    facility's signals (llmgw.apps), on commit."""
     _send(PLACEMENT_GROUP, {"type": "placement.changed"})
 
 

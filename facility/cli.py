@@ -11,7 +11,7 @@ import sys
 
 from facility.import_progress import ACTIVE_STATES, job_progress_text  # pure: a remote ctl loads no Django
 from llmgw.errors import Conflict, InvalidInput
-from llmgw.output import kw, print_json, print_table
+from llmgw.output import kw, print_json, print_table, print_wrapped
 from llmgw.remote import lazy, listing, path_part, read, write
 
 # Imported when first used: a remote command (llmgw.remote) never loads Django.
@@ -26,9 +26,10 @@ def register(commands) -> None:
 
     p = commands.add_parser(
         "facility",
-        help="domains with use, limit, reserved and measured draw, and holds; apply, hold, release, budget",
+        help="domains with use, limit, condition, holds and where each cap comes from; apply, hold, release, budget",
         description=(
-            "Without a subcommand: every domain with its nodes, use, limit, reserved and measured draw, and its hold.\n"
+            "Without a subcommand: every domain with its nodes, use, limit, condition, hold and SOURCE (where its\n"
+            "cap comes from); -o wide adds the reserved and measured draw and every reading of the condition.\n"
             "A domain's use is its other_watts plus, node by node, node_watts and the larger of what is placed\n"
             "there and the highest its sensors read in the measured window (server.yaml's\n"
             "facility.measured_window, else LLMGW_MEASURED_WINDOW_SECONDS; 15 minutes by default);\n"
@@ -177,6 +178,7 @@ def overview(args) -> int:
     if args.output == "json":
         print_json(data)
         return 0
+    wide = args.output == "wide"
     rows = []
     for d in data["domains"]:
         hold = d["hold"]
@@ -184,36 +186,32 @@ def overview(args) -> int:
         if hold:
             drain = f" (drain: {hold['drain_text']})" if hold["drain"] else ""
             hold_text = f"held{drain}: {hold['reason']}"
+        figures = [kw(d["reserved_watts"]), kw(d["measured_watts"])] if wide else []
         rows.append(
-            [
-                d["domain"],
-                len(d["nodes"]),
-                kw(d["use_watts"]),
-                kw(d["limit_watts"]),
-                kw(d["reserved_watts"]),
-                kw(d["measured_watts"]),
-                rolled_condition_text(d),
-                hold_text,
-                d["cap_source"] or "-",
-            ]
+            [d["domain"], len(d["nodes"]), kw(d["use_watts"]), kw(d["limit_watts"]), *figures,
+             rolled_condition_text(d, short=not wide), hold_text, d["cap_source"] or "-"]
         )
     window = f"{data['settings']['measured_window_seconds'] / 60:g}m"
     print_table(
-        ["DOMAIN", "NODES", "USE", "LIMIT", "RESERVED", f"MEASURED PEAK {window}", "CONDITION", "HOLD", "SOURCE"], rows
+        ["DOMAIN", "NODES", "USE", "LIMIT", *(["RESERVED", f"MEASURED PEAK {window}"] if wide else []), "CONDITION",
+         "HOLD", "SOURCE"],
+        rows, cut=("DOMAIN", "CONDITION", "HOLD", "SOURCE"), wide=wide,
     )
     for d in data["domains"]:
         if d["over_limit"]:  # the table's figures say it too, but only to whoever compares USE and LIMIT
             over = d["use_watts"] - d["limit_watts"]
-            print(f"{d['domain']}: over its limit by {over:,.0f} W ({kw(d['use_watts'])} in use of a {kw(d['limit_watts'])} limit)")
+            print_wrapped(f"{d['domain']}: over its limit by {over:,.0f} W ({kw(d['use_watts'])} in use of a "
+                          f"{kw(d['limit_watts'])} limit)")
     for d in data["domains"]:
         if d.get("cap_warning"):
-            print(f"{d['domain']}: {d['cap_warning']}; the feed's cap holds")
+            print_wrapped(f"{d['domain']}: {d['cap_warning']}; the feed's cap holds")
     for source in data.get("sources") or []:
         if not source["up"]:
-            print(f"source {source['name']} down: {source['last_error']} (last success {source['last_success_at'] or 'never'})")
+            print_wrapped(f"source {source['name']} down: {source['last_error']} "
+                          f"(last success {source['last_success_at'] or 'never'})")
     for node, progress in sorted(data["node_drains"].items()):
-        print(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
-              + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))
+        print_wrapped(f"node {node} draining: {progress['left']} left, {progress['moving']} moving"
+                      + "".join(f"; {b['replica']} blocked: {b['reason']}" for b in progress["blocked"]))
     return 0
 
 
@@ -221,21 +219,25 @@ SHOWN_SIGNALS = (("inlet_temp_c", "inlet {:.1f} °C"), ("thermal_throttle_share"
                  ("cooling_alarm", "alarm {:g}"))
 
 
-def rolled_condition_text(d: dict) -> str:
+def rolled_condition_text(d: dict, *, short: bool = False) -> str:
     """A domain's condition as the console's facility page says it: a row, room or site at its worst rack's
-    where that is worse (``hot from rack r1-01; its own: ok (inlet 24.5 °C, 20 s old)``)."""
+    where that is worse (``hot from rack r1-01; its own: ok (inlet 24.5 °C, 20 s old)``; ``short``: ``hot
+    from rack r1-01``)."""
     rolled = d.get("rolled_up")
     if not rolled or rolled["condition"] not in ("warm", "hot"):  # an ok rack under an unknown row: its own
-        return condition_text(d["condition"])
+        return condition_text(d["condition"], short=short)
+    if short:
+        return f"{rolled['condition']} from {rolled['from']}"
     return f"{rolled['condition']} from {rolled['from']}; its own: {condition_text(d['condition'])}"
 
 
-def condition_text(c: dict) -> str:
-    """``hot (inlet 35.0 °C, 20 s old)``: the condition, its main reading and how old it is."""
+def condition_text(c: dict, *, short: bool = False) -> str:
+    """``hot (inlet 35.0 °C, 0% throttling, 20 s old)``: the condition, its readings and how old they are;
+    ``short`` (the table's, -o wide has the rest): ``hot (inlet 35.0 °C)``, its main reading alone."""
     if c["condition"] == "unknown" and not c["readings"]:
         return "unknown"
-    shown = [fmt.format(c["readings"][key]) for key, fmt in SHOWN_SIGNALS if key in c["readings"]]
-    if c["age_seconds"] is not None:
+    shown = [fmt.format(c["readings"][key]) for key, fmt in SHOWN_SIGNALS if key in c["readings"]][: 1 if short else None]
+    if c["age_seconds"] is not None and not short:
         shown.append(f"{c['age_seconds']:.0f} s old")
     if c["overridden"]:
         shown.insert(0, "set by hand")
@@ -308,6 +310,7 @@ def events(args) -> int:
     print_table(
         ["AT (UTC)", "DOMAIN", "FROM", "TO", "REASON"],
         [[e["at"][:19].replace("T", " "), e["domain"], e["from"], e["to"], e["reason"] or "-"] for e in rows],
+        cut=("DOMAIN", "REASON"), wide=args.output == "wide",
     )
     for warning in warnings:
         print(f"warning: {warning}")
@@ -338,6 +341,7 @@ def shed(args) -> int:
         ["AT (UTC)", "DOMAIN", "ACTION", "REPLICA", "CLASS", "TO", "REASON"],
         [[r["at"][:19].replace("T", " "), r["domain"], r["action"], r["replica"] or "-", r["class"] or "-",
           ",".join(r["to"]) or "-", r["reason"]] for r in rows],
+        cut=("DOMAIN", "REPLICA", "TO", "REASON"), wide=args.output == "wide",
     )
     return 0
 
@@ -365,7 +369,7 @@ def capping(args) -> int:
         print("no GPU is capped: no domain is warm, hot or near its power limit")
         return 0
     for row in rows:
-        print(row["text"])
+        print_wrapped(row["text"])
     return 0
 
 
@@ -643,7 +647,8 @@ def feeds(args) -> int:
         ]
         for f in data["feeds"]
     ]
-    print_table(["FEED", "RATING", "STATUS", "CAPACITY", "LOAD", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows)
+    print_table(["FEED", "RATING", "STATUS", "CAPACITY", "LOAD", "RESERVED", "MEASURED PEAK", "PDUS", "RACKS"], rows,
+                cut=("FEED", "PDUS", "RACKS"), wide=args.output == "wide")
     legs = [
         [
             pdu["pdu"],
@@ -658,12 +663,12 @@ def feeds(args) -> int:
     ]
     if legs:
         print()
-        print_table(["PDU", "LEG", "LOAD", "LIMIT", "IMBALANCE"], legs)
+        print_table(["PDU", "LEG", "LOAD", "LIMIT", "IMBALANCE"], legs, cut=("PDU",), wide=args.output == "wide")
     unfed = data.get("unfed_pdus") or []  # an older server sends none
     if unfed:
         print()
         for row in unfed:
-            print(f"! {row['text']}")
+            print_wrapped(f"! {row['text']}")
     return 0
 
 
@@ -682,12 +687,12 @@ def feed_loss(args) -> int:
         head = f"feed {item['feed']} FAILED, now" if item.get("failed") else f"without feed {item['feed']}"
         print(f"{head}: {count} violation{'s' if count != 1 else ''}")
         for v in item["violations"]:
-            print(f"  {v['text']}")
+            print_wrapped(f"  {v['text']}")
         for c in item.get("carried") or ():  # an older server answers without it
             share = f" ({100 * c['load_watts'] / c['capacity_watts']:.0f} %)" if c["capacity_watts"] else ""
             verb = "carries" if item.get("failed") else "would carry"
             print(f"  {c['feed']} {verb} {kw(c['load_watts'])} of {kw(c['capacity_watts'])}{share}")
-    print(data["text"])
+    print_wrapped(data["text"])
     return VIOLATIONS_EXIT if data["violations"] else 0
 
 
@@ -704,7 +709,7 @@ def what_if(args) -> int:
         print_json(data)
         return 0
     for line in what_if_lines(data):
-        print(line)
+        print_wrapped(line)
     return 0
 
 

@@ -11,27 +11,60 @@ class LlmgwConfig(AppConfig):
         # eager mode, the worker) gets it, so @shared_task tasks bind to it and not to Celery's default.
         import llmgw.celery  # noqa: F401
 
-        # The console's live pages hear of placement's and the facility's changes here, in the interface
-        # layer (the layers below never import it).
-        from agents.consumers import facility_changed_receiver, placement_changed_receiver
-        from facility.signals import facility_changed
-        from placement.signals import placement_changed
-
-        placement_changed.connect(placement_changed_receiver, dispatch_uid="console-live-placement")
-        facility_changed.connect(facility_changed_receiver, dispatch_uid="console-live-facility")
+        live_pages_connect()
         register_metrics_collectors()
+
+
+def live_pages_connect() -> None:
+    """The console's live pages hear of placement's and the facility's changes here, in the interface
+    layer (the layers below never import it). Through agents.events alone: the sockets' consumers (and the
+    API they share code with) are the web server's, not every writer's."""
+    from facility.signals import facility_changed
+    from placement.signals import placement_changed
+
+    placement_changed.connect(placement_changed_receiver, dispatch_uid="console-live-placement")
+    facility_changed.connect(facility_changed_receiver, dispatch_uid="console-live-facility")
+
+
+def placement_changed_receiver(**_: object) -> None:
+    """placement.signals.placement_changed (sent on commit): tell the open Facility and Models pages."""
+    from agents import events
+
+    events.placement_changed()
+
+
+def facility_changed_receiver(**_: object) -> None:
+    """facility.signals.facility_changed (sent in the writing transaction): tell them once it commits."""
+    from django.db import transaction
+
+    from agents import events
+
+    transaction.on_commit(events.placement_changed)
 
 
 def register_metrics_collectors() -> None:
     """/metrics' collectors (domain power and holds, placement's would-place counts), read from the
     database on each scrape: registered with the interfaces, not in each app's ready(), so a process that
-    serves no /metrics (ctl's listings, LlmgwReadConfig) does not load prometheus_client. The node
+    serves no /metrics (ctl: LlmgwCtlConfig, LlmgwReadConfig) does not load prometheus_client. The node
     sensors' series are written by agents.metrics.metrics_view itself (too many for a collector)."""
     from facility.metrics import register_collector as facility_collector
     from placement.metrics import register_collector as placement_collector
 
     facility_collector()
     placement_collector()
+
+
+class LlmgwCtlConfig(LlmgwConfig):
+    """llmgw for `llmgw ctl`'s commands that write (settings.CTL_WRITE_APPS): the Celery app their tasks go
+    by and the live pages' receivers (with Redis, the console hears of a hold made by ctl), but no /metrics
+    collectors (prometheus_client): ctl serves none."""
+
+    default = False
+
+    def ready(self) -> None:
+        import llmgw.celery  # noqa: F401
+
+        live_pages_connect()
 
 
 class LlmgwReadConfig(LlmgwConfig):

@@ -17,7 +17,7 @@ from pathlib import Path
 from llmgw import remote as remote_mode
 from llmgw import whereabouts
 from llmgw.errors import InvalidInput, LlmgwError
-from llmgw.output import printable, printable_output
+from llmgw.output import WIDTH, printable, printable_output
 
 COMMAND_MODULES = ("agents.cli", "facility.cli", "placement.cli", "llmgw.users_cli")
 # `ctl login --token-file`: a token is a word of some tens of characters; a file of more holds none.
@@ -37,8 +37,11 @@ examples:
 
 
 def output_option(parser: argparse.ArgumentParser) -> None:
+    """A listing's -o: a table for people (table, at most llmgw.output.WIDTH columns; wide: every column,
+    nothing cut), json for tools."""
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="table for people (default), json for tools"
+        "-o", "--output", choices=("table", "wide", "json"), default="table",
+        help=f"table for people (default: at most {WIDTH} columns), wide (every column, nothing cut), json for tools",
     )
 
 
@@ -142,8 +145,9 @@ def django_started() -> bool:
 
 
 def django_setup(*, read_only: bool) -> None:
-    """Start Django for local mode; a listing (llmgw.remote.listing) with only the apps it reads
-    (settings.CTL_READ_APPS) unless Django has started already (tests, `llmgw shell`)."""
+    """Start Django for local mode with ctl's apps, not the web server's: a listing (llmgw.remote.listing)
+    with those it reads (settings.CTL_READ_APPS), any other command with those it writes
+    (settings.CTL_WRITE_APPS); unless Django has started already (tests, `llmgw shell`)."""
     import django
     from django.apps import apps
     from django.conf import settings
@@ -151,8 +155,9 @@ def django_setup(*, read_only: bool) -> None:
     if not apps.ready:
         # One command, one connection: a pool would only wait its 30 s before saying it cannot connect.
         os.environ.setdefault("LLMGW_DB_POOL", "false")
-    if read_only and not apps.ready and hasattr(settings, "CTL_READ_APPS"):
-        settings.INSTALLED_APPS = settings.CTL_READ_APPS
+        ctl_apps = getattr(settings, "CTL_READ_APPS" if read_only else "CTL_WRITE_APPS", None)
+        if ctl_apps is not None:
+            settings.INSTALLED_APPS = ctl_apps
     django.setup()
 
 

@@ -136,28 +136,37 @@ INSTALLED_APPS = [
     "axes",
 ]
 
-# What `llmgw ctl`'s listings start Django with (llmgw.ctl): they read the database and print, so they
-# load every app with models a listing reads, and none of the web server's (ASGI server, the admin and
-# its log, the console's sessions, static files, API schema, filters, htmx, metrics, Channels, users and
-# their tokens), nor the Celery app and the live pages' receivers (llmgw.apps.LlmgwReadConfig). A
-# listing then starts in a fraction of the time; commands that write start with INSTALLED_APPS, their
-# signals' receivers all connected.
-CTL_WEB_ONLY_APPS = {
+# What `llmgw ctl` starts Django with (llmgw.ctl), so that a command answers in a fraction of a second
+# rather than load the web server. Every command leaves out what only serves requests: the ASGI server
+# (Daphne, and Twisted under it), the admin and its log, the console's sessions and messages, static
+# files, the API schema, filters, htmx, the metrics middleware and Channels' consumers. A command that
+# writes keeps the users and their tokens (`ctl token`, `ctl user`), and its llmgw (LlmgwCtlConfig)
+# connects the receivers that tell the console's live pages and loads the Celery app its tasks are sent
+# with; no model of the apps left out is written by a command, and none of llmgw's apps refers to them.
+CTL_SERVER_ONLY_APPS = {
     "daphne",
     "django.contrib.admin",
     "django.contrib.sessions",
     "django.contrib.messages",
     "servestatic.runserver_nostatic",
     "django.contrib.staticfiles",
-    "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_filters",
     "django_htmx",
     "django_prometheus",
     "channels",
-    # Users, groups, permissions and API tokens: no listing reads them, and no model of llmgw's apps
-    # refers to them (a tenth of a listing's start: their models, and the auth machinery they import).
+}
+CTL_WRITE_APPS = [
+    {"llmgw": "llmgw.apps.LlmgwCtlConfig"}.get(app, app)
+    for app in INSTALLED_APPS
+    if app not in CTL_SERVER_ONLY_APPS
+]
+# A listing reads the database and prints: it sends no task and changes nothing the live pages show
+# (llmgw.apps.LlmgwReadConfig), and reads no user or token — a tenth of its start was their models and
+# the auth machinery they import.
+CTL_USER_APPS = {
+    "rest_framework",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "rest_framework.authtoken",
@@ -167,7 +176,7 @@ CTL_WEB_ONLY_APPS = {
 CTL_READ_APPS = [
     {"llmgw": "llmgw.apps.LlmgwReadConfig"}.get(app, app)
     for app in INSTALLED_APPS
-    if app not in CTL_WEB_ONLY_APPS
+    if app not in CTL_SERVER_ONLY_APPS | CTL_USER_APPS
 ]
 
 MIDDLEWARE = [

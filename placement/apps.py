@@ -22,8 +22,6 @@ class PlacementConfig(AppConfig):
         # What is booked on each node: placement's tables, read for the node list and facility power.
         bookings.register_booking_readers(booked_gpus=booked_gpus, placed_watts=placed_watts)
         # The GPU caps each node's answer carries (placement.capping; none while capping is off).
-        from placement.capping import capping_blocks
-
         readings.register_capping_provider(capping_blocks)
         conditions_evaluated.connect(receivers.respond_to_conditions, dispatch_uid="placement-shed-and-cap")
         placement_changed.connect(receivers.forget_assignments, dispatch_uid="placement-forget-assignments")
@@ -31,6 +29,14 @@ class PlacementConfig(AppConfig):
         domains_renamed.connect(renames.domains_renamed, dispatch_uid="placement-domains-renamed")
         plugins_from_config()
         # (Its collector for /metrics is registered by llmgw.apps, with the other interfaces.)
+
+
+def capping_blocks() -> dict[str, dict]:
+    """placement.capping.capping_blocks, imported when first asked (a heartbeat's answer): capping brings
+    shedding and the commit's writes with it, which a process that answers no heartbeat (ctl) never runs."""
+    from placement.capping import capping_blocks as blocks
+
+    return blocks()
 
 
 def plugins_from_config() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from llmgw.output import print_json, print_table
+from llmgw.output import print_json, print_table, print_wrapped
 from llmgw.remote import PAGE, lazy, listing, path_part, read, read_pages, write
 from placement.planner import efficiency_text, gpus_text, profile_text
 
@@ -38,10 +38,10 @@ def register(commands) -> None:
         "models",
         help="list models: replicas placed, ready and pending, and the profile",
         description=(
-            "List models: PLACED (placed of the replicas wanted), READY and PENDING replicas, CLASS (critical,\n"
-            "standard, batch), MIN (min_ready: what llmgw's own drains, shedding and capping keep ready),\n"
-            "TOKENS/J (per GPU model: measured tokens per joule, and tokens/s per replica) and PROFILE (what\n"
-            "one replica needs)."
+            "List models: PLACED/WANTED replicas, READY and PENDING replicas, CLASS (critical, standard,\n"
+            "batch), MIN (min_ready: what llmgw's own drains, shedding and capping keep ready), TOKENS/J (per\n"
+            "GPU model: measured tokens per joule; -o wide adds tokens/s per replica) and PROFILE (what one\n"
+            "replica needs; -o wide shows it whole)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -122,8 +122,9 @@ def models(args) -> int:
     if args.output == "json":
         print_json(rows)
         return 0
+    wide = args.output == "wide"
     print_table(
-        ["NAME", "PLACED", "READY", "PENDING", "CLASS", "MIN", "TOKENS/J", "PROFILE"],
+        ["NAME", "PLACED/WANTED", "READY", "PENDING", "CLASS", "MIN", "TOKENS/J", "PROFILE"],
         [
             [
                 m["name"],
@@ -132,15 +133,16 @@ def models(args) -> int:
                 m["replicas"]["pending"],
                 m["class"],
                 m["min_ready"],
-                efficiency_text(m["efficiency"]),
+                efficiency_text(m["efficiency"], short=not wide),
                 profile_text(m["profile"]),
             ]
             for m in rows
         ],
+        cut=("NAME", "TOKENS/J", "PROFILE"), wide=wide,
     )
     for m in rows:
         if m["error"]:  # under the table: its columns stay what scripts read
-            print(f"error: {m['name']}: reconcile failed at {m['error_at']}: {m['error']}")
+            print_wrapped(f"error: {m['name']}: reconcile failed at {m['error_at']}: {m['error']}")
     return 0
 
 
@@ -161,6 +163,7 @@ def replicas(args) -> int:
     print_table(
         ["MODEL", "REPLICA", "STATE", "NODES", "REASON"],
         [[r["model"], f"#{r['ordinal']}", r["state"], shards_text(r["shards"]), r["reason"]] for r in rows],
+        cut=("MODEL", "NODES", "REASON"), wide=args.output == "wide",
     )
     return 0
 
@@ -178,27 +181,27 @@ def explain(args) -> int:
     if args.output == "json":
         print_json(data)
         return 0
-    print(
+    print_wrapped(
         f"{data['model']}: {data['desired']} wanted, {data['placed']} placed, {data['pending']} pending "
         f"({profile_text(data['profile'])})"
     )
     for r in data["replicas"]:
         head = f"#{r['ordinal']} {r['state']}"
         if r["state"] == "pending":
-            print(f"{head}: {r['summary']}")
+            print_wrapped(f"{head}: {r['summary']}")
         else:
-            print(f"{head} on {shards_text(r['shards'])}")
+            print_wrapped(f"{head} on {shards_text(r['shards'])}")
             if r.get("why"):
-                print(f"  why: {r['why']}")
+                print_wrapped(f"  why: {r['why']}")
             for note in r.get("notes") or []:
-                print(f"  {note}")
+                print_wrapped(f"  {note}")
             if r.get("summary"):
-                print(f"  {r['summary']}")
+                print_wrapped(f"  {r['summary']}")
         for c in r.get("conflicts") or []:
-            print(f"  lost a race: {c}")
+            print_wrapped(f"  lost a race: {c}")
         shown = r.get("rejections") or []
         for item in shown[:SHOWN_REJECTIONS]:
-            print(f"    {item['node']}: {item['reason']}")
+            print_wrapped(f"    {item['node']}: {item['reason']}")
         total = r.get("passed_over") if r["state"] != "pending" else r.get("nodes_checked")
         more = (total or len(shown)) - min(len(shown), SHOWN_REJECTIONS)
         if more > 0:
@@ -216,7 +219,7 @@ def headroom(args) -> int:
     bound = "at least " if data["why_not"] is None else ""
     print(f"{data['model']}: {bound}{data['fits']} more {more} (beside its {data['existing']} placed)")
     if data["why_not"]:
-        print(f"the next one does not: {data['why_not']}")
+        print_wrapped(f"the next one does not: {data['why_not']}")
     return 0
 
 

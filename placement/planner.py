@@ -912,10 +912,13 @@ def _plural_of(count: int | float, word: str) -> str:
     return f"{count:g} {word}" if count == 1 else f"{count:g} {word}s"
 
 
-def efficiency_text(rows: list[dict[str, Any]]) -> str:
-    """``H200 3.10 tok/J 2,400 tok/s · H100 2.20 tok/J 1,900 tok/s`` (best first), or ``-`` when not measured."""
+def efficiency_text(rows: list[dict[str, Any]], *, short: bool = False) -> str:
+    """``H200 3.10 tok/J 2,400 tok/s · H100 2.20 tok/J 1,900 tok/s`` (best first), or ``-`` when not measured;
+    ``short``: the tokens per joule alone (``H200 3.10 · H100 2.20``)."""
     if not rows:
         return "-"
+    if short:
+        return " · ".join(f"{r['gpu_model']} {r['tokens_per_joule']:.2f}" for r in rows)
     return " · ".join(
         f"{r['gpu_model']} {r['tokens_per_joule']:.2f} tok/J {r['tokens_per_second']:,.0f} tok/s" for r in rows
     )

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.db import connection
 from django.db.models import F
 
@@ -72,6 +71,7 @@ def _commit_pipelined(
     The transaction is begun by hand (the connection stays in autocommit for Django); whatever goes
     wrong, it is rolled back before this returns or raises.
     """
+    import psycopg  # PostgreSQL only, as this path is: SQLite's processes never load it
     from psycopg.pq import TransactionStatus
 
     shards = sorted(plan.shards, key=lambda s: s.node)

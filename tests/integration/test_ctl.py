@@ -24,9 +24,9 @@ def test_nodes_table_and_json(capsys, join_node):
     code, out, _ = run(capsys, "nodes")
     assert code == 0
     assert out.splitlines() == [
-        "NAME   STATE  GPUS  CONDITION  LOCATION",
-        "gpu01  ready  8/8   unknown    rack=r12-07 pdu=r12-07-a,r12-07-b",
-        "gpu02  ready  8/8   unknown    -",
+        "NAME   STATE  GPUS FREE/TOTAL  CONDITION  LOCATION",
+        "gpu01  ready  8/8              unknown    rack=r12-07 pdu=r12-07-a,r12-07-b",
+        "gpu02  ready  8/8              unknown    -",
     ]
     code, out, _ = run(capsys, "nodes", "--domain", "pdu:r12-07-b", "-o", "json")
     assert [n["name"] for n in json.loads(out)] == ["gpu01"]
@@ -36,7 +36,7 @@ def test_nodes_table_and_json(capsys, join_node):
         assert [n["name"] for n in json.loads(out)] == ["gpu01"], given
     code, out, _ = run(capsys, "nodes", "--domain", "rack:r12-7")
     assert (code, out.splitlines()) == (0, [
-        "NAME  STATE  GPUS  CONDITION  LOCATION",
+        "NAME  STATE  GPUS FREE/TOTAL  CONDITION  LOCATION",
         "warning: No node is in rack r12-7. Did you mean rack:r12-07?",
     ])
     code, _, err = run(capsys, "nodes", "--domain", "rack:")
@@ -113,6 +113,12 @@ def test_facility_apply_hold_release_and_listing(capsys, tmp_path, join_node):
     code, out, _ = run(capsys, "facility", "hold", "rack:r12-07", "--reason", "PDU swap", "--drain")
     assert out == "rack:r12-07 held and draining: PDU swap\n"
     code, out, _ = run(capsys, "facility")
+    assert out.splitlines() == [
+        "DOMAIN        NODES  USE     LIMIT    CONDITION  HOLD                             SOURCE",
+        "rack:r12-07   1      1.1 kW  14.4 kW  unknown    held (drain: drained): PDU swap  budget",
+        "pdu:r12-07-a  1      0.3 kW  -        unknown    -                                -",
+    ]
+    code, out, _ = run(capsys, "facility", "-o", "wide")  # the reserved and measured draw beside
     assert out.splitlines() == [
         "DOMAIN        NODES  USE     LIMIT    RESERVED  MEASURED PEAK 15m  CONDITION  HOLD                             SOURCE",
         "rack:r12-07   1      1.1 kW  14.4 kW  0.0 kW    -                  unknown    held (drain: drained): PDU swap  budget",

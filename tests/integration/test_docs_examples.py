@@ -96,10 +96,12 @@ def test_shown_output_is_matched_run_by_run():
 def heartbeats_fresh(data_dir: Path) -> None:
     """The demo's nodes heard from now, as its simulated agents keep them while it serves: a demo loaded
     without them (--no-serve, so the figures shown hold still) would otherwise show its nodes and their
-    replicas unreachable half a minute after it loaded."""
+    replicas unreachable half a minute after it loaded. Each heard from now and due again in an hour: a
+    command that takes longer than three heartbeats' intervals on a loaded machine (a reconcile, a drain)
+    still finds them ready at its end."""
     now = datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")
     with sqlite3.connect(data_dir / "llmgw.sqlite3") as db:
-        db.execute("UPDATE agents_node SET last_heartbeat_at = ?", (now,))
+        db.execute("UPDATE agents_node SET last_heartbeat_at = ?, heartbeat_interval_seconds = 3600", (now,))
     db.close()
 
 

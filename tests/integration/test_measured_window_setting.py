@@ -21,7 +21,7 @@ def test_measured_window_from_server_yaml_is_used_and_shown(settings, join_node,
     facility_apply(text="facility:\n  measured_window: 5m\n")
     assert FacilitySettings.load().measured_window_seconds == 300
     assert measured_window_seconds() == 300
-    assert ctl(["facility"]) == 0
+    assert ctl(["facility", "-o", "wide"]) == 0
     assert "MEASURED PEAK 5m" in capsys.readouterr().out
     # null: back to LLMGW_MEASURED_WINDOW_SECONDS; a file without the key changes nothing.
     facility_apply(text="facility:\n  measured_window: 20m\n")

@@ -61,13 +61,14 @@ def test_apply_places_the_replicas_before_it_returns(capsys, tmp_path, join_node
         "llama-70b  #1       placed  gpu01[0-7]  -",
         "llama-70b  #2       placed  gpu02[0-7]  -",
     ]
-    code, out, _ = run(capsys, "models")
+    code, out, _ = run(capsys, "models")  # 120 columns: the profile cut short, -o wide has it whole
     assert out.splitlines() == [
-        "NAME       PLACED  READY  PENDING  CLASS     MIN  TOKENS/J  PROFILE",
-        "embed      1/1     0      0        standard  1    -         CPU × 1 node, 8 cores, 16 GiB",
-        "llama-70b  2/2     0      0        standard  1    -         8 GPUs × 1 node, 16 cores, 256 GiB; "
-        "gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot",
+        "NAME       PLACED/WANTED  READY  PENDING  CLASS     MIN  TOKENS/J  PROFILE",
+        "embed      1/1            0      0        standard  1    -         CPU × 1 node, 8 cores, 16 GiB",
+        "llama-70b  2/2            0      0        standard  1    -         8 GPUs × 1 node, 16 cores, 256 GiB; gpu.model in (H1…",
     ]
+    code, out, _ = run(capsys, "models", "-o", "wide")
+    assert out.splitlines()[2].endswith("8 GPUs × 1 node, 16 cores, 256 GiB; gpu.model in (H100,H200), gpu.memory_gib >= 80, !spot")
     booking = NodeBooking.objects.get(node__name="gpu01")
     assert (booking.cpu_cores, booking.memory_gib) == (24, 272)
     # Applying the same file again changes nothing.

@@ -20,7 +20,10 @@ MAX_EXAMPLES = "15"
 
 @pytest.fixture
 def seeded(transactional_db):
-    """Something of everything, placed, so lists and details answer with bodies the schema must describe."""
+    """Something of everything, placed, so lists and details answer with bodies the schema must describe.
+    Its nodes are due again in an hour, not in 30 s: what a test reads of them (ready, placed) does not change
+    while it runs, however long a loaded machine makes it (a listing read here and in a fresh process)."""
+    from agents.models import Node
     from agents.services import heartbeat_record
     from agents.simulator.cluster import heartbeat_for
     from facility.services import budget_set, hold_create
@@ -28,6 +31,7 @@ def seeded(transactional_db):
 
     heartbeat_record(node_name="gpu01", heartbeat=heartbeat_for(node_spec("gpu01", rack="r1-01", pdu="p1")))
     heartbeat_record(node_name="gpu02", heartbeat=heartbeat_for(node_spec("gpu02", rack="r1-02", pdu="p2")))
+    Node.objects.update(heartbeat_interval_seconds=3600)
     budget_set(domain="rack:r1-01", cap_watts=40_000)
     hold_create(domain="rack:r1-02", reason="maintenance", drain=True)
     model_apply(data={"kind": "Model", "name": "llama", "replicas": 2, "profile": {"gpus": 4}})

@@ -74,14 +74,22 @@ def start_sim(
 
 def load_demo() -> None:
     """The demo's budgets, and each node as its first heartbeat would make it."""
+    from django.utils import timezone
+
+    from agents.models import Node
     from agents.services import heartbeat_record
     from agents.simulator.cluster import heartbeat_for
     from facility.services import facility_apply_file
     from placement.services import models_apply_file
 
     facility_apply_file(path=DEMO_DIR / "server.yaml")
-    for spec in demo_nodes():
+    specs = demo_nodes()
+    for spec in specs:
         heartbeat_record(node_name=spec["name"], heartbeat=heartbeat_for(spec))
+    # Heard from as the load ends, as the simulated agents are about to beat: on a loaded machine 32 joins
+    # can take longer than three heartbeats' intervals, and the first nodes would be not ready (and passed
+    # over) when the models are placed.
+    Node.objects.filter(name__in=[spec["name"] for spec in specs]).update(last_heartbeat_at=timezone.now())
     models_apply_file(path=DEMO_DIR / "models.yaml")
 
 
