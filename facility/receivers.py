@@ -11,7 +11,6 @@ from typing import Any
 from django.db import transaction
 
 from facility.feed_services import _refresh_and_signal
-from facility.tasks import feed_caps_queue
 
 
 def refresh_after_labels(*, heartbeat: bool = False, domains_moved: bool = False, **_: Any) -> None:
@@ -25,6 +24,8 @@ def refresh_after_labels(*, heartbeat: bool = False, domains_moved: bool = False
     """
     if heartbeat:
         if domains_moved:
+            from facility.tasks import feed_caps_queue  # here: a ctl listing loads this module, never Celery
+
             transaction.on_commit(feed_caps_queue)
         return
     transaction.on_commit(_refresh_and_signal)
