@@ -105,8 +105,7 @@ class _Names:
     """Names for one kind of object: what earlier imports gave keeps, a rename takes a new one, and a
     name two sites share is qualified by each new object's site (``got1.R-A01``)."""
 
-    def __init__(self, kind: str, known: Mapping[tuple[str, int], Known], ids: set[int],
-                 sites_read: set[str] | None) -> None:
+    def __init__(self, kind: str, known: Mapping[tuple[str, int], Known], ids: set[int]) -> None:
         self.kind = kind
         self.known = known
         # Names held by objects this import does not name: another site's, or one gone from NetBox whose
@@ -221,7 +220,7 @@ def _feeds(found: list[_FoundFeed], plan: NetboxPlan, known: Mapping[tuple[str, 
     A feed llmgw cannot take is skipped and reported; where an earlier import brought it in, that feed
     stays as it was (``kept_feeds``): a feed that cannot be read never raises a cap.
     """
-    names = _Names("feed", known, {f.ext_id for f in found if f.ext_id is not None}, plan.sites_read)
+    names = _Names("feed", known, {f.ext_id for f in found if f.ext_id is not None})
     in_site: dict[tuple[str, str], int] = defaultdict(int)
     for f in found:
         in_site[(f.site, f.name)] += 1
@@ -295,11 +294,11 @@ def _slug(obj: Any) -> str:
 
 
 def _rack_names(racks: Mapping[int, dict], locations: Mapping[int, dict], sites: Mapping[int, dict],
-                known: Mapping[tuple[str, int], Known], sites_read: set[str] | None) -> dict[int, str]:
+                known: Mapping[tuple[str, int], Known]) -> dict[int, str]:
     """Each rack's llmgw name: its own; where two racks of one site share it, qualified by the location
     (``hall-2.R-A01``) but for the one active rack among them; where two sites share it, by the site
     (``got1.R-A01``). A rack an earlier import named keeps that name until NetBox renames it."""
-    names = _Names("rack", known, set(racks), sites_read)
+    names = _Names("rack", known, set(racks))
 
     def site_of(rack: dict) -> str:
         return _slug(sites.get(_id(rack.get("site"))) or rack.get("site"))
@@ -380,7 +379,7 @@ def plan_from_objects(
         _by_id(objects, "power-outlets"), _by_id(objects, "devices"))
     for sid, s in sites.items():
         plan.objects.append(Imported("site", sid, _slug(s), _slug(s), str(s.get("name") or s.get("slug"))))
-    rack_name = _rack_names(racks, locations, sites, known, plan.sites_read)
+    rack_name = _rack_names(racks, locations, sites, known)
     for rid, rack in racks.items():
         rack_site = _slug(sites.get(_id(rack.get("site"))) or rack.get("site"))
         plan.objects.append(Imported("rack", rid, rack_site, rack_name[rid], f"{rack_site}/{rack.get('name')}"))
@@ -412,7 +411,7 @@ def plan_from_objects(
     pdu_devices = {_id(ports[pid].get("device")) for pids in inputs_of_feed.values() for pid in pids if pid in ports}
     pdu_devices |= {_id(o.get("device")) for o in outlets.values()}
     pdu_devices = {d for d in pdu_devices if d in devices and devices[d].get("name")}
-    pdu_names = _Names("pdu", known, pdu_devices, plan.sites_read)
+    pdu_names = _Names("pdu", known, pdu_devices)
     for did in pdu_devices:
         pdu_names.seen(safe_name(devices[did]["name"]), site_of_device(devices[did]))
     pdu_name: dict[Any, str] = {}
