@@ -283,9 +283,9 @@ class _Entry:
         self.held = held
         self.term = term
         self.adds: dict[float | None, float | None] = {}
-        # The first refusal of the filters not built in, by (model, profile): kept while what they read
-        # of the node stays (a failure's words are not kept).
-        self.verdicts: dict[tuple, str | None] = {}
+        # The first refusal of the filters not built in, by the number of (model, profile) in the index:
+        # kept while what they read of the node stays (a failure's words are not kept).
+        self.verdicts: dict[int, str | None] = {}
 
 
 def _insert(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
@@ -463,22 +463,26 @@ class _Shape:
     none of them, so its slate is theirs; a model ranked on the shape later moves the nodes holding its
     weights to slates of their own, as a node whose weights changed moves.
 
-    With scorers registered that are not built in (``scorers``), a shape is one model's and profile's
-    (``placing`` asks them), and its slates tell their keys apart too (``scores``: each candidate's, kept
-    while what they read of it stays): within a slate they are alike, so its order holds."""
+    With scorers registered that are not built in (``scorers``), its slates tell their keys apart too: a
+    slate's ``scores`` are its nodes' keys for each model and profile ranked on it (``members``, in the
+    order they came; ``placings`` ask them), kept in ``kept`` while what they read of a node stays; within a
+    slate they are alike, so its order holds. A member ranked on it later makes it again."""
 
     __slots__ = (
         "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "of_group", "improved", "improved_start",
-        "changes", "models", "scorers", "placing", "scores",
+        "changes", "models", "scorers", "members", "placings", "kept",
     )
 
-    def __init__(self, profile: Profile, models: frozenset[str], scorers: tuple = (),
-                 placing: Placing | None = None) -> None:
+    def __init__(self, profile: Profile, models: frozenset[str], scorers: tuple = (), members: tuple = (),
+                 placings: tuple = (), kept: dict | None = None) -> None:
         self.profile = profile
         self.models = models
         self.scorers = scorers
-        self.placing = placing
-        self.scores: dict[str, tuple] = {}
+        self.members = members
+        self.placings = placings
+        kept = {} if kept is None else kept
+        # Each member's kept keys by node, found once (a profile's hash is worked out afresh each time).
+        self.kept = tuple(kept.setdefault(member, {}) for member in members)
         self.gpus = profile.gpus
         self.draws: dict[float | None, float | None] = {}  # by the node's card limit
         self.slates: dict[tuple, _Slate] = {}
@@ -491,14 +495,17 @@ class _Shape:
         self.changes = _Log()
 
     def scores_of(self, node: NodeView) -> tuple:
-        """The keys of the scorers not built in for the node (for the shape's one model), kept."""
+        """The keys of the scorers not built in for the node, for each member (model and profile), kept."""
         if not self.scorers:
             return ()
-        known = self.scores.get(node.name)
-        if known is None:
-            score, placing = REGISTRY.score, self.placing
-            known = self.scores[node.name] = tuple(score(item, node, placing) for item in self.scorers)
-        return known
+        name, score, scorers = node.name, REGISTRY.score, self.scorers
+        keys = []
+        for known, placing in zip(self.kept, self.placings, strict=True):
+            mine = known.get(name)
+            if mine is None:
+                mine = known[name] = tuple(score(item, node, placing) for item in scorers)
+            keys.append(mine)
+        return tuple(keys)
 
     def weights_of(self, node: NodeView) -> frozenset[str]:
         """The node's weights that a slate of this shape tells apart: its models'."""
@@ -590,7 +597,7 @@ class _Ranking:
 
     __slots__ = (
         "request", "shape", "bounds", "versions", "middles", "heap", "existing", "counts", "spread", "improved",
-        "epoch", "walk", "checks",
+        "epoch", "walk", "checks", "member",
     )
 
     def __init__(self, request: ReplicaRequest, shape: _Shape, counts: dict[Domain, int], epoch: int) -> None:
@@ -607,6 +614,8 @@ class _Ranking:
         self.epoch = epoch
         self.walk: _Walk | None = None
         self.checks = candidate_filters(request.profile, frozenset())  # a plan with exclusions asks its own
+        member = (request.model, request.profile)
+        self.member = shape.members.index(member) if member in shape.members else None  # its slates' scores
 
     def learn(self) -> None:
         """Take in the slates the shape made since this ranking last looked."""
@@ -622,7 +631,7 @@ class _Ranking:
                 self.middles.append((None, rank, efficiency, weights, None))
                 continue
             own = {"condition": rank, "tokens-per-joule": efficiency, "weights": weights}
-            scores = slate.scores
+            scores = slate.scores[self.member]
             before, head, middle, after = (
                 tuple(own[at] if kind == "own" else scores[at] for kind, at in region) for region in layout
             )
@@ -802,6 +811,7 @@ class PlacementIndex:
         self._rules = REGISTRY.version  # the registry's rules the kept keys and verdicts are of
         # The keys of the scorers not built in, by (model, profile) and node (_Shape.scores_of).
         self._scores: dict[tuple, dict[str, tuple]] = {}
+        self._members: dict[tuple, int] = {}  # each (model, profile) planned: its number, for kept verdicts
         for node in nodes:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name!r} is listed twice")
@@ -1033,17 +1043,26 @@ class PlacementIndex:
     def _shape(self, profile: Profile, model: str) -> _Shape:
         """The profile's shape with ``model`` among its models, made when first asked."""
         others = _scorers_laid_out()[1]
-        # With scorers not built in, a shape is one model's and profile's: their keys are its slates' too.
-        kind = (model, profile) if others else _shape_of(profile)
+        kind = _shape_of(profile)
         shape = self._shapes.get(kind)
-        if shape is not None:
+        member = (model, profile)
+        members: tuple = ()
+        if others:
+            # Scorers not built in: a member that comes makes the shape again, its slates telling the new
+            # member's keys apart too (the other members' rankings are made again when next asked).
+            if shape is not None and member in shape.members:
+                return shape
+            members = (*(shape.members if shape is not None else ()), member)
+            models = frozenset(m for m, _ in members)
+        elif shape is not None:
             if model not in shape.models:
                 self._join(shape, model)
             return shape
-        placing = Placing(ReplicaRequest(model=model, profile=profile), self._facility) if others else None
-        shape = self._shapes[kind] = _Shape(profile, frozenset((model,)), others, placing)
-        if others:
-            shape.scores = self._scores.setdefault(kind, {})  # kept beyond the shape, while the node stays
+        else:
+            models = frozenset((model,))
+        placings = tuple(Placing(ReplicaRequest(model=m, profile=p), self._facility) for m, p in members)
+        # The keys are kept beyond the shape, while the node stays (the index's _scores).
+        shape = self._shapes[kind] = _Shape(profile, models, others, members, placings, self._scores)
         gpus = profile.gpus
         nodes, of_node, base_of, weights_of = self._nodes, shape.of_node, self._base, shape.weights_of
         for group in self._groups.values():
@@ -1082,6 +1101,7 @@ class PlacementIndex:
         if (
             ranking is None
             or ranking.epoch != self._epoch
+            or self._shapes.get(_shape_of(request.profile)) is not ranking.shape  # made again meanwhile
             or ranking.improved < ranking.shape.improved_start
             or len(existing) < len(ranking.existing)
             or existing[: len(ranking.existing)] != ranking.existing
@@ -1333,6 +1353,7 @@ class PlacementIndex:
             if plain is not None:
                 _say_plain(plain)
                 self._afresh()
+                self._scores = {}  # a failing scorer's neutral keys are not kept either
                 for entry in self._nodes.values():
                     entry.verdicts = {}
                 return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
@@ -1341,6 +1362,7 @@ class PlacementIndex:
         ranking = self._ranking(request)
         placing = Placing(request, self._facility, exclude=exclude, counts=ranking.counts)
         others = [item for item in REGISTRY.filters if not item.builtin] if plugged else ()
+        verdict = self._members.setdefault((request.model, profile), len(self._members)) if others else None
         kept = self._take_up(ranking, exclude) if ranking.walk is not None else None
         frontier: list[tuple] = []
         replay = _NO_REPLAY
@@ -1404,7 +1426,7 @@ class PlacementIndex:
                         if reason is not None:
                             break
                     if reason is None and others:  # the others, as plan_replica asks them, kept
-                        reason = self._others_refusal(indexed, placing, others)
+                        reason = self._others_refusal(indexed, placing, others, verdict)
                     if reason is None:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
                         adds = added or 0.0
@@ -1471,10 +1493,10 @@ class PlacementIndex:
         return self._nofit(request, exclude)
 
     @staticmethod
-    def _others_refusal(entry: _Entry, placing: Placing, others: Sequence) -> str | None:
+    def _others_refusal(entry: _Entry, placing: Placing, others: Sequence, kind: int) -> str | None:
         """The first refusal of the filters not built in (before power, in the registry's order), kept by
-        model and profile while what they read of the node stays; a failure's words are not kept."""
-        kind = (placing.model, placing.profile)
+        model and profile (``kind``: their number in the index) while what they read of the node stays; a
+        failure's words are not kept."""
         verdicts = entry.verdicts
         if kind in verdicts:
             return verdicts[kind]

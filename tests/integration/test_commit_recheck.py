@@ -108,6 +108,7 @@ def test_a_rule_added_to_the_registry_is_rechecked_on_the_locked_row_and_explain
     from placement import selectors
     from tests.fakes.rules import GOLD_FIRST, QUIET_HOURS
 
+    REGISTRY.call_seconds = 60.0  # the budget is on the wall clock: a loaded machine's pause is no failure here
     REGISTRY.add_filter(QUIET_HOURS)
     REGISTRY.add_scorer(GOLD_FIRST)
     join_node("n1", rack="r1")

@@ -28,6 +28,7 @@ from tests.fakes.rules import GOLD_FIRST, QUIET_HOURS
 @pytest.fixture(autouse=True)
 def _rules():
     REGISTRY.remove_external()
+    REGISTRY.call_seconds = 60.0  # the budget is on the wall clock: a loaded machine's pause is no failure here
     REGISTRY.add_filter(QUIET_HOURS)
     REGISTRY.add_scorer(GOLD_FIRST)
     yield
