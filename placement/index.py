@@ -597,7 +597,7 @@ class _Ranking:
 
     __slots__ = (
         "request", "shape", "bounds", "versions", "middles", "heap", "existing", "counts", "spread", "improved",
-        "epoch", "walk", "checks", "member",
+        "epoch", "walk", "checks", "member", "laid_out",
     )
 
     def __init__(self, request: ReplicaRequest, shape: _Shape, counts: dict[Domain, int], epoch: int) -> None:
@@ -616,6 +616,7 @@ class _Ranking:
         self.checks = candidate_filters(request.profile, frozenset())  # a plan with exclusions asks its own
         member = (request.model, request.profile)
         self.member = shape.members.index(member) if member in shape.members else None  # its slates' scores
+        self.laid_out = _scorers_laid_out()[0] is not None  # other scorers' keys among the built-ins'
 
     def learn(self) -> None:
         """Take in the slates the shape made since this ranking last looked."""
@@ -628,7 +629,7 @@ class _Ranking:
             weights = 0 if model in slate.weights else 1
             rank = slate.group.rank
             if layout is None:
-                self.middles.append((None, rank, efficiency, weights, None))
+                self.middles.append((efficiency, weights))  # the key's places as the built-ins have them
                 continue
             own = {"condition": rank, "tokens-per-joule": efficiency, "weights": weights}
             scores = slate.scores[self.member]
@@ -647,8 +648,12 @@ class _Ranking:
         """The ranking key of the candidate at ``at`` in the slate's order (the registered scorers' keys, in
         the index's places: ``middles``)."""
         step, pack, name = slate.order[at][0]
+        group = slate.group
+        if not self.laid_out:
+            efficiency, weights = self.middles[slate.sid]
+            return (self.spread[group], group.rank, step, efficiency, weights, pack, name)
         before, rank, efficiency, weights, after = self.middles[slate.sid]
-        spread = self.spread[slate.group]
+        spread = self.spread[group]
         return (
             spread if before is None else (*before, spread), rank, step, efficiency, weights,
             pack if after is None else (pack, *after), name,
@@ -1294,7 +1299,7 @@ class PlacementIndex:
         """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
         stepped at the use of now and at its true first key), or None when the heap is empty."""
         heap, versions, bounds = ranking.heap, ranking.versions, ranking.bounds
-        spread, middles = ranking.spread, ranking.middles
+        spread, middles, laid_out = ranking.spread, ranking.middles, ranking.laid_out
         shape = ranking.shape
         by_id = shape.by_id
         while heap:
@@ -1315,11 +1320,15 @@ class PlacementIndex:
                 heappop(heap)
                 continue
             step, pack, name = order[0][0]
-            before, rank, efficiency, weights, after = middles[sid]  # key_at's, spelt out
-            first = (
-                spread[group] if before is None else (*before, spread[group]), rank, step, efficiency, weights,
-                pack if after is None else (pack, *after), name,
-            )
+            if laid_out:  # key_at's, spelt out
+                before, rank, efficiency, weights, after = middles[sid]
+                first = (
+                    spread[group] if before is None else (*before, spread[group]), rank, step, efficiency, weights,
+                    pack if after is None else (pack, *after), name,
+                )
+            else:
+                efficiency, weights = middles[sid]
+                first = (spread[group], group.rank, step, efficiency, weights, pack, name)
             if first != top[:7]:  # a later key: the rack's use, the spread or the slate moved
                 version = versions[sid] = version + 1
                 bounds[sid] = first
@@ -1385,7 +1394,7 @@ class PlacementIndex:
         else:
             rejections, reasons, trail, last, read, reads, end = {}, {}, [], {}, {}, {}, None
         heap, by_id, nodes = ranking.heap, ranking.shape.by_id, self._nodes
-        spread, middles = ranking.spread, ranking.middles
+        spread, middles, laid_out = ranking.spread, ranking.middles, ranking.laid_out
         checks = candidate_filters(profile, exclude) if exclude else ranking.checks
         checked = None  # the heap's first entry, once _top made it exact (nothing moves during a plan)
         played = 0  # how much of the replay is passed over again
@@ -1409,8 +1418,12 @@ class PlacementIndex:
                 break
             slate = by_id[sid]
             order, cells, size = slate.order, slate.group.cells, len(slate.order)
-            before, rank, efficiency, weights, after = middles[sid]
-            spread_of_slate = spread[slate.group] if before is None else (*before, spread[slate.group])
+            if laid_out:
+                before, rank, efficiency, weights, after = middles[sid]
+                spread_of_slate = spread[slate.group] if before is None else (*before, spread[slate.group])
+            else:
+                efficiency, weights = middles[sid]
+                spread_of_slate, rank, after = spread[slate.group], slate.group.rank, None
             bounded = False  # the limit below, worked out once the walk goes past the slate's first place
             limit = places = None  # places: the slate's group's power refusals in ``reads``
             while True:

@@ -366,7 +366,7 @@ class Placing:
 
     __slots__ = (
         "request", "model", "profile", "existing", "facility", "exclude", "counts", "use", "_filters", "_scorers",
-        "_node", "_held", "_verdict", "_draw", "_step",
+        "_checks", "_node", "_held", "_verdict", "_draw", "_step",
     )
 
     def __init__(
@@ -389,6 +389,7 @@ class Placing:
         # The rules as registered when the plan began (a plugin loaded meanwhile waits for the next plan).
         self._filters = tuple(REGISTRY.filters)
         self._scorers = tuple(REGISTRY.scorers)
+        self._checks: tuple | None = None  # the filters as rejection calls them, made when first asked
         self._node: NodeView | None = None
 
     def _at(self, node: NodeView) -> None:
@@ -446,10 +447,14 @@ class Placing:
     def rejection(self, node: NodeView, *, before_power: bool = False) -> str | None:
         """The first registered filter that turns the node down, in its words; None when all pass. A filter
         not built in is asked through the registry (fail closed: placement.plugins)."""
-        for item in self._filters:
-            if before_power and item.id == LAST_FILTER:
-                break
-            reason = item.reject(node, self) if item.builtin else REGISTRY.refusal(item, node, self)
+        checks = self._checks
+        if checks is None:
+            # Each filter as one call (a filter not built in through the registry), all and before power.
+            calls = [item.reject if item.builtin else functools.partial(REGISTRY.refusal, item) for item in self._filters]
+            before = len(calls) - 1 if self._filters and self._filters[-1].id == LAST_FILTER else len(calls)
+            checks = self._checks = (tuple(calls), tuple(calls[:before]))
+        for reject in checks[1] if before_power else checks[0]:
+            reason = reject(node, self)
             if reason is not None:
                 return reason
         return None
