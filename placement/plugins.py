@@ -143,6 +143,7 @@ class Registry:
     # Moves with every filter or scorer added or removed: what is worked out of the rules is kept by it.
     version: int = 0
     _reads: dict[tuple[int, str], frozenset[str]] = field(default_factory=dict, repr=False)
+    _external: tuple[int, bool] = field(default=(-1, False), repr=False)
 
     def add_filter(self, item: Filter) -> None:
         """Register a filter: after those there are, before power (the last)."""
@@ -197,8 +198,11 @@ class Registry:
 
     @property
     def has_external(self) -> bool:
-        """True once a filter or scorer not built in is registered."""
-        return any(not p.builtin for p in (*self.filters, *self.scorers))
+        """True once a filter or scorer not built in is registered (worked out once a version: each plan
+        asks)."""
+        if self._external[0] != self.version:
+            self._external = (self.version, any(not p.builtin for p in (*self.filters, *self.scorers)))
+        return self._external[1]
 
     def failed(self, plugin_id: str, exc: BaseException, kind: str = "load") -> str:
         """Report a plugin that raised; returns ``plugin <id>: raised <type>: <message>``."""
