@@ -58,6 +58,7 @@ api_v1 = [
     path("models/<str:name>/explain", placement_api.ModelExplainView.as_view(), name="model-explain"),
     path("models/<str:name>/headroom", placement_api.ModelHeadroomView.as_view(), name="model-headroom"),
     path("replicas", placement_api.ReplicaListView.as_view(), name="replicas"),
+    path("placement/rules", placement_api.RulesView.as_view(), name="placement-rules"),
     re_path(r"^[\s\S]*\Z", api_not_found),  # last: a JSON 404 for every other path under /api/v1/
 ]
 

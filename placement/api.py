@@ -25,6 +25,7 @@ from placement.serializers import (
     ModelsAppliedSerializer,
     ModelsApplySerializer,
     ReplicaSerializer,
+    RulesSerializer,
     ShedListingSerializer,
 )
 from placement.shedding import shed_listing
@@ -140,6 +141,18 @@ class ModelHeadroomView(ApiView):
     )
     def get(self, request, name: str):
         return Response(selectors.model_headroom(name))
+
+
+class RulesView(ApiView):
+    @documented(
+        summary="The placement rules: every filter and scorer, built in and loaded, and whether the index keeps "
+        "its plans with them",
+        ok={200: RulesSerializer},
+    )
+    def get(self, request):
+        from placement.explain import rules_listing
+
+        return Response(rules_listing())
 
 
 class ReplicaListView(ApiView):

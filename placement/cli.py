@@ -73,6 +73,21 @@ def register(commands) -> None:
     p.set_defaults(handler=explain)
 
     p = commands.add_parser(
+        "rules",
+        help="the placement rules: every filter and scorer, built in and loaded, and whether the index keeps them",
+        description=(
+            "List the placement rules: each FILTER in the order it is asked (power last) and each SCORER in the\n"
+            "order its key ranks (ORDER; the node's name last), with what it READS of a node (- : not said)\n"
+            "and its words; a filter marked RECHECKED is asked again of the node's locked row at the commit.\n"
+            "The first line says whether the index keeps its plans with them or every plan goes the plain\n"
+            "way, and why (a loaded rule that does not say what it reads of a node)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    output_option(p)
+    p.set_defaults(handler=rules)
+
+    p = commands.add_parser(
         "headroom",
         help="how many more replicas of a model fit now, and why the next does not (a dry run)",
         description="How many more replicas of MODEL fit now, placed one after another as placement would, and "
@@ -206,6 +221,30 @@ def explain(args) -> int:
         more = (total or len(shown)) - min(len(shown), SHOWN_REJECTIONS)
         if more > 0:
             print(f"    … and {more} more (-o json lists {max(len(shown) - SHOWN_REJECTIONS, 0)} of them)")
+    return 0
+
+
+def rules(args) -> int:
+    data = read(args, "placement/rules", lambda: lazy("placement.explain").rules_listing())
+    if args.output == "json":
+        print_json(data)
+        return 0
+    print(f"index: {data['index']}")
+    if data["loaded"]:
+        print(f"plugins loaded: {', '.join(data['loaded'])}")
+    for error in data["errors"]:
+        print(f"plugin error: {error}")
+    print_table(
+        ["KIND", "ID", "ORDER", "FROM", "READS", "RECHECKED", "WORDS"],
+        [
+            [
+                r["kind"], r["id"], "-" if r["order"] is None else str(r["order"]),
+                "built in" if r["builtin"] else "loaded", ",".join(r["reads"]) if r["reads"] is not None else "-",
+                "yes" if r["rechecked"] else "no", r["words"] or "-",
+            ]
+            for r in data["rules"]
+        ],
+    )
     return 0
 
 

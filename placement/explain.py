@@ -1,4 +1,5 @@
-"""What a replica keeps of why it went where it is, or why it waits: the explain documents."""
+"""What a replica keeps of why it went where it is, or why it waits: the explain documents; and the rules
+placement applies (every registered filter and scorer, its words and what it reads), from the registry."""
 
 from __future__ import annotations
 
@@ -135,6 +136,33 @@ def plugin_counts() -> tuple[dict[tuple[str, str, str], int], dict[str, int]]:
         elif parts[0] == "switched_off" and len(parts) == 2:
             switched[parts[1]] = int(value)
     return failed, switched
+
+
+def rules_listing() -> dict[str, Any]:
+    """Every registered filter (in the order they are asked, power last) and scorer (in the order their keys
+    rank, the node's name last), each with its words, the node's fields it reads, whether the commit asks it
+    again, and whether it is built in; and whether the index keeps its plans with them (``index``: ``kept``,
+    or why every plan goes the plain way). The loaded plugins and their load errors, of this process."""
+    rules = [
+        {
+            "kind": "filter", "id": item.id, "order": None, "builtin": item.builtin, "words": item.doc,
+            "reads": sorted(item.reads) if item.reads is not None else None, "rechecked": item.rechecked,
+        }
+        for item in PLUGINS.filters
+    ] + [
+        {
+            "kind": "scorer", "id": item.id, "order": item.order, "builtin": item.builtin, "words": item.doc,
+            "reads": sorted(item.reads) if item.reads is not None else None, "rechecked": False,
+        }
+        for item in PLUGINS.scorers
+    ]
+    plain = PLUGINS.plain_path_reason() if PLUGINS.has_external else None
+    return {
+        "index": "kept" if plain is None else f"plain path: {plain}",
+        "rules": rules,
+        "loaded": list(PLUGINS.loaded),
+        "errors": list(PLUGINS.errors),
+    }
 
 
 def passed_over_summary(rejections: Mapping[str, str], reasons: Mapping[str, int] | None = None) -> str:

@@ -40,6 +40,15 @@ and new facility figures): the same filters and keys, shared with the planner mo
 rejections (candidates ranked ahead of the chosen one, in rank order). A no-fit reports every node, as the
 plain path words it; a multi-node replica goes through ``plan_replica`` on the indexed views.
 
+The rules come from the registry (placement.plugins.REGISTRY). The built-in scorers are the index's own
+(spread, condition, headroom step, tokens per joule, weights, bin packing: the places of its keys); of
+the built-in filters it asks a candidate only those whose ``asks`` says they can turn such a node down for
+the profile (ready, cordoned, held and the free cards are its candidates' own). A rule not built in that
+says what it reads of a node is kept: a filter's first refusal by node, model and profile; a scorer's key
+likewise, its slates telling the keys apart (a shape is then one model's and profile's) and the key put in
+the scorer's place among the index's own (:func:`_scorers_laid_out`); each worked out again when a field it
+reads moves. A rule that does not say, or one failing now, sends the plan the plain way.
+
 Kept in one module: its structures (groups, slates, rankings, walks) keep invariants across one
 another (a slate's version, its group's spread, a ranking's walk and the slates it passed over) and
 change together on every apply and every reading; apart, each would reach into the others' state.
@@ -48,6 +57,7 @@ change together on every apply and every reading; apart, each would reach into t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from bisect import bisect_left, insort
 from collections import Counter
@@ -75,13 +85,13 @@ from placement.planner import (
     FacilityView,
     NodeView,
     NoFit,
+    Placing,
     Plan,
     Profile,
     ReplicaRequest,
     ShardPlan,
     added_of,
     apply_shard,
-    base_rejection,
     blocked_reason,
     candidate_filters,
     condition_verdict,
@@ -90,13 +100,15 @@ from placement.planner import (
     filter_inputs,
     nofit_summary,
     plan_replica,
+    rule_inputs,
     shard_for,
     spread_counts,
     spread_of,
     unavailable_reason,
-    why_text,
 )
-from placement.plugins import REGISTRY, external_rejection
+from placement.plugins import REGISTRY
+
+log = logging.getLogger(__name__)
 
 # Rankings kept (one per model and profile, the least recently planned dropped first, and with the last
 # of a shape its shape), and the improvements a shape keeps logged for its rankings to catch up on (a
@@ -263,7 +275,7 @@ class _Entry:
     for in each of its domains (``term``: node_use_watts), and what a shard of each draw adds to that
     (kept for its view: the shapes of one draw share it)."""
 
-    __slots__ = ("node", "group", "held", "term", "adds")
+    __slots__ = ("node", "group", "held", "term", "adds", "verdicts")
 
     def __init__(self, node: NodeView, group: _Group, held: str | None, term: float) -> None:
         self.node = node
@@ -271,6 +283,9 @@ class _Entry:
         self.held = held
         self.term = term
         self.adds: dict[float | None, float | None] = {}
+        # The first refusal of the filters not built in, by the number of (model, profile) in the index:
+        # kept while what they read of the node stays (a failure's words are not kept).
+        self.verdicts: dict[int, str | None] = {}
 
 
 def _insert(buckets: dict[int, list[str]], bucket: int, name: str) -> None:
@@ -322,14 +337,18 @@ class _Slate:
     """
 
     __slots__ = (
-        "sid", "group", "gpu_model", "weights", "bases", "entries", "order", "low", "high", "version", "changes",
+        "sid", "group", "gpu_model", "weights", "scores", "bases", "entries", "order", "low", "high", "version",
+        "changes",
     )
 
-    def __init__(self, sid: int, group: _Group, gpu_model: str | None, weights: frozenset[str], changes: _Log) -> None:
+    def __init__(
+        self, sid: int, group: _Group, gpu_model: str | None, weights: frozenset[str], scores: tuple, changes: _Log
+    ) -> None:
         self.sid = sid
         self.group = group
         self.gpu_model = gpu_model
         self.weights = weights
+        self.scores = scores  # the keys of the scorers not built in, for the shape's one model
         self.bases: dict[str, tuple] = {}
         self.entries: dict[str, tuple] = {}
         self.order: list[tuple] = []
@@ -442,16 +461,28 @@ class _Shape:
     position ``improved_start``), for the rankings to move them up in their heaps; and the models ranked
     on it (``models``): the weights a slate tells apart. Weights of other models put a node first for
     none of them, so its slate is theirs; a model ranked on the shape later moves the nodes holding its
-    weights to slates of their own, as a node whose weights changed moves."""
+    weights to slates of their own, as a node whose weights changed moves.
+
+    With scorers registered that are not built in (``scorers``), its slates tell their keys apart too: a
+    slate's ``scores`` are its nodes' keys for each model and profile ranked on it (``members``, in the
+    order they came; ``placings`` ask them), kept in ``kept`` while what they read of a node stays; within a
+    slate they are alike, so its order holds. A member ranked on it later makes it again."""
 
     __slots__ = (
         "profile", "gpus", "draws", "slates", "by_id", "of_node", "in_rack", "of_group", "improved", "improved_start",
-        "changes", "models",
+        "changes", "models", "scorers", "members", "placings", "kept",
     )
 
-    def __init__(self, profile: Profile, models: frozenset[str]) -> None:
+    def __init__(self, profile: Profile, models: frozenset[str], scorers: tuple = (), members: tuple = (),
+                 placings: tuple = (), kept: dict | None = None) -> None:
         self.profile = profile
         self.models = models
+        self.scorers = scorers
+        self.members = members
+        self.placings = placings
+        kept = {} if kept is None else kept
+        # Each member's kept keys by node, found once (a profile's hash is worked out afresh each time).
+        self.kept = tuple(kept.setdefault(member, {}) for member in members)
         self.gpus = profile.gpus
         self.draws: dict[float | None, float | None] = {}  # by the node's card limit
         self.slates: dict[tuple, _Slate] = {}
@@ -463,17 +494,31 @@ class _Shape:
         self.improved_start = 0
         self.changes = _Log()
 
+    def scores_of(self, node: NodeView) -> tuple:
+        """The keys of the scorers not built in for the node, for each member (model and profile), kept."""
+        if not self.scorers:
+            return ()
+        name, score, scorers = node.name, REGISTRY.score, self.scorers
+        keys = []
+        for known, placing in zip(self.kept, self.placings, strict=True):
+            mine = known.get(name)
+            if mine is None:
+                mine = known[name] = tuple(score(item, node, placing) for item in scorers)
+            keys.append(mine)
+        return tuple(keys)
+
     def weights_of(self, node: NodeView) -> frozenset[str]:
         """The node's weights that a slate of this shape tells apart: its models'."""
         weights = node.weights
         return weights & self.models if weights else weights
 
-    def slate(self, group: _Group, gpu_model: str | None, weights: frozenset[str]) -> _Slate:
-        """The slate of these alike nodes (``weights``: of the shape's models), made when first asked."""
-        kind = (group, gpu_model, weights)  # one group to a tuple of domains: it stands for them
+    def slate(self, group: _Group, gpu_model: str | None, weights: frozenset[str], scores: tuple = ()) -> _Slate:
+        """The slate of these alike nodes (``weights``: of the shape's models; ``scores``: the keys of the
+        scorers not built in, for its one model), made when first asked."""
+        kind = (group, gpu_model, weights, scores)  # one group to a tuple of domains: it stands for them
         slate = self.slates.get(kind)
         if slate is None:
-            slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights, self.changes)
+            slate = self.slates[kind] = _Slate(len(self.by_id), group, gpu_model, weights, scores, self.changes)
             self.by_id.append(slate)
             self.of_group.setdefault(group, []).append(slate)
             if group.step_cell is not None:
@@ -490,6 +535,45 @@ class _Shape:
                 self.improved_start += drop
 
 
+# The built-in scorers the index keeps in its own form (by group, slate and entry: the module's docstring),
+# and the layout of its keys: (spread, condition, headroom step, tokens per joule, weights, bin packing, name).
+_OWN_SCORERS = ("spread", "condition", "headroom", "tokens-per-joule", "weights", "pack")
+_PLAIN_MIDDLE = (("own", "tokens-per-joule"), ("own", "weights"))
+_layouts: dict[int, tuple] = {}
+
+
+def _scorers_laid_out() -> tuple:
+    """The registered scorers as the index ranks by them: (layout, others). ``others`` are the scorers it
+    has no form of its own for (each node's key worked out and kept: _Shape.scores_of); ``layout`` is None
+    without any, else where each of their keys goes among the index's own, by the registry's order: the
+    four places between them (before spread; between spread and the headroom step, with condition; between
+    it and bin packing, with tokens per joule and weights; after bin packing), each a list of ("own", id)
+    or ("other", its place in ``others``)."""
+    known = _layouts.get(REGISTRY.version)
+    if known is not None:
+        return known
+    others = tuple(item for item in REGISTRY.scorers if item.id not in _OWN_SCORERS)
+    layout = None
+    if others:
+        layout = ([], [], [], [])
+        region, other = 0, 0
+        for item in REGISTRY.scorers:
+            if item.id == "spread":
+                region = 1
+            elif item.id == "headroom":
+                region = 2
+            elif item.id == "pack":
+                region = 3
+            elif item.id in _OWN_SCORERS:
+                layout[region].append(("own", item.id))
+            else:
+                layout[region].append(("other", other))
+                other += 1
+    _layouts.clear()
+    known = _layouts[REGISTRY.version] = (layout, others)
+    return known
+
+
 def _shape_of(profile: Profile) -> tuple:
     """What of a profile decides who is a candidate, the draw (draw_of) and bin packing."""
     cores = profile.cpu_cores if profile.gpus == 0 and profile.power_watts is None else 0
@@ -502,15 +586,18 @@ class _Ranking:
     ``heap`` holds ``(*bound, sid, version)`` of every slate with candidates but those the kept walk went
     through (one flat tuple: a comparison in the heap walks one tuple, not a tuple in a tuple); ``bounds``
     and ``versions`` are each slate's (entries of an older version are left behind and skipped),
-    ``middles`` what the model puts between a slate's step and bin packing (its efficiency on the slate's
-    GPU model, and whether the slate holds its weights). ``existing`` and ``counts`` are the model's
+    ``middles`` what the model puts in each slate's key beside the step, bin packing and name: ``(before
+    spread, condition, efficiency, weights, after bin packing)`` — the first and last None, the second the
+    group's rank, and the middle two its efficiency on the slate's GPU model and whether the slate holds its
+    weights, unless scorers not built in are registered: their keys (the slate's ``scores``) then join these
+    places in the registry's order (:func:`_scorers_laid_out`). ``existing`` and ``counts`` are the model's
     replicas as last asked and their spread counts, ``spread`` each group's; ``improved`` is how far into
     the shape's log this ranking caught up, ``epoch`` the index's epoch it was made in.
     """
 
     __slots__ = (
         "request", "shape", "bounds", "versions", "middles", "heap", "existing", "counts", "spread", "improved",
-        "epoch", "walk", "checks",
+        "epoch", "walk", "checks", "member", "laid_out",
     )
 
     def __init__(self, request: ReplicaRequest, shape: _Shape, counts: dict[Domain, int], epoch: int) -> None:
@@ -518,7 +605,7 @@ class _Ranking:
         self.shape = shape
         self.bounds: list[tuple | None] = []
         self.versions: list[int] = []
-        self.middles: list[tuple[int, int]] = []
+        self.middles: list[tuple] = []
         self.heap: list[tuple] = []
         self.existing = request.existing
         self.counts = counts
@@ -527,21 +614,50 @@ class _Ranking:
         self.epoch = epoch
         self.walk: _Walk | None = None
         self.checks = candidate_filters(request.profile, frozenset())  # a plan with exclusions asks its own
+        member = (request.model, request.profile)
+        self.member = shape.members.index(member) if member in shape.members else None  # its slates' scores
+        self.laid_out = _scorers_laid_out()[0] is not None  # other scorers' keys among the built-ins'
 
     def learn(self) -> None:
         """Take in the slates the shape made since this ranking last looked."""
         profile, model = self.request.profile, self.request.model
+        layout = _scorers_laid_out()[0]
         for slate in self.shape.by_id[len(self.bounds) :]:
             self.bounds.append(None)
             self.versions.append(0)
-            self.middles.append((-efficiency_of(slate.gpu_model, profile), 0 if model in slate.weights else 1))
+            efficiency = -efficiency_of(slate.gpu_model, profile)
+            weights = 0 if model in slate.weights else 1
+            rank = slate.group.rank
+            if layout is None:
+                self.middles.append((efficiency, weights))  # the key's places as the built-ins have them
+                continue
+            own = {"condition": rank, "tokens-per-joule": efficiency, "weights": weights}
+            scores = slate.scores[self.member]
+            before, head, middle, after = (
+                tuple(own[at] if kind == "own" else scores[at] for kind, at in region) for region in layout
+            )
+            if layout[1] == [("own", "condition")]:
+                head = rank
+            if layout[2] == list(_PLAIN_MIDDLE):
+                efficiency_part, weights_part = efficiency, weights
+            else:
+                efficiency_part, weights_part = middle, 0
+            self.middles.append((before or None, head, efficiency_part, weights_part, after or None))
 
     def key_at(self, slate: _Slate, at: int) -> tuple:
-        """The ranking key (order_key's) of the candidate at ``at`` in the slate's order."""
-        group = slate.group
+        """The ranking key of the candidate at ``at`` in the slate's order (the registered scorers' keys, in
+        the index's places: ``middles``)."""
         step, pack, name = slate.order[at][0]
-        efficiency, weights = self.middles[slate.sid]
-        return (self.spread[group], group.rank, step, efficiency, weights, pack, name)
+        group = slate.group
+        if not self.laid_out:
+            efficiency, weights = self.middles[slate.sid]
+            return (self.spread[group], group.rank, step, efficiency, weights, pack, name)
+        before, rank, efficiency, weights, after = self.middles[slate.sid]
+        spread = self.spread[group]
+        return (
+            spread if before is None else (*before, spread), rank, step, efficiency, weights,
+            pack if after is None else (pack, *after), name,
+        )
 
 
 class _Walk:
@@ -666,6 +782,14 @@ class _Replay:
 
 
 _NO_REPLAY = _Replay([], [], [], None)
+_said_plain: set[str] = set()
+
+
+def _say_plain(reason: str) -> None:
+    """Log, once a process for each reason, that the index plans the plain way."""
+    if reason not in _said_plain and len(_said_plain) < 64:
+        _said_plain.add(reason)
+        log.warning("placement plans the plain way, every node asked every rule (slower): %s", reason)
 
 
 class PlacementIndex:
@@ -689,6 +813,10 @@ class PlacementIndex:
         # Moves when every shape and ranking must be made afresh: new facility figures, a node come, gone
         # or moved (groups and spread counts change).
         self._epoch = 0
+        self._rules = REGISTRY.version  # the registry's rules the kept keys and verdicts are of
+        # The keys of the scorers not built in, by (model, profile) and node (_Shape.scores_of).
+        self._scores: dict[tuple, dict[str, tuple]] = {}
+        self._members: dict[tuple, int] = {}  # each (model, profile) planned: its number, for kept verdicts
         for node in nodes:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name!r} is listed twice")
@@ -748,6 +876,7 @@ class PlacementIndex:
         for name, entry in self._nodes.items():
             entry.held = blocked_reason(entry.node, facility)
             entry.adds = {}
+            entry.verdicts = {}
             term = entry.term = self._term(entry.node)
             for cell in entry.group.cells:
                 cell.count(name, term)
@@ -790,6 +919,8 @@ class PlacementIndex:
     def _drop(self, entry: _Entry) -> None:
         node, group = entry.node, entry.group
         del self._nodes[node.name]
+        for scores in self._scores.values():
+            scores.pop(node.name, None)
         self._hold(node.name, node.weights, False)
         _remove(group.by_free, len(node.free_gpus), node.name)
         _remove(group.by_replicas, node.replicas, node.name)
@@ -835,6 +966,11 @@ class PlacementIndex:
             fell = change < 0 and group.step_cell is not None  # steps rise only as the use falls
         # A kept walk passes the node over again for its reason only while what the filters read stays.
         refiltered = filter_inputs(old) != filter_inputs(node)
+        if refiltered and entry.verdicts and rule_inputs(old, "other filters") != rule_inputs(node, "other filters"):
+            entry.verdicts = {}
+        if self._scores and rule_inputs(old, "other scorers") != rule_inputs(node, "other scorers"):
+            for scores in self._scores.values():  # its keys of the scorers not built in are worked out again
+                scores.pop(node.name, None)
         # A walk's power refusals are worded again when their domains' use moves: a candidate whose figures
         # moved with its use keeps its place (and the walks through it) while its key stays.
         redrawn = not refiltered and (bool(change) or not group.cells)
@@ -852,7 +988,7 @@ class PlacementIndex:
 
     def _base(self, shape: _Shape, entry: _Entry) -> tuple | None:
         """A node's own part of its key in a shape — ``((pack, name), draw, added, out)`` — or None when it
-        has too few free cards to be a candidate at all (order_key's parts, shared)."""
+        has too few free cards to be a candidate at all (the built-in scorers' parts, shared)."""
         node = entry.node
         gpus = shape.gpus
         free = len(node.free_gpus)
@@ -890,7 +1026,8 @@ class PlacementIndex:
             return
         gpu_model = node.labels.get("gpu.model")
         weights = shape.weights_of(node)
-        if was is not None and was.gpu_model == gpu_model and was.weights == weights:
+        scores = shape.scores_of(node)
+        if was is not None and was.gpu_model == gpu_model and was.weights == weights and was.scores == scores:
             slate = was
             kept = slate.bases[name]
             if kept == base:
@@ -900,7 +1037,7 @@ class PlacementIndex:
             if redrawn and kept[0] == base[0] and kept[1] == base[1] and kept[3] == base[3] and slate.redraw(name, base):
                 return  # a reading within its step: the same place, only the power figures moved
         else:
-            slate = shape.slate(entry.group, gpu_model, weights)
+            slate = shape.slate(entry.group, gpu_model, weights, scores)
         if was is not None:
             was.take(name)
         first = slate.order[0][0] if slate.order else None
@@ -910,25 +1047,39 @@ class PlacementIndex:
 
     def _shape(self, profile: Profile, model: str) -> _Shape:
         """The profile's shape with ``model`` among its models, made when first asked."""
+        others = _scorers_laid_out()[1]
         kind = _shape_of(profile)
         shape = self._shapes.get(kind)
-        if shape is not None:
+        member = (model, profile)
+        members: tuple = ()
+        if others:
+            # Scorers not built in: a member that comes makes the shape again, its slates telling the new
+            # member's keys apart too (the other members' rankings are made again when next asked).
+            if shape is not None and member in shape.members:
+                return shape
+            members = (*(shape.members if shape is not None else ()), member)
+            models = frozenset(m for m, _ in members)
+        elif shape is not None:
             if model not in shape.models:
                 self._join(shape, model)
             return shape
-        shape = self._shapes[kind] = _Shape(profile, frozenset((model,)))
+        else:
+            models = frozenset((model,))
+        placings = tuple(Placing(ReplicaRequest(model=m, profile=p), self._facility) for m, p in members)
+        # The keys are kept beyond the shape, while the node stays (the index's _scores).
+        shape = self._shapes[kind] = _Shape(profile, models, others, members, placings, self._scores)
         gpus = profile.gpus
         nodes, of_node, base_of, weights_of = self._nodes, shape.of_node, self._base, shape.weights_of
         for group in self._groups.values():
             buckets = group.by_free if gpus > 0 else group.by_replicas
-            slates: dict[tuple, _Slate] = {}  # the group's, by GPU model and weights
+            slates: dict[tuple, _Slate] = {}  # the group's, by GPU model, weights and other scorers' keys
             for bucket, names in buckets.items():
                 if bucket < gpus:
                     continue  # too few free cards: no candidate (the others have enough, _base's test)
                 for name in names:
                     entry = nodes[name]
                     node = entry.node
-                    alike = (node.labels.get("gpu.model"), weights_of(node))
+                    alike = (node.labels.get("gpu.model"), weights_of(node), shape.scores_of(node))
                     slate = slates.get(alike)
                     if slate is None:
                         slate = slates[alike] = shape.slate(group, *alike)
@@ -955,6 +1106,7 @@ class PlacementIndex:
         if (
             ranking is None
             or ranking.epoch != self._epoch
+            or self._shapes.get(_shape_of(request.profile)) is not ranking.shape  # made again meanwhile
             or ranking.improved < ranking.shape.improved_start
             or len(existing) < len(ranking.existing)
             or existing[: len(ranking.existing)] != ranking.existing
@@ -1147,7 +1299,7 @@ class PlacementIndex:
         """The heap's first entry once it is exact (left-behind entries dropped, the slate at the top
         stepped at the use of now and at its true first key), or None when the heap is empty."""
         heap, versions, bounds = ranking.heap, ranking.versions, ranking.bounds
-        spread, middles = ranking.spread, ranking.middles
+        spread, middles, laid_out = ranking.spread, ranking.middles, ranking.laid_out
         shape = ranking.shape
         by_id = shape.by_id
         while heap:
@@ -1168,8 +1320,15 @@ class PlacementIndex:
                 heappop(heap)
                 continue
             step, pack, name = order[0][0]
-            efficiency, weights = middles[sid]
-            first = (spread[group], group.rank, step, efficiency, weights, pack, name)
+            if laid_out:  # key_at's, spelt out
+                before, rank, efficiency, weights, after = middles[sid]
+                first = (
+                    spread[group] if before is None else (*before, spread[group]), rank, step, efficiency, weights,
+                    pack if after is None else (pack, *after), name,
+                )
+            else:
+                efficiency, weights = middles[sid]
+                first = (spread[group], group.rank, step, efficiency, weights, pack, name)
             if first != top[:7]:  # a later key: the rack's use, the spread or the slate moved
                 version = versions[sid] = version + 1
                 bounds[sid] = first
@@ -1188,16 +1347,31 @@ class PlacementIndex:
     def plan(self, request: ReplicaRequest, *, exclude: frozenset[str] = frozenset()) -> Plan | NoFit:
         """Plan one replica on the indexed state; the same answer as ``plan_replica`` would give."""
         profile = request.profile
-        plugged = REGISTRY.has_external
-        # A loaded scorer, or a filter that reads what the index does not watch, has no incremental form
-        # here: the plain path, so the two stay equal. So for a filter failing now: the plans kept are
-        # made afresh after it (a failure's words are not kept for the nodes it was asked of).
-        if plugged and not REGISTRY.index_keeps:
+        if self._rules != REGISTRY.version:  # a rule registered or removed: every kept key and verdict goes
+            self._rules = REGISTRY.version
             self._afresh()
-            return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
+            self._scores = {}
+            for entry in self._nodes.values():
+                entry.verdicts = {}
+        plugged = REGISTRY.has_external
+        # A rule not built in that does not say what it reads of a node has no kept form here: the plain
+        # path, so the two stay equal. So for one failing now: the plans kept are made afresh after it (a
+        # failure's words are not kept for the nodes it was asked of).
+        if plugged:
+            plain = REGISTRY.plain_path_reason()
+            if plain is not None:
+                _say_plain(plain)
+                self._afresh()
+                self._scores = {}  # a failing scorer's neutral keys are not kept either
+                for entry in self._nodes.values():
+                    entry.verdicts = {}
+                return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         if profile.nodes > 1 or not self._nodes:
             return plan_replica(request, self.nodes(), self._facility, exclude=exclude)
         ranking = self._ranking(request)
+        placing = Placing(request, self._facility, exclude=exclude, counts=ranking.counts)
+        others = [item for item in REGISTRY.filters if not item.builtin] if plugged else ()
+        verdict = self._members.setdefault((request.model, profile), len(self._members)) if others else None
         kept = self._take_up(ranking, exclude) if ranking.walk is not None else None
         frontier: list[tuple] = []
         replay = _NO_REPLAY
@@ -1220,7 +1394,7 @@ class PlacementIndex:
         else:
             rejections, reasons, trail, last, read, reads, end = {}, {}, [], {}, {}, {}, None
         heap, by_id, nodes = ranking.heap, ranking.shape.by_id, self._nodes
-        spread, middles = ranking.spread, ranking.middles
+        spread, middles, laid_out = ranking.spread, ranking.middles, ranking.laid_out
         checks = candidate_filters(profile, exclude) if exclude else ranking.checks
         checked = None  # the heap's first entry, once _top made it exact (nothing moves during a plan)
         played = 0  # how much of the replay is passed over again
@@ -1244,24 +1418,28 @@ class PlacementIndex:
                 break
             slate = by_id[sid]
             order, cells, size = slate.order, slate.group.cells, len(slate.order)
-            spread_of_slate, rank = spread[slate.group], slate.group.rank
-            efficiency, weights = middles[sid]
+            if laid_out:
+                before, rank, efficiency, weights, after = middles[sid]
+                spread_of_slate = spread[slate.group] if before is None else (*before, spread[slate.group])
+            else:
+                efficiency, weights = middles[sid]
+                spread_of_slate, rank, after = spread[slate.group], slate.group.rank, None
             bounded = False  # the limit below, worked out once the walk goes past the slate's first place
             limit = places = None  # places: the slate's group's power refusals in ``reads``
             while True:
                 key, draw, added, step, out, _, _ = order[at]
                 name = key[2]
                 power = False
-                reason = out  # what base_rejection would say first, kept in the entry
+                reason = out  # what the first filters (ready, cordoned, held) would say, kept in the entry
                 if reason is None:
                     indexed = nodes[name]
                     node = indexed.node
-                    for reject in checks:  # base_rejection's, less those a candidate passes
-                        reason = reject(node, profile, None, exclude)
+                    for reject in checks:  # the built-in filters, less those a candidate passes
+                        reason = reject(node, placing)
                         if reason is not None:
                             break
-                    if reason is None and plugged:  # the loaded filters, as plan_replica asks them
-                        reason = external_rejection(REGISTRY, node, request)
+                    if reason is None and others:  # the others, as plan_replica asks them, kept
+                        reason = self._others_refusal(indexed, placing, others, verdict)
                     if reason is None:
                         # The first budgeted domain in level order that refuses, as plan_replica says it.
                         adds = added or 0.0
@@ -1313,7 +1491,10 @@ class PlacementIndex:
                         limit = None
                 if limit is not None:
                     following = order[at][0]
-                    following = (spread_of_slate, rank, following[0], efficiency, weights, following[1], following[2])
+                    following = (
+                        spread_of_slate, rank, following[0], efficiency, weights,
+                        following[1] if after is None else (following[1], *after), following[2],
+                    )
                     if limit < following:  # its key_at: the frontier keeps it
                         heappush(frontier, (following, sid, at))
                         break
@@ -1323,6 +1504,24 @@ class PlacementIndex:
         for slate in last:
             heappush(heap, (*bounds[slate.sid], slate.sid, versions[slate.sid]))
         return self._nofit(request, exclude)
+
+    @staticmethod
+    def _others_refusal(entry: _Entry, placing: Placing, others: Sequence, kind: int) -> str | None:
+        """The first refusal of the filters not built in (before power, in the registry's order), kept by
+        model and profile (``kind``: their number in the index) while what they read of the node stays; a
+        failure's words are not kept."""
+        verdicts = entry.verdicts
+        if kind in verdicts:
+            return verdicts[kind]
+        node = entry.node
+        for item in others:
+            reason, failed = REGISTRY.verdict(item, node, placing)
+            if failed:
+                return reason
+            if reason is not None:
+                break
+        verdicts[kind] = reason
+        return reason
 
     @staticmethod
     def _put_back(ranking: _Ranking, waiting: set[_Slate], last: dict[_Slate, int]) -> None:
@@ -1359,9 +1558,11 @@ class PlacementIndex:
             heap[:] = [e for e in heap if e[8] == versions[e[7]]]
             heapify(heap)
         group = slate.group
+        placing = Placing(ranking.request, self._facility, counts=ranking.counts)
+        placing.known(node, verdict=(None, group.rank, group.notes), draw=draw, step=step)
         return Plan(
             shards=(shard_for(node, ranking.request.profile, draw),),
-            why=why_text(node, ranking.request, ranking.counts, group.rank, step),
+            why=placing.why(node),
             rejections=rejections,  # the walk's too: a later plan copies it before adding
             notes=group.notes,
             reasons=reasons,  # likewise
@@ -1371,15 +1572,14 @@ class PlacementIndex:
         """Nothing fits: every node's rejection, as ``plan_replica`` words it, read off the index."""
         profile = request.profile
         settings = self._facility.settings
-        plugged = REGISTRY.has_external
+        placing = Placing(request, self._facility, exclude=exclude)
         rejections: dict[str, str] = {}
         draws: dict[float | None, float | None] = {}
         for name in sorted(self._nodes):
             entry = self._nodes[name]
             node = entry.node
-            reason = base_rejection(node, profile, entry.held, exclude)
-            if reason is None and plugged:
-                reason = external_rejection(REGISTRY, node, request)
+            placing.known(node, held=entry.held)
+            reason = placing.rejection(node, before_power=True)  # power: the cells' words, below
             if reason is None:
                 limit = node.gpu_power_limit_watts
                 if limit not in draws:

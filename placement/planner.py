@@ -4,7 +4,10 @@ Pure: no Django, no ORM, no clock, no randomness. The Django side builds the pla
 from one read of the store; the planner returns a :class:`Plan` (one shard per node) or a
 :class:`NoFit` with every node's rejection. The guarded commit then re-checks against locked rows.
 
-Filters, in the order they are checked, each with its reason in words:
+Every filter and scorer is an entry of the one registry (placement.plugins.REGISTRY), with one signature
+(``reject(node, placing)``, ``key(node, placing)``, ``why(node, placing)``: :class:`Placing` is the plan's
+question); the built-ins are defined and registered here, power last. The built-in filters, in the order
+they are checked, each with its reason in words:
 
 1. ``not ready``, ``cordoned``, ``rack r12-07 is held: PDU swap`` (the first held domain, level order),
    ``excluded (lost a race)``;
@@ -18,22 +21,25 @@ A node in a domain that is ``hot`` under ``enforce`` mode is refused as a hold w
 (``rack r12-07 is hot (inlet 33.1 °C for 6 min, hot above 32 °C)``); under ``observe`` mode it is not,
 and the plan notes ``would have refused: …`` instead.
 
-What passes is ordered, never filtered, by :func:`order_key`: fewest of the model's replicas in the
+What passes is ordered, never filtered, by the scorers' keys in their order (:meth:`Placing.key`): fewest of the model's replicas in the
 node's racks and PDUs first (counted, so replicas stay even), then condition (ok before warm, under
 enforce mode), then the power headroom left in the node's rack after the shard (more first, in coarse
 steps of a tenth of the limit), then the model's measured tokens per joule on the node's GPU model
-(more first), then nodes holding the weights, then bin packing, then the name.
+(more first), then nodes holding the weights, then bin packing, then the name; a scorer not built in
+takes its place among them by its ``order``.
 
 :func:`plan_replica` is the plain, whole-cluster evaluation; :class:`placement.index.PlacementIndex`
 is the fast path for a long run of placements and gives the same plans.
 
 Kept in one module: it is the reference every fast path is held equal to (the index by property
-tests, the commit's re-check through :func:`power_rejection_in`), so its filters, its order key and its
-power rule are read together, in the order they apply.
+tests, the commit's re-check through :func:`recheck_rejection` and :func:`power_rejection_in`), so its
+filters, its scorers and its power rule are read together, in the order they apply.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,15 +58,7 @@ from facility.power import (
     shard_draw_watts,
     would_pass_limit,
 )
-from placement.plugins import (
-    FILTER_INPUTS,
-    REGISTRY,
-    Filter,
-    Scorer,
-    external_keys,
-    external_rejection,
-    external_why,
-)
+from placement.plugins import LAST_FILTER, REGISTRY, Filter, Scorer
 from placement.selector import Selector
 from placement.topology import ANY, GpuTopology, gpus_pick, pick_words, refusal
 from placement.topology import gpus_text as gpus_text  # ctl, the views and capping read it here
@@ -302,50 +300,6 @@ def pack_value(node: NodeView, profile: Profile) -> int:
     return node.replicas
 
 
-OrderKey = tuple[int, int, int, int, int, int, str]
-
-
-def order_key(
-    node: NodeView, profile: Profile, model: str, spread: int, rank: int, step: int
-) -> OrderKey:
-    """The ordering of candidates: spreading (replicas in its racks and PDUs), condition, rack headroom
-    step (more first), tokens per joule of the model on the node's GPU model (more first, where
-    measured), weights, bin packing, name."""
-    return (
-        spread,
-        rank,
-        -step,
-        -efficiency_step(node, profile),
-        0 if model in node.weights else 1,
-        pack_value(node, profile),
-        node.name,
-    )
-
-
-# The built-in scorers, in the order their keys rank (see order_key); a loaded scorer takes its place
-# among them by its `order`. Their words are why_text's.
-BUILTIN_SCORERS = (
-    Scorer("spread", None, None, 10, "fewest of the model's replicas in the node's racks and PDUs", builtin=True),
-    Scorer("condition", None, None, 20, "ok before warm (under enforce mode)", builtin=True),
-    Scorer("headroom", None, None, 30, "more of the rack's power limit left after the shard, in tenths", builtin=True),
-    Scorer("tokens-per-joule", None, None, 40, "the model's measured tokens per joule on the node's GPU model",
-           builtin=True),
-    Scorer("weights", None, None, 50, "nodes that hold the model's weights", builtin=True),
-    Scorer("pack", None, None, 60, "bin packing: fewest GPUs left free", builtin=True),
-)
-
-
-def plugin_key(key: OrderKey, node: NodeView, request: ReplicaRequest) -> tuple:
-    """``key`` with the loaded scorers' keys in their places (by ``order``); ``key`` itself without any."""
-    if not REGISTRY.external_scorers:
-        return key
-    parts = [(scorer.order, value) for scorer, value in zip(BUILTIN_SCORERS, key[:-1], strict=True)]
-    extra = external_keys(REGISTRY, node, request)
-    parts += [(scorer.order, extra[scorer.id]) for scorer in REGISTRY.external_scorers]
-    parts.sort(key=lambda part: part[0])
-    return (*(value for _, value in parts), key[-1])
-
-
 def efficiency_step(node: NodeView, profile: Profile) -> int:
     """The model's measured tokens per joule on the node's GPU model, in hundredths (0: not measured), so
     noise in the figures does not reorder cards that serve alike."""
@@ -382,8 +336,8 @@ def held_reason(node: NodeView, holds: Mapping[Domain, str]) -> str | None:
 
 
 def unavailable_reason(node: NodeView, held: str | None) -> str | None:
-    """Why the node takes no shard whatever is asked (not ready, cordoned, held), or None: the first of
-    base_rejection's filters, which move only with the node or the facility."""
+    """Why the node takes no shard whatever is asked (not ready, cordoned, held), or None: the first of the
+    filters, which move only with the node or the facility."""
     if not node.ready:
         return "not ready"
     if node.cordoned:
@@ -391,37 +345,178 @@ def unavailable_reason(node: NodeView, held: str | None) -> str | None:
     return held
 
 
-def _ready(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def blocked_reason(node: NodeView, facility: FacilityView) -> str | None:
+    """A hold on one of the node's domains, else an enforced hot condition: what refuses it as a hold."""
+    return held_reason(node, facility.holds) or condition_verdict(node.domains, facility.conditions)[0]
+
+
+# --- the plan's question, as every rule reads it -----------------------------------------------------
+
+_UNSET: Any = object()
+
+
+class Placing:
+    """One plan's question, as every filter and scorer reads it (the Kubernetes framework's cycle state):
+    the request (``model``, ``profile``, ``existing``), the facility, the nodes this replica lost a race
+    for (``exclude``), the model's replicas in each rack and PDU (``counts``) and the budgeted domains' use
+    (``use``), worked out once a plan; and, once a node, its hold, condition verdict, the shard's draw and
+    the headroom step it leaves (kept for the node asked last: a plan asks its filters, then its scorers,
+    of one node after another). A path that knows some of them already (the index) gives them
+    (:meth:`known`)."""
+
+    __slots__ = (
+        "request", "model", "profile", "existing", "facility", "exclude", "counts", "use", "_filters", "_scorers",
+        "_checks", "_node", "_held", "_verdict", "_draw", "_step",
+    )
+
+    def __init__(
+        self,
+        request: ReplicaRequest,
+        facility: FacilityView,
+        *,
+        exclude: frozenset[str] = frozenset(),
+        counts: Mapping[Domain, int] | None = None,
+        use: Mapping[Domain, float] | None = None,
+    ) -> None:
+        self.request = request
+        self.model = request.model
+        self.profile = request.profile
+        self.existing = request.existing
+        self.facility = facility
+        self.exclude = exclude
+        self.counts = {} if counts is None else counts
+        self.use = {} if use is None else use
+        # The rules as registered when the plan began (a plugin loaded meanwhile waits for the next plan).
+        self._filters = tuple(REGISTRY.filters)
+        self._scorers = tuple(REGISTRY.scorers)
+        self._checks: tuple | None = None  # the filters as rejection calls them, made when first asked
+        self._node: NodeView | None = None
+
+    def _at(self, node: NodeView) -> None:
+        if self._node is not node:
+            self._node = node
+            self._held = self._verdict = self._draw = self._step = _UNSET
+
+    def known(
+        self, node: NodeView, *, held: Any = _UNSET, verdict: Any = _UNSET, draw: Any = _UNSET, step: Any = _UNSET
+    ) -> None:
+        """What the caller knows of the node already (the index keeps holds, verdicts, draws and steps)."""
+        self._at(node)
+        if held is not _UNSET:
+            self._held = held
+        if verdict is not _UNSET:
+            self._verdict = verdict
+        if draw is not _UNSET:
+            self._draw = draw
+        if step is not _UNSET:
+            self._step = step
+
+    def verdict(self, node: NodeView) -> tuple[str | None, int, tuple[str, ...]]:
+        """The node's domains' condition verdict: (refusal, rank, observe-mode notes)."""
+        self._at(node)
+        if self._verdict is _UNSET:
+            self._verdict = condition_verdict(node.domains, self.facility.conditions)
+        return self._verdict
+
+    def held(self, node: NodeView) -> str | None:
+        """A hold on one of the node's domains, else an enforced hot condition, in words; else None."""
+        self._at(node)
+        if self._held is _UNSET:
+            self._held = held_reason(node, self.facility.holds) or self.verdict(node)[0]
+        return self._held
+
+    def draw(self, node: NodeView) -> float | None:
+        """The shard's estimated draw on the node (None when nobody knows it)."""
+        self._at(node)
+        if self._draw is _UNSET:
+            self._draw = draw_of(node, self.profile, self.facility.settings)
+        return self._draw
+
+    def step(self, node: NodeView) -> int:
+        """Tenths of the node's rack limit left free after the shard (headroom_step)."""
+        self._at(node)
+        if self._step is _UNSET:
+            added = added_of(node, self.draw(node), self.facility.settings)
+            self._step = headroom_step(node.domains, added, self.facility, self.use)
+        return self._step
+
+    def spread(self, node: NodeView) -> int:
+        """The model's replicas already in the node's racks and PDUs, summed."""
+        return spread_of(node.domains, self.counts)
+
+    def rejection(self, node: NodeView, *, before_power: bool = False) -> str | None:
+        """The first registered filter that turns the node down, in its words; None when all pass. A filter
+        not built in is asked through the registry (fail closed: placement.plugins)."""
+        checks = self._checks
+        if checks is None:
+            # Each filter as one call (a filter not built in through the registry), all and before power.
+            calls = [item.reject if item.builtin else functools.partial(REGISTRY.refusal, item) for item in self._filters]
+            before = len(calls) - 1 if self._filters and self._filters[-1].id == LAST_FILTER else len(calls)
+            checks = self._checks = (tuple(calls), tuple(calls[:before]))
+        for reject in checks[1] if before_power else checks[0]:
+            reason = reject(node, self)
+            if reason is not None:
+                return reason
+        return None
+
+    def key(self, node: NodeView) -> tuple:
+        """The node's ranking key: each registered scorer's key in order, then the name (smaller first). A
+        scorer not built in is asked through the registry (0 where it fails: neutral)."""
+        return (
+            *(item.key(node, self) if item.builtin else REGISTRY.score(item, node, self) for item in self._scorers),
+            node.name,
+        )
+
+    def why(self, node: NodeView) -> str:
+        """The ordering keys that decided for the node, in words: the built-in scorers' in order, then each
+        other scorer's, naming it."""
+        parts: list[str] = []
+        for item in self._scorers:
+            if item.builtin and item.why is not None:
+                words = item.why(node, self)
+                if words:
+                    parts.append(words)
+        parts += REGISTRY.whys([s for s in self._scorers if not s.builtin], node, self)
+        return "; ".join(parts)
+
+
+# --- the built-in filters: (node, placing) → the refusal's words, or None ------------------------------
+
+
+def _ready(node: NodeView, placing: Placing) -> str | None:
     return None if node.ready else "not ready"
 
 
-def _cordoned(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _cordoned(node: NodeView, placing: Placing) -> str | None:
     return "cordoned" if node.cordoned else None
 
 
-def _held(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
-    return held
+def _held(node: NodeView, placing: Placing) -> str | None:
+    return placing.held(node)
 
 
-def _excluded(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
-    return "excluded (lost a race)" if node.name in exclude else None
+def _excluded(node: NodeView, placing: Placing) -> str | None:
+    return "excluded (lost a race)" if node.name in placing.exclude else None
 
 
-def _selector(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
-    if profile.selector is not None:
-        unmet = profile.selector.first_unmet(node.labels)
+def _selector(node: NodeView, placing: Placing) -> str | None:
+    selector = placing.profile.selector
+    if selector is not None:
+        unmet = selector.first_unmet(node.labels)
         if unmet is not None:
             return f"needs {unmet}"
     return None
 
 
-def _gpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _gpus(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
     if profile.gpus > 0 and len(node.free_gpus) < profile.gpus:
         return f"gpu: {profile.gpus} requested, {len(node.free_gpus)} free"
     return None
 
 
-def _topology(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _topology(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
     if profile.topology == ANY or profile.gpus < 2 or len(node.free_gpus) < profile.gpus:
         return None
     if gpus_pick(node.free_gpus, profile.gpus, node.gpu_topology, profile.topology) is not None:
@@ -429,25 +524,28 @@ def _topology(node: NodeView, profile: Profile, held: str | None, exclude: froze
     return refusal(profile.topology, profile.gpus, node.free_gpus, node.gpu_topology)
 
 
-def _cpus(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _cpus(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
     if profile.cpu_cores > 0 and profile.cpu_cores > node.cpu_cores_free:
         return f"cpu: {profile.cpu_cores} requested, {node.cpu_cores_free} free"
     return None
 
 
-def _memory(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _memory(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
     if profile.memory_gib > 0 and profile.memory_gib > node.memory_gib_free + EPSILON_GIB:
         return f"memory: {_amount(profile.memory_gib)} GiB requested, {_amount(node.memory_gib_free)} GiB free"
     return None
 
 
-def _replicas(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _replicas(node: NodeView, placing: Placing) -> str | None:
     if node.replicas >= MAX_NODE_REPLICAS:
         return f"replicas: {node.replicas} on the node, the most one node runs"
     return None
 
 
-def _fabric(node: NodeView, profile: Profile, held: str | None, exclude: frozenset[str]) -> str | None:
+def _fabric(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
     if profile.nodes > 1:
         if not node.fabric:
             return f"no fabric (a {profile.nodes}-node replica stays inside one)"
@@ -456,85 +554,182 @@ def _fabric(node: NodeView, profile: Profile, held: str | None, exclude: frozens
     return None
 
 
-# The built-in filters before power, in the order they are checked. Built-ins take (node, profile, held,
-# exclude): the index asks them without a request, with the node's hold worked out once.
+def _power(node: NodeView, placing: Placing) -> str | None:
+    return power_rejection(node, placing.draw(node), placing.facility, placing.use)
+
+
+def _never(profile: Profile, exclude: frozenset[str]) -> bool:
+    return False
+
+
+# The built-in filters, in the order they are checked; power is last (a loaded filter goes before it).
+# ``asks``: whether it can turn down one of the index's candidates (ready, not cordoned, not held, with
+# the cards free) for the profile: the index asks only those.
 BUILTIN_FILTERS = (
-    Filter("ready", _ready, "a node whose heartbeats stopped takes nothing", builtin=True),
-    Filter("cordoned", _cordoned, "a cordoned node takes nothing new", builtin=True),
-    Filter("held", _held, "a held domain (or a hot one under enforce) takes nothing new", builtin=True),
+    Filter("ready", _ready, "a node whose heartbeats stopped takes nothing", builtin=True,
+           reads=frozenset({"ready"}), asks=_never),
+    Filter("cordoned", _cordoned, "a cordoned node takes nothing new", builtin=True,
+           reads=frozenset({"cordoned"}), asks=_never),
+    Filter("held", _held, "a held domain (or a hot one under enforce) takes nothing new", builtin=True,
+           reads=frozenset({"domains"}), asks=_never),
     Filter("excluded", _excluded, "a node this replica lost a race for is not tried again", builtin=True,
-           rechecked=False),
-    Filter("selector", _selector, "the profile's node_selector", builtin=True),
-    Filter("gpu", _gpus, "free GPUs", builtin=True, rechecked=False),
+           rechecked=False, reads=frozenset({"name"}), asks=lambda profile, exclude: bool(exclude)),
+    Filter("selector", _selector, "the profile's node_selector", builtin=True, reads=frozenset({"labels"}),
+           asks=lambda profile, exclude: profile.selector is not None),
+    Filter("gpu", _gpus, "free GPUs", builtin=True, rechecked=False, reads=frozenset({"free_gpus"}), asks=_never),
     Filter("topology", _topology, "free GPUs joined as the profile's topology asks (nvlink-all, same-numa)",
-           builtin=True, rechecked=False),
-    Filter("cpu", _cpus, "free cores", builtin=True, rechecked=False),
-    Filter("memory", _memory, "free memory", builtin=True, rechecked=False),
+           builtin=True, rechecked=False, reads=frozenset({"free_gpus", "gpu_topology"}),
+           asks=lambda profile, exclude: profile.topology != ANY and profile.gpus >= 2),
+    Filter("cpu", _cpus, "free cores", builtin=True, rechecked=False, reads=frozenset({"cpu_cores_free"}),
+           asks=lambda profile, exclude: profile.cpu_cores > 0),
+    Filter("memory", _memory, "free memory", builtin=True, rechecked=False, reads=frozenset({"memory_gib_free"}),
+           asks=lambda profile, exclude: profile.memory_gib > 0),
     Filter("replicas", _replicas, f"at most {MAX_NODE_REPLICAS} replicas on one node (its heartbeat reports each)",
-           builtin=True, rechecked=False),
-    Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True),
+           builtin=True, rechecked=False, reads=frozenset({"replicas"})),
+    Filter("fabric", _fabric, "a multi-node replica stays in one fabric and keep_within domain", builtin=True,
+           reads=frozenset({"fabric", "labels"}), asks=lambda profile, exclude: profile.nodes > 1),
+    # The commit re-checks power its own way: with the batch's other shards counted (power_rejection_in).
+    Filter(LAST_FILTER, _power, "no budgeted domain (rack, PDU, leg, row, room, site) past its limit", builtin=True,
+           rechecked=False, reads=frozenset({"domains", "placed_watts", "measured_watts", "gpu_power_limit_watts"}),
+           asks=_never),
 )
-_BASE = tuple(f.reject for f in BUILTIN_FILTERS)
 
 
-_FILTER_INPUTS = attrgetter(*FILTER_INPUTS)
+# --- the built-in scorers: (node, placing) → a key (smaller first), and their words ------------------
+
+
+def _spread_key(node: NodeView, placing: Placing) -> int:
+    return placing.spread(node)
+
+
+def _spread_why(node: NodeView, placing: Placing) -> str | None:
+    replicas = len(placing.existing)
+    if not replicas:
+        return None
+    counts = placing.counts
+    shared = [(d, counts[d]) for d in node.domains if counts.get(d)]
+    them = f"the model's {_plural(replicas, 'replica')}"
+    if shared:
+        # "rack r1 (2)": how many of the replicas are there, when it is more than one.
+        names = ", ".join(d.label + (f" ({n})" if n > 1 else "") for d, n in shared)
+        return f"shares {names} with {them}, the fewest of the nodes that fit"
+    return f"shares no rack or pdu with {them}"
+
+
+def _condition_key(node: NodeView, placing: Placing) -> int:
+    return placing.verdict(node)[1]
+
+
+def _condition_why(node: NodeView, placing: Placing) -> str | None:
+    return "warm, and no ok node fits" if placing.verdict(node)[1] else None
+
+
+def _headroom_key(node: NodeView, placing: Placing) -> int:
+    return -placing.step(node)
+
+
+def _headroom_why(node: NodeView, placing: Placing) -> str | None:
+    step = placing.step(node)
+    return f"leaves {step * 100 // HEADROOM_STEPS} % of its rack's limit free or more" if step < FULL_HEADROOM else None
+
+
+def _efficiency_key(node: NodeView, placing: Placing) -> int:
+    return -efficiency_step(node, placing.profile)
+
+
+def _efficiency_why(node: NodeView, placing: Placing) -> str | None:
+    efficiency = efficiency_step(node, placing.profile)
+    return f"serves {efficiency / 100:g} tokens/J on {node.labels.get('gpu.model')}" if efficiency else None
+
+
+def _weights_key(node: NodeView, placing: Placing) -> int:
+    return 0 if placing.model in node.weights else 1
+
+
+def _weights_why(node: NodeView, placing: Placing) -> str | None:
+    return "holds the weights" if placing.model in node.weights else None
+
+
+def _pack_key(node: NodeView, placing: Placing) -> int:
+    return pack_value(node, placing.profile)
+
+
+def _pack_why(node: NodeView, placing: Placing) -> str | None:
+    profile = placing.profile
+    if profile.gpus <= 0:
+        return f"runs {_plural(node.replicas, 'replica')} already"
+    words = f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free"
+    if node.gpu_topology is not None and profile.gpus > 1:
+        joined = pick_words(node.gpu_topology, gpus_for(node, profile))
+        if joined:
+            words += f"; {joined}"
+    return words
+
+
+# The built-in scorers, in the order their keys rank; a scorer not built in takes its place among them by
+# its ``order``, and the node's name comes last.
+BUILTIN_SCORERS = (
+    Scorer("spread", _spread_key, _spread_why, 10, "fewest of the model's replicas in the node's racks and PDUs",
+           builtin=True, reads=frozenset({"domains"})),
+    Scorer("condition", _condition_key, _condition_why, 20, "ok before warm (under enforce mode)", builtin=True,
+           reads=frozenset({"domains"})),
+    Scorer("headroom", _headroom_key, _headroom_why, 30, "more of the rack's power limit left after the shard, in "
+           "tenths", builtin=True, reads=frozenset({"domains", "placed_watts", "measured_watts",
+                                                    "gpu_power_limit_watts"})),
+    Scorer("tokens-per-joule", _efficiency_key, _efficiency_why, 40,
+           "the model's measured tokens per joule on the node's GPU model", builtin=True, reads=frozenset({"labels"})),
+    Scorer("weights", _weights_key, _weights_why, 50, "nodes that hold the model's weights", builtin=True,
+           reads=frozenset({"weights"})),
+    Scorer("pack", _pack_key, _pack_why, 60, "bin packing: fewest GPUs left free", builtin=True,
+           reads=frozenset({"free_gpus", "replicas"})),
+)
+
+
+# --- what the index reads of the registry ------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _inputs_of(fields: frozenset[str]) -> Callable[[NodeView], tuple]:
+    ordered = sorted(fields)
+    if len(ordered) > 1:
+        return attrgetter(*ordered)
+    # A tuple whatever the count: one compared by its items, an unchanged field found by identity.
+    return (lambda node: (getattr(node, ordered[0]),)) if ordered else (lambda node: ())
 
 
 def filter_inputs(node: NodeView) -> tuple:
-    """What of a node the built-in filters read (placement.plugins.FILTER_INPUTS), beside its readiness,
-    cordon and holds: a rejection the index kept from an earlier plan holds while this stays the same."""
-    return _FILTER_INPUTS(node)
+    """What of a node the registered filters before power read (their ``reads``): a rejection the index
+    kept from an earlier plan holds while this stays the same."""
+    return _inputs_of(REGISTRY.reads_of("filters"))(node)
 
 
-def base_rejection(
-    node: NodeView,
-    profile: Profile,
-    held: str | None,
-    exclude: frozenset[str],
-) -> str | None:
-    """The first built-in filter before power that turns the node down, or None when it passes them all.
-
-    ``held`` is the node's :func:`held_reason`, worked out by the caller (the index keeps it).
-    """
-    for reject in _BASE:
-        reason = reject(node, profile, held, exclude)
-        if reason is not None:
-            return reason
-    return None
+def rule_inputs(node: NodeView, kind: str) -> tuple:
+    """What of a node the filters or scorers not built in read (``kind``: "other filters", "other
+    scorers"): their verdicts and keys the index kept hold while this stays."""
+    return _inputs_of(REGISTRY.reads_of(kind))(node)
 
 
-def candidate_filters(profile: Profile, exclude: frozenset[str]) -> tuple[Callable[..., str | None], ...]:
-    """base_rejection's filters, in order, that can turn down a node known to be ready, not cordoned, not
-    held and with the cards the profile asks free (the index's candidates): each of the others passes such
-    a node whatever else it is, so the first refusal is the same."""
-    passes: set[Callable[..., str | None]] = {_ready, _cordoned, _held, _gpus}
-    if not exclude:
-        passes.add(_excluded)
-    if profile.selector is None:
-        passes.add(_selector)
-    if profile.topology == ANY or profile.gpus < 2:
-        passes.add(_topology)
-    if profile.cpu_cores <= 0:
-        passes.add(_cpus)
-    if profile.memory_gib <= 0:
-        passes.add(_memory)
-    if profile.nodes <= 1:
-        passes.add(_fabric)
-    return tuple(reject for reject in _BASE if reject not in passes)
+def candidate_filters(profile: Profile, exclude: frozenset[str]) -> tuple[Callable[[NodeView, Placing], str | None], ...]:
+    """The built-in filters before power, in order, that can turn down a node known to be ready, not
+    cordoned, not held and with the cards the profile asks free (the index's candidates): each of the
+    others passes such a node whatever else it is (its ``asks``), so the first refusal is the same."""
+    return tuple(
+        item.reject
+        for item in REGISTRY.filters
+        if item.builtin and item.id != LAST_FILTER and (item.asks is None or item.asks(profile, exclude))
+    )
 
 
-def recheck_rejection(node: NodeView, request: ReplicaRequest, held: str | None) -> str | None:
-    """Why a chosen node, as its locked row has it now, turns the replica down, or None: every filter that
-    is ``rechecked`` (readiness, cordon, holds, the selector and fabric on its labels now, the loaded
-    plugins' filters), in the planner's order and through the same functions; the guarded commit's
+def recheck_rejection(node: NodeView, placing: Placing) -> str | None:
+    """Why a chosen node, as its locked row has it now, turns the replica down, or None: every registered
+    filter that is ``rechecked`` (readiness, cordon, holds, the selector and fabric on its labels now, the
+    filters not built in), in the registry's order and through the same functions; the guarded commit's
     re-check. Resources are the guarded writes' to keep, power :func:`power_rejection_in`'s."""
-    for item in BUILTIN_FILTERS:
+    for item in REGISTRY.filters:
         if item.rechecked:
-            reason = item.reject(node, request.profile, held, frozenset())
+            reason = item.reject(node, placing) if item.builtin else REGISTRY.refusal(item, node, placing)
             if reason is not None:
                 return reason
-    if REGISTRY.has_external:
-        return external_rejection(REGISTRY, node, request, rechecked=True)
     return None
 
 
@@ -673,51 +868,6 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def why_text(
-    node: NodeView, request: ReplicaRequest, counts: Mapping[Domain, int], rank: int = 0, step: int = FULL_HEADROOM
-) -> str:
-    """The ordering keys that decided for this node, in words."""
-    parts: list[str] = []
-    replicas = len(request.existing)
-    if replicas:
-        shared = [(d, counts[d]) for d in node.domains if counts.get(d)]
-        them = f"the model's {_plural(replicas, 'replica')}"
-        if shared:
-            # "rack r1 (2)": how many of the replicas are there, when it is more than one.
-            names = ", ".join(d.label + (f" ({n})" if n > 1 else "") for d, n in shared)
-            parts.append(f"shares {names} with {them}, the fewest of the nodes that fit")
-        else:
-            parts.append(f"shares no rack or pdu with {them}")
-    if rank:
-        parts.append("warm, and no ok node fits")
-    if step < FULL_HEADROOM:
-        parts.append(f"leaves {step * 100 // HEADROOM_STEPS} % of its rack's limit free or more")
-    profile = request.profile
-    efficiency = efficiency_step(node, profile)
-    if efficiency:
-        parts.append(f"serves {efficiency / 100:g} tokens/J on {node.labels.get('gpu.model')}")
-    if request.model in node.weights:
-        parts.append("holds the weights")
-    if profile.gpus > 0:
-        parts.append(f"leaves {_plural(len(node.free_gpus) - profile.gpus, 'GPU')} free")
-        if node.gpu_topology is not None and profile.gpus > 1:
-            words = pick_words(node.gpu_topology, gpus_for(node, profile))
-            if words:
-                parts.append(words)
-    else:
-        parts.append(f"runs {_plural(node.replicas, 'replica')} already")
-    if REGISTRY.external_scorers:
-        parts += external_why(REGISTRY, node, request)
-    return "; ".join(parts)
-
-
-def _step_of(key: tuple) -> int:
-    """The headroom step in an order key (built-in position 2, negated), with plugins' keys among them."""
-    if not REGISTRY.external_scorers:
-        return -key[2]
-    orders = sorted([s.order for s in BUILTIN_SCORERS] + [s.order for s in REGISTRY.external_scorers])
-    return -key[orders.index(30)]
-
 
 def reasons_grouped(rejections: Mapping[str, str], counts: Mapping[str, int] | None = None) -> str:
     """``7 × gpu: 8 requested, 0 free; 3 × …``: the most frequent reasons first, at most five groups, and
@@ -742,7 +892,7 @@ def nofit_summary(rejections: Mapping[str, str]) -> str:
     return f"no node fits ({_plural(len(rejections), 'node')}): {reasons_grouped(rejections)}"
 
 
-def ahead_rejections(ranked: Iterable[tuple[OrderKey, str, str]], chosen_key: OrderKey) -> dict[str, str]:
+def ahead_rejections(ranked: Iterable[tuple[tuple, str, str]], chosen_key: tuple) -> dict[str, str]:
     """The rejections of candidates (nodes with the cards free) ranked ahead of the chosen node."""
     return {name: reason for key, name, reason in sorted(ranked) if key < chosen_key}
 
@@ -750,9 +900,9 @@ def ahead_rejections(ranked: Iterable[tuple[OrderKey, str, str]], chosen_key: Or
 # --- the plain path --------------------------------------------------------------------------------
 
 
-def blocked_reason(node: NodeView, facility: FacilityView) -> str | None:
-    """A hold on one of the node's domains, else an enforced hot condition: what refuses it as a hold."""
-    return held_reason(node, facility.holds) or condition_verdict(node.domains, facility.conditions)[0]
+def why_text(node: NodeView, placing: Placing) -> str:
+    """The ordering keys that decided for this node, in words (each scorer's, Placing.why)."""
+    return placing.why(node)
 
 
 def plan_replica(
@@ -762,7 +912,8 @@ def plan_replica(
     *,
     exclude: frozenset[str] = frozenset(),
 ) -> Plan | NoFit:
-    """Plan one replica over the whole cluster: every node is checked, then the best is taken.
+    """Plan one replica over the whole cluster: every node is asked every registered filter and scorer,
+    then the best is taken.
 
     A plan keeps the rejections of the nodes that had the cards free and ranked ahead of the
     chosen one; a no-fit keeps every node's.
@@ -770,77 +921,54 @@ def plan_replica(
     if not nodes:
         return NoFit(summary="no nodes", rejections={})
     by_name = {node.name: node for node in nodes}
-    counts = spread_counts(request.existing, by_name)
-    use = domain_uses(nodes, facility)
+    placing = Placing(
+        request, facility, exclude=exclude, counts=spread_counts(request.existing, by_name),
+        use=domain_uses(nodes, facility),
+    )
     if request.profile.nodes > 1:
-        return _plan_multi(request, nodes, facility, exclude, counts, use)
+        return _plan_multi(placing, nodes)
     profile = request.profile
-    plugged = REGISTRY.has_external
     rejections: dict[str, str] = {}
-    ranked: list[tuple[OrderKey, str, str]] = []
-    best: tuple[OrderKey, NodeView, float | None, int, int, tuple[str, ...]] | None = None
+    ranked: list[tuple[tuple, str, str]] = []
+    best: tuple[tuple, NodeView] | None = None
     for node in nodes:
-        draw = draw_of(node, profile, facility.settings)
-        refusal, rank, notes = condition_verdict(node.domains, facility.conditions)
-        held = held_reason(node, facility.holds) or refusal
-        reason = (
-            base_rejection(node, profile, held, exclude)
-            or (external_rejection(REGISTRY, node, request) if plugged else None)
-            or power_rejection(node, draw, facility, use)
-        )
-        step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
-        key = order_key(node, profile, request.model, spread_of(node.domains, counts), rank, step)
-        if plugged:
-            key = plugin_key(key, node, request)
+        reason = placing.rejection(node)
+        key = placing.key(node)
         if reason is not None:
             rejections[node.name] = reason
             if has_cards_for(node, profile):
                 ranked.append((key, node.name, reason))
         elif best is None or key < best[0]:
-            best = (key, node, draw, rank, step, notes)
+            best = (key, node)
     if best is None:
         ordered = dict(sorted(rejections.items()))
         return NoFit(summary=nofit_summary(ordered), rejections=ordered)
-    key, node, draw, rank, step, notes = best
+    key, node = best
     return Plan(
-        shards=(shard_for(node, profile, draw),),
-        why=why_text(node, request, counts, rank, step),
+        shards=(shard_for(node, profile, placing.draw(node)),),
+        why=placing.why(node),
         rejections=ahead_rejections(ranked, key),
-        notes=notes,
+        notes=placing.verdict(node)[2],
     )
 
 
-def _plan_multi(
-    request: ReplicaRequest,
-    nodes: Sequence[NodeView],
-    facility: FacilityView,
-    exclude: frozenset[str],
-    counts: Mapping[Domain, int],
-    use: Mapping[Domain, float],
-) -> Plan | NoFit:
+def _plan_multi(placing: Placing, nodes: Sequence[NodeView]) -> Plan | NoFit:
     """A replica of several nodes: all in one fabric (and one keep_within domain), counted whole.
 
     Its nodes are ordered as single nodes are (spreading by count first), so groups whose racks hold
     fewer of the model's replicas win: multi-node replicas spread across racks too.
     """
-    profile = request.profile
+    profile, facility, use = placing.profile, placing.facility, placing.use
     wanted = profile.nodes
     level = profile.keep_within
     too_few = f"no {level or 'fabric'} with {wanted} nodes that fit"
     rejections: dict[str, str] = {}
-    keys: dict[str, OrderKey] = {}
-    verdicts: dict[str, tuple[str | None, int, tuple[str, ...]]] = {}
-    for node in nodes:
-        verdicts[node.name] = verdict = condition_verdict(node.domains, facility.conditions)
-        draw = draw_of(node, profile, facility.settings)
-        step = headroom_step(node.domains, added_of(node, draw, facility.settings), facility, use)
-        keys[node.name] = plugin_key(
-            order_key(node, profile, request.model, spread_of(node.domains, counts), verdict[1], step), node, request
-        )
+    keys: dict[str, tuple] = {}
     groups: dict[tuple[str, str], list[NodeView]] = {}
     for node in nodes:
-        held = held_reason(node, facility.holds) or verdicts[node.name][0]
-        reason = base_rejection(node, profile, held, exclude) or external_rejection(REGISTRY, node, request)
+        keys[node.name] = placing.key(node)
+        # Power is judged below, with the replica's other shards in the group counted.
+        reason = placing.rejection(node, before_power=True)
         if reason is not None:
             rejections[node.name] = reason
             continue
@@ -857,7 +985,7 @@ def _plan_multi(
         chosen: list[tuple[NodeView, float | None]] = []
         pending: dict[Domain, tuple[float, float]] = {}
         for node in sorted(members, key=lambda n: keys[n.name]):
-            draw = draw_of(node, profile, facility.settings)
+            draw = placing.draw(node)
             alone = power_rejection(node, draw, facility, use)
             if alone is not None:
                 rejections[node.name] = alone
@@ -894,12 +1022,10 @@ def _plan_multi(
     ]
     where = f"fabric {fabric}" + (f" and {level} {place}" if level else "")
     first = chosen[0][0]
-    first_key = keys[first.name]
-    notes = tuple(dict.fromkeys(note for node, _ in chosen for note in verdicts[node.name][2]))
+    notes = tuple(dict.fromkeys(note for node, _ in chosen for note in placing.verdict(node)[2]))
     return Plan(
         shards=tuple(shard_for(node, profile, draw) for node, draw in chosen),
-        why=f"{wanted} nodes in {where}; {first.name}: "
-        + why_text(first, request, counts, verdicts[first.name][1], _step_of(first_key)),
+        why=f"{wanted} nodes in {where}; {first.name}: " + placing.why(first),
         rejections=ahead_rejections(ranked, chosen_keys[-1]),
         notes=notes,
     )
@@ -948,7 +1074,8 @@ def profile_text(profile: dict[str, Any]) -> str:
     return text
 
 
-for _item in (*BUILTIN_FILTERS,):
+REGISTRY.node_fields = frozenset(item.name for item in dataclasses.fields(NodeView))
+for _item in BUILTIN_FILTERS:
     REGISTRY.add_filter(_item)
 for _item in BUILTIN_SCORERS:
     REGISTRY.add_scorer(_item)

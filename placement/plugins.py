@@ -1,11 +1,13 @@
-"""The placement framework: filters and scorers are plugins in one registry.
+"""The placement framework: every filter and scorer, built in or loaded, is one entry in one registry.
 
 A **filter** turns a node down for a replica, in words (``gpu: 8 requested, 2 free``); a **scorer**
 orders the nodes that pass (a smaller key ranks first) and says in explain's ``why:`` what it weighed.
-The built-ins are registered here, in the order the planner applies them; the plain planner
-(:func:`placement.planner.plan_replica`) reads them from :data:`REGISTRY`, the index
-(:mod:`placement.index`) keeps the same answers (property tests hold the two together), the guarded
-commit re-checks power through the planner's own rule, and explain prints the words.
+Each is one entry with one signature — ``reject(node, placing)``, ``key(node, placing)``,
+``why(node, placing)``, where ``placing`` is the plan's question (placement.planner.Placing) — its words
+and the node's fields it reads (``reads``). The built-ins are registered by placement.planner in the order
+it applies them, power last; the plain planner (:func:`placement.planner.plan_replica`), the index
+(:mod:`placement.index`), the commit's re-check (placement.commit.recheck) and explain all read them from
+:data:`REGISTRY`, so adding a rule is adding one entry.
 
 A third-party plugin is a module (or any object) with ``FILTERS`` and/or ``SCORERS`` lists, or a
 ``register(registry)`` function, named in server.yaml (``placement: {plugins: [dotted.path]}``) or
@@ -18,9 +20,9 @@ one that raises (anything, SystemExit too), answers later than its time budget o
 filter and scores 0 if it is a scorer; it is counted (/metrics), logged once per plugin and error, and after
 PLUGIN_FAILURES_TO_SWITCH_OFF failures in a row switched off for PLUGIN_COOL_OFF_SECONDS (not called:
 its filter refuses every node, its scorer scores 0), then tried again. Its words are cut to
-PLUGIN_TEXT_CHARS. With a third-party scorer loaded, or a filter that does not say which of a node's
-fields it reads (``reads``), the index plans through the plain path (it has no incremental form of
-another's rule), so the two stay equal; a filter reading only fields the index watches keeps its plans.
+PLUGIN_TEXT_CHARS. A rule not built in that says which of a node's fields it reads keeps the index's
+incremental plans (its verdicts and keys kept until those fields move); one that does not say, or one
+failing now, sends every plan the plain way (:meth:`Registry.plain_path_reason` says why; the index logs it).
 
 Pure: no Django (the loader imports modules by name, nothing else).
 """
@@ -42,11 +44,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """A rule that turns a node down: ``reject(node, request)`` returns the words, or None to pass.
+    """A rule that turns a node down: ``reject(node, placing)`` returns the words, or None to pass.
 
+    ``placing`` is the plan's question (placement.planner.Placing): the request's ``model``, ``profile`` and
+    ``existing``, and what the plan works out once (the facility, the nodes excluded, each node's hold).
     ``rechecked``: the guarded commit asks it again of each chosen node, on the node's locked row (its
     readiness, cordon, holds, labels), through this same function. The built-in resource filters are not:
-    the commit's guarded writes are what keep cards, cores and memory from being booked twice.
+    the commit's guarded writes are what keep cards, cores and memory from being booked twice; nor is
+    power, which the commit counts with the batch's other shards (placement.planner.power_rejection_in).
+    ``reads``: the node's fields its answer rests on, with the request's model and profile (e.g.
+    ``frozenset({"labels"})``); None: not said, and the index then plans the plain way.
+    ``asks(profile, exclude)``: whether it can turn down a node that is ready, not cordoned, not held and
+    has the cards free (the index's candidates), for this profile; None: it can.
     """
 
     id: str
@@ -54,14 +63,18 @@ class Filter:
     doc: str = ""
     builtin: bool = False
     rechecked: bool = True
-    # The node's fields its answer rests on (with the request), e.g. ``frozenset({"labels"})``; None: not
-    # said. A filter whose fields the index watches (INDEX_WATCHED) keeps the index's incremental plans.
     reads: frozenset[str] | None = None
+    asks: Callable[[Any, frozenset[str]], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Scorer:
-    """A rule that orders nodes: ``key(node, request)`` (smaller first), ``why(node, request)`` its words."""
+    """A rule that orders nodes: ``key(node, placing)`` (smaller first), ``why(node, placing)`` its words.
+
+    ``reads``: the node's fields its key rests on, with the request's model and profile; None: not said
+    (the index then plans the plain way). A scorer that says keeps the index: its keys are worked out
+    once a node and model, and again when one of those fields moves.
+    """
 
     id: str
     key: Callable[[Any, Any], float]
@@ -69,14 +82,12 @@ class Scorer:
     order: int = 55
     doc: str = ""
     builtin: bool = False
+    reads: frozenset[str] | None = None
 
 
-# The node's fields (placement.planner.NodeView) whose change the index sees for what filters read (its
-# kept rejections are asked again when one moves): placement.planner.filter_inputs reads these.
-FILTER_INPUTS = ("labels", "fabric", "free_gpus", "gpu_topology", "cpu_cores_free", "memory_gib_free", "replicas")
-# The fields a loaded filter may read and keep the index: those, and what places the node (name, domains)
-# or turns it down before any plugin is asked (ready, cordoned).
-INDEX_WATCHED = frozenset({*FILTER_INPUTS, "name", "domains", "ready", "cordoned"})
+# The filter that comes last, whatever is loaded (placement.planner registers it): a loaded filter goes
+# before it.
+LAST_FILTER = "power"
 
 # A plugin's words kept (a refusal, a why, an error's message): a 5 MB reason is cut to this.
 PLUGIN_TEXT_CHARS = 200
@@ -126,15 +137,28 @@ class Registry:
     # What of the counts was sent on to where every process's /metrics reads them (placement.explain).
     sent: Counter = field(default_factory=Counter)
     _reported: set[tuple[str, str, str]] = field(default_factory=set, repr=False)
+    # The fields a node has (placement.planner.NodeView's, set when the planner registers its built-ins):
+    # what a rule's ``reads`` may name.
+    node_fields: frozenset[str] = frozenset()
+    # Moves with every filter or scorer added or removed: what is worked out of the rules is kept by it.
+    version: int = 0
+    _reads: dict[tuple[int, str], frozenset[str]] = field(default_factory=dict, repr=False)
+    _external: tuple[int, bool] = field(default=(-1, False), repr=False)
 
     def add_filter(self, item: Filter) -> None:
+        """Register a filter: after those there are, before power (the last)."""
         self._refuse_twice(item.id)
-        self.filters.append(item)
+        at = len(self.filters)
+        if self.filters and self.filters[-1].id == LAST_FILTER:
+            at -= 1
+        self.filters.insert(at, item)
+        self.version += 1
 
     def add_scorer(self, item: Scorer) -> None:
         self._refuse_twice(item.id, scorer=True)
         self.scorers.append(item)
         self.scorers.sort(key=lambda s: s.order)
+        self.version += 1
 
     def _refuse_twice(self, plugin_id: str, scorer: bool = False) -> None:
         # A plugin may bring a filter and a scorer of one id; two of one kind is a mistake.
@@ -143,30 +167,42 @@ class Registry:
 
     @property
     def external_filters(self) -> list[Filter]:
+        """The filters not built in (loaded plugins' and rules added since), in their order."""
         return [f for f in self.filters if not f.builtin]
 
     @property
     def external_scorers(self) -> list[Scorer]:
+        """The scorers not built in, by order."""
         return [s for s in self.scorers if not s.builtin]
+
+    def plain_path_reason(self) -> str | None:
+        """Why the index plans the plain way with what is loaded, or None while it keeps its plans: a filter
+        or scorer not built in that does not say which of a node's fields it reads (or names one a node has
+        not), or one failing now (a failure's words are not kept)."""
+        for item in (*self.external_filters, *self.external_scorers):
+            kind = "filter" if isinstance(item, Filter) else "scorer"
+            if item.reads is None:
+                return f"{kind} {item.id} does not say which of a node's fields it reads"
+            unknown = sorted(item.reads - self.node_fields) if self.node_fields else []
+            if unknown:
+                return f"{kind} {item.id} reads {', '.join(unknown)}, not a field of a node"
+            health = self.health.get(item.id)
+            if health is not None and (health.failures or health.off_until is not None):
+                return f"plugin {item.id} is failing now"
+        return None
 
     @property
     def index_keeps(self) -> bool:
-        """True while the index may plan with the loaded plugins: filters alone, each saying it reads only
-        fields the index watches (INDEX_WATCHED), and none failing now (a failure's words are not kept)."""
-        if self.external_scorers:
-            return False
-        for item in self.external_filters:
-            if item.reads is None or not item.reads <= INDEX_WATCHED:
-                return False
-            health = self.health.get(item.id)
-            if health is not None and (health.failures or health.off_until is not None):
-                return False
-        return True
+        """True while the index may plan with what is loaded (plain_path_reason says why not)."""
+        return self.plain_path_reason() is None
 
     @property
     def has_external(self) -> bool:
-        """True once a third-party filter or scorer is loaded (the index then plans the plain way)."""
-        return any(not p.builtin for p in (*self.filters, *self.scorers))
+        """True once a filter or scorer not built in is registered (worked out once a version: each plan
+        asks)."""
+        if self._external[0] != self.version:
+            self._external = (self.version, any(not p.builtin for p in (*self.filters, *self.scorers)))
+        return self._external[1]
 
     def failed(self, plugin_id: str, exc: BaseException, kind: str = "load") -> str:
         """Report a plugin that raised; returns ``plugin <id>: raised <type>: <message>``."""
@@ -237,10 +273,55 @@ class Registry:
             health.failures = 0
         return value, None
 
+    def reads_of(self, kind: str) -> frozenset[str]:
+        """The node's fields read by the filters before power (``kind`` "filters"), by the filters not built
+        in ("other filters") or by the scorers not built in ("other scorers"): what the index keeps its
+        rejections, verdicts and keys by."""
+        known = self._reads.get((self.version, kind))
+        if known is None:
+            if len(self._reads) > 16:
+                self._reads.clear()
+            items = {
+                "filters": [f for f in self.filters if f.id != LAST_FILTER],
+                "other filters": self.external_filters,
+                "other scorers": self.external_scorers,
+            }[kind]
+            known = self._reads[(self.version, kind)] = frozenset().union(*(i.reads or () for i in items))
+        return known
+
+    def refusal(self, item: Filter, node: Any, placing: Any) -> str | None:
+        """A filter not built in asked of a node: ``<id>: <words>``, None when it passes, or the failure's
+        words (``plugin <id>: raised ValueError: …``): fail closed."""
+        return self.verdict(item, node, placing)[0]
+
+    def verdict(self, item: Filter, node: Any, placing: Any) -> tuple[str | None, bool]:
+        """refusal's words, and whether they are a failure's (not to be kept)."""
+        reason, failure = self.call(item, "filter", item.reject, node, placing, _reason_check)
+        if failure is not None:
+            return failure, True
+        return (f"{item.id}: {_cut(reason)}" if reason else None), False
+
+    def score(self, item: Scorer, node: Any, placing: Any) -> float:
+        """A scorer not built in asked of a node: its key, or 0 (neutral) where it failed."""
+        value, failure = self.call(item, "scorer", item.key, node, placing, _key_check)
+        return 0.0 if failure is not None else float(value)
+
+    def whys(self, scorers: Iterable[Scorer], node: Any, placing: Any) -> list[str]:
+        """The words of scorers not built in for the chosen node, each naming its scorer."""
+        words = []
+        for item in scorers:
+            if item.why is None:
+                continue
+            text, failure = self.call(item, "why", item.why, node, placing, _reason_check)
+            if failure is None and text:
+                words.append(f"{_cut(text)} ({item.id})")
+        return words
+
     def remove_external(self) -> None:
         """Back to the built-ins alone (tests; a process that loads again)."""
         self.filters = [f for f in self.filters if f.builtin]
         self.scorers = [s for s in self.scorers if s.builtin]
+        self.version += 1
         self.errors, self.loaded, self._reported = [], [], set()
         self.failure_counts, self.switch_offs, self.health, self.sent = Counter(), Counter(), {}, Counter()
         self.clock, self.call_seconds = time.monotonic, PLUGIN_CALL_SECONDS
@@ -276,40 +357,27 @@ def _key_check(value: Any) -> str | None:
     return None if math.isfinite(number) else f"scored {number}, not a finite number"
 
 
-def external_rejection(registry: Registry, node: Any, request: Any, *, rechecked: bool = False) -> str | None:
-    """The first loaded filter that turns the node down, as ``<id>: <words>``; a filter that fails refuses
-    the node in the failure's words (``plugin <id>: raised ValueError: …``): fail closed.
+def external_rejection(registry: Registry, node: Any, placing: Any, *, rechecked: bool = False) -> str | None:
+    """The first filter not built in that turns the node down, as ``<id>: <words>``; a filter that fails
+    refuses the node in the failure's words (``plugin <id>: raised ValueError: …``): fail closed.
     ``rechecked``: only the filters the guarded commit asks again."""
     for item in registry.external_filters:
         if rechecked and not item.rechecked:
             continue
-        reason, failure = registry.call(item, "filter", item.reject, node, request, _reason_check)
-        if failure is not None:
-            return failure
-        if reason:
-            return f"{item.id}: {_cut(reason)}"
+        reason = registry.refusal(item, node, placing)
+        if reason is not None:
+            return reason
     return None
 
 
-def external_keys(registry: Registry, node: Any, request: Any) -> dict[str, float]:
-    """Each loaded scorer's key for the node (0 where it failed or is switched off: neutral)."""
-    keys: dict[str, float] = {}
-    for item in registry.external_scorers:
-        value, failure = registry.call(item, "scorer", item.key, node, request, _key_check)
-        keys[item.id] = 0.0 if failure is not None else float(value)
-    return keys
+def external_keys(registry: Registry, node: Any, placing: Any) -> dict[str, float]:
+    """Each scorer's key not built in for the node (0 where it failed or is switched off: neutral)."""
+    return {item.id: registry.score(item, node, placing) for item in registry.external_scorers}
 
 
-def external_why(registry: Registry, node: Any, request: Any) -> list[str]:
-    """The loaded scorers' words for the chosen node."""
-    words = []
-    for item in registry.external_scorers:
-        if item.why is None:
-            continue
-        text, failure = registry.call(item, "why", item.why, node, request, _reason_check)
-        if failure is None and text:
-            words.append(f"{_cut(text)} ({item.id})")
-    return words
+def external_why(registry: Registry, node: Any, placing: Any) -> list[str]:
+    """The words of the scorers not built in for the chosen node."""
+    return registry.whys(registry.external_scorers, node, placing)
 
 
 def plugin_register(registry: Registry, plugin: Any, name: str) -> None:

@@ -207,6 +207,26 @@ class HeadroomSerializer(serializers.Serializer):
     why_not = serializers.CharField(allow_null=True, help_text="null when `fits` reached `limit`")
 
 
+class RuleSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["filter", "scorer"])
+    id = serializers.CharField()
+    order = serializers.IntegerField(allow_null=True, help_text="a scorer's place in the ranking; null for a filter")
+    builtin = serializers.BooleanField()
+    words = serializers.CharField(help_text="what the rule does, in words")
+    reads = serializers.ListField(
+        child=serializers.CharField(), allow_null=True,
+        help_text="the node's fields its answer rests on; null: not said (every plan then goes the plain path)",
+    )
+    rechecked = serializers.BooleanField(help_text="the commit asks it again of the node's locked row")
+
+
+class RulesSerializer(serializers.Serializer):
+    index = serializers.CharField(help_text="`kept`, or `plain path: <why>` when a rule does not say what it reads")
+    rules = RuleSerializer(many=True)
+    loaded = serializers.ListField(child=serializers.CharField(), help_text="the plugins loaded")
+    errors = serializers.ListField(child=serializers.CharField(), help_text="plugins' failures, newest last")
+
+
 class ModelsApplySerializer(StrictSerializer):
     text = TextField(max_length=MAX_FILE_CHARS, allow_blank=True, help_text="the models.yaml, whole: kind: Model documents")
     filename = TextField(

@@ -1,7 +1,7 @@
 """The re-check of plans against the locked rows, through the planner's own functions: each chosen node as
 its locked row has it now (gone, moved, and then every ``rechecked`` filter: readiness, cordon, holds, the
-selector and fabric, the loaded plugins' filters: placement.planner.recheck_rejection) and every budgeted
-domain's power (placement.planner.power_rejection_in). Cards, cores and memory are the guarded writes'.
+selector and fabric, every filter registered beside them: placement.planner.recheck_rejection) and
+every budgeted domain's power (placement.planner.power_rejection_in). Cards, cores and memory are the guarded writes'.
 
 The filters read the locked row's own readiness, cordon, effective labels (the store's over the agent's,
 as the row keeps them) and fabric, and the holds read under the locks: a node relabelled between the plan
@@ -28,8 +28,8 @@ from placement.commit.outcomes import LostRace
 from placement.planner import (
     FacilityView,
     NodeView,
+    Placing,
     ReplicaRequest,
-    held_reason,
     power_rejection_in,
     recheck_rejection,
 )
@@ -54,6 +54,7 @@ class _Locked:
         self.taken: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.extra: dict[str, float] = defaultdict(float)
         self.holds = {snapshot.domain_of(d): reason for d, reason in held.items()}
+        self.recheck_facility = FacilityView(holds=self.holds)
         self.refusals: dict[tuple, str | None] = {}
         self.budgeted: dict[str, list[str]] = {}  # each node's budgeted domains, in level order
 
@@ -71,7 +72,8 @@ class _Locked:
             view, ready=_is_ready(row[3], row[4], now), cordoned=bool(row[2]),
             labels=_labels_now(row[5] or "{}", view.labels), fabric=row[6] or None,
         )
-        reason = recheck_rejection(locked, request, held_reason(locked, self.holds))
+        # The registry's rechecked filters, asked as a plan asks them, with the holds read under the locks.
+        reason = recheck_rejection(locked, Placing(request, self.recheck_facility))
         return None if reason is None else f"{name}: {_SINCE.get(reason, reason)}"
 
     def check(
@@ -83,9 +85,9 @@ class _Locked:
         replica's, whose profile the rechecked filters read."""
         for shard in shards:
             name = shard.node
-            # The node's own verdict, once per node and profile for all the plans of a batch (the rows do
-            # not move; plugins' filters may answer each profile otherwise).
-            verdict = (name, request.profile)
+            # The node's own verdict, once per node, model and profile for all the plans of a batch (the rows
+            # do not move; a registered filter may answer each model and profile otherwise).
+            verdict = (name, request.model, request.profile)
             if verdict not in self.refusals:
                 self.refusals[verdict] = self._node_refusal(name, domains_of[name], views[name], request, now)
             if self.refusals[verdict] is not None:

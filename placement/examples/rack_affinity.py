@@ -8,12 +8,13 @@ prefer it over nodes without the label. Load it with server.yaml::
       plugins: [placement.examples.rack_affinity]
 
 A plugin is any importable object with ``FILTERS`` and ``SCORERS`` lists (or a ``register(registry)``
-function). A filter's ``reject(node, request)`` returns the refusal's words or None; a scorer's
-``key(node, request)`` is a number, smaller first, and its ``order`` places it among the built-ins
-(spread 10, condition 20, rack headroom 30, tokens per joule 40, weights 50, bin packing 60); its
-``why(node, request)`` words appear in explain's ``why:``. ``node`` is a
-:class:`placement.planner.NodeView` (``name``, ``labels``, ``domains``, ``free_gpus`` …) and
-``request`` a :class:`placement.planner.ReplicaRequest` (``model``, ``profile``, ``existing``).
+function), each rule with the one signature the built-in rules have. A filter's ``reject(node, request)``
+returns the refusal's words or None; a scorer's ``key(node, request)`` is a number, smaller first, and its
+``order`` places it among the built-ins (spread 10, condition 20, rack headroom 30, tokens per joule 40,
+weights 50, bin packing 60); its ``why(node, request)`` words appear in explain's ``why:``; ``reads`` names
+the node's fields each answer rests on (the index keeps it then). ``node`` is a
+:class:`placement.planner.NodeView` (``name``, ``labels``, ``domains``, ``free_gpus`` …) and ``request``
+a :class:`placement.planner.Placing` (``model``, ``profile``, ``existing``, ``facility`` …).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def why(node, request) -> str | None:
     return f"kept for {request.model}" if request.model in _kept_for(node) else None
 
 
-# It reads the node's labels alone: the index keeps its plans with this filter loaded.
+# Both read the node's labels alone (with the request's model): the index keeps its plans with them loaded,
+# their verdicts and keys kept until a node's labels move.
 FILTERS = [Filter("rack-affinity", reject, "nodes labelled for some models take only those",
                   reads=frozenset({"labels"}))]
 # Before the rack headroom: an affine node wins over one with more power left.
-SCORERS = [Scorer("rack-affinity", key, why, order=25, doc="a model prefers the nodes labelled for it")]
+SCORERS = [Scorer("rack-affinity", key, why, order=25, doc="a model prefers the nodes labelled for it",
+                  reads=frozenset({"labels"}))]

@@ -100,3 +100,25 @@ def test_a_node_relabelled_onto_the_selector_keeps_its_place(join_node, monkeypa
     replica = placed("m")
     assert replica.explain.get("conflicts", []) == []
     assert list(replica.shards.values_list("node__name", flat=True)) == ["n1"]
+
+
+def test_a_rule_added_to_the_registry_is_rechecked_on_the_locked_row_and_explained(join_node, monkeypatch):
+    """A filter and a scorer registered as one entry each (tests.fakes.rules): the plan ranks the gold node
+    first, the commit's re-check asks the filter of the node as relabelled since, and explain says both."""
+    from placement import selectors
+    from tests.fakes.rules import GOLD_FIRST, QUIET_HOURS
+
+    REGISTRY.call_seconds = 60.0  # the budget is on the wall clock: a loaded machine's pause is no failure here
+    REGISTRY.add_filter(QUIET_HOURS)
+    REGISTRY.add_scorer(GOLD_FIRST)
+    join_node("n1", rack="r1")
+    join_node("n2", rack="r2", labels={"tier": "gold"})
+    join_node("n3", rack="r3", labels={"tier": "gold"})
+    chosen = relabel_after_the_first_plan(monkeypatch, {"quiet": "yes"})
+    services.model_apply(data={"kind": "Model", "name": "m", "replicas": 1, "profile": {"gpus": 8}})
+    assert chosen == ["n2"]  # gold, before n1's name
+    replica = placed("m")
+    assert replica.explain["conflicts"] == ["n2: quiet-hours: in its quiet hour"]
+    assert list(replica.shards.values_list("node__name", flat=True)) == ["n3"]
+    (explained,) = selectors.model_explain("m")["replicas"]
+    assert explained["why"].endswith("a gold node (gold-first)")

@@ -189,3 +189,20 @@ def test_the_guarded_commit_asks_a_plugins_filter_again_on_the_node_as_it_is_now
     replica.refresh_from_db()
     assert replica.explain["conflicts"] == [f"{chosen[0]}: window: in a maintenance window"]
     assert asked_at_commit == []
+
+
+def test_ctl_and_the_api_list_the_rules_and_say_when_a_plugin_sends_plans_the_plain_way(viewer_api, capsys):
+    from llmgw.ctl import main as ctl
+
+    assert plugins_load(REGISTRY, [EXAMPLE], entry_points=False) == [EXAMPLE]
+    body = viewer_api.get("/api/v1/placement/rules").json()
+    assert body["index"] == "kept"
+    assert [r["id"] for r in body["rules"] if r["kind"] == "filter"][-2:] == ["rack-affinity", "power"]
+    affinity = next(r for r in body["rules"] if r["kind"] == "scorer" and r["id"] == "rack-affinity")
+    assert affinity == {"kind": "scorer", "id": "rack-affinity", "order": 25, "builtin": False,
+                        "words": "a model prefers the nodes labelled for it", "reads": ["labels"], "rechecked": False}
+    REGISTRY.add_scorer(Scorer("coin", lambda node, request: 0))
+    assert ctl(["rules"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "index: plain path: scorer coin does not say which of a node's fields it reads"
+    assert "scorer  coin" in out

@@ -19,11 +19,11 @@ from placement.planner import (
     FacilityView,
     NodeView,
     NoFit,
+    Placing,
     Plan,
     Profile,
     ReplicaRequest,
     apply_shard,
-    base_rejection,
     candidate_filters,
     domain_uses,
     plan_replica,
@@ -475,16 +475,18 @@ def test_replicas_stay_even_across_racks_by_count(racks, per_rack, data):
 @FAST
 @given(clusters(), requests(), st.sampled_from([None, "gpu.model in (H200)", "gpu.model notin (H100), rack"]),
        st.data())
-def test_a_candidates_first_refusal_is_base_rejections(nodes, request, selector, data):
+def test_a_candidates_first_refusal_is_the_registered_filters(nodes, request, selector, data):
     """The index checks a candidate — ready, not cordoned, not held, its cards free — against only the
-    filters that can turn such a node down: the first refusal is base_rejection's, word for word."""
+    built-in filters that can turn such a node down (each filter's ``asks``): the first refusal is the
+    registered filters' before power, word for word."""
     profile = dataclasses.replace(request.profile, selector=selector and parse_selector(selector))
     exclude = frozenset(data.draw(st.lists(st.sampled_from([n.name for n in nodes]), max_size=2)))
     checks = candidate_filters(profile, exclude)
+    placing = Placing(dataclasses.replace(request, profile=profile), FacilityView(), exclude=exclude)
     candidates = [n for n in nodes if n.ready and not n.cordoned and len(n.free_gpus) >= profile.gpus]
     for node in candidates:
-        first = next((r for r in (reject(node, profile, None, exclude) for reject in checks) if r), None)
-        assert first == base_rejection(node, profile, None, exclude), node
+        first = next((r for r in (reject(node, placing) for reject in checks) if r), None)
+        assert first == placing.rejection(node, before_power=True), node
 
 
 @st.composite
