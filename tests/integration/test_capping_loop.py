@@ -188,7 +188,7 @@ def test_locked_clocks_cap_each_card_by_its_own_top_clock(join_node, capsys, top
     readings.assignments("gpu01")
     assert readings.wanted_capping("gpu01") == {"lever": "locked_clocks", **wanted}
     assert ctl(["facility", "capping"]) == 0
-    assert capsys.readouterr().out == text
+    assert capsys.readouterr().out.replace(";\n  ", "; ") == text  # a long line breaks after its "; "
 
 
 def test_observe_mode_says_what_clock_each_card_would_be_locked_to(join_node, capsys):

@@ -153,7 +153,7 @@ def test_ctl_shows_conditions_events_and_sets_an_override(capsys, join_node):
     join_node("gpu01", rack="r1-01", labels={"llmgw.io/row": "1"})
     apply_mode("enforce")
     replay(15)
-    code, out = run(capsys, "facility")
+    code, out = run(capsys, "facility", "-o", "wide")  # every reading of a condition: the wide table
     row = next(line for line in out.splitlines() if line.startswith("rack:r1-01"))
     assert "hot (inlet 35.0 °C, " in row and " s old)" in row
     # Row 1 at its hot rack's condition, its own beside it, as the console's facility page says it.

@@ -49,7 +49,7 @@ def test_reported_tokens_and_power_become_tokens_per_joule_per_gpu_model(join_no
     assert [(e["gpu_model"], e["tokens_per_joule"]) for e in shown] == [("H200", 3.0), ("H100", 2.0)]
     from llmgw.ctl import main as ctl
 
-    assert ctl(["models"]) == 0
+    assert ctl(["models", "-o", "wide"]) == 0  # tok/s is the wide table's
     assert "H200 3.00 tok/J 6,000 tok/s · H100 2.00 tok/J 4,800 tok/s" in capsys.readouterr().out
 
 
