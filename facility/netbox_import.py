@@ -1,5 +1,9 @@
 """Import from NetBox: read it (its REST API through pynetbox, or its CSV export), show the diff, apply it.
 
+Kept whole (reading lives in facility.netbox and facility.netbox_csv): the diff, what waits for a yes and
+the apply read one plan the same way, and a rule moved out of one would have to be kept in step with the
+others.
+
 The diff names every feed added, changed, renamed or removed, every node label the import adds, changes
 or removes (only labels it set itself: an operator's label wins and is listed as kept), every domain
 renamed (a rack renamed in NetBox keeps its id: its budget, hold, conditions and history follow it), and

@@ -1,5 +1,9 @@
 """An in-memory index of node state, kept between placements, for planning fast.
 
+Kept whole: its slates, heaps and rankings move together on every change of a node, and each invariant
+(a heap's key a lower bound, a slate's range of use) is kept by code that touches all three; split, the
+invariants would live across modules. Its property tests compare it with the plain path as one unit.
+
 :func:`placement.planner.plan_replica` checks every node on every call: simple, and the reference.
 A reconcile run places many replicas in a row, so this index keeps what the plain path recomputes:
 
