@@ -148,8 +148,8 @@ class Processes:
     @staticmethod
     def _stop(process: subprocess.Popen, sig: int, wait: float) -> None:
         if process.poll() is None:
-            try:
-                os.killpg(process.pid, sig)
+            try:  # the leader alone: a worker ends its pool's jobs and children itself (a warm shutdown)
+                os.kill(process.pid, sig)
             except ProcessLookupError:
                 return
             try:
@@ -165,6 +165,24 @@ class Processes:
     def stop_all(self) -> None:
         for _, process in reversed(self.started):
             self._stop(process, signal.SIGTERM, 20.0)
+
+
+def cpu_by_session() -> dict[int, float]:
+    """CPU seconds (user + system) of every running process, summed by its session; postgres' and
+    redis-server's by their names (negative keys: -1, -2), as they are not the bench's."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone since listed
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        session, used = int(fields[3]), (int(fields[11]) + int(fields[12])) / tick
+        key = -1 if name.startswith("postgres") else -2 if name.startswith("redis-server") else session
+        totals[key] = totals.get(key, 0.0) + used
+    return totals
 
 
 def wait_serving(base: str, process: subprocess.Popen, log: Path) -> None:
@@ -233,6 +251,7 @@ def main() -> None:
     bases = [f"http://127.0.0.1:{port}" for port in ports]
     figures: dict = {"loads_join": [], "loads_after": [], "oldest": [], "least_ready_after": None}
     tallies: list[str] = []
+    figures["cpu_before"] = cpu_by_session()
     try:
         for i, port in enumerate(ports, 1):
             processes.start(f"web-{i}", "serve", f"127.0.0.1:{port}")
@@ -247,6 +266,7 @@ def main() -> None:
         except Exception:  # the figures so far are still reported
             traceback.print_exc()
     finally:
+        figures["cpu_after"] = cpu_by_session()
         for i in (1, 2):
             processes.stop(f"sim-{i}", signal.SIGINT, 30.0)  # it prints its count of answers as it ends
             if (work / f"sim-{i}.log").exists():
@@ -364,6 +384,12 @@ def report(args, work: Path, figures: dict, tallies: list[str], processes: Proce
         counts = log_counts(processes.log(name))
         if any(counts.values()):
             print(f"  {name}.log: {counts}")
+    before, after = figures["cpu_before"], figures["cpu_after"]
+    used = {name: after.get(process.pid, 0.0) for name, process in processes.started}
+    used["postgres"] = after.get(-1, 0.0) - before.get(-1, 0.0)
+    used["redis"] = after.get(-2, 0.0) - before.get(-2, 0.0)
+    used["bench and Chromium"] = after.get(os.getsid(0), 0.0) - before.get(os.getsid(0), 0.0)
+    print("  CPU seconds used, by process: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in used.items()))
     print(f"  load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} ({os.cpu_count()} CPUs)")
 
 

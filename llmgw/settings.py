@@ -418,6 +418,8 @@ FACILITY_FIGURES_SECONDS = env_number("LLMGW_FACILITY_FIGURES_SECONDS", "30", fl
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+# Tasks outside the apps' tasks modules: the Facility page's figures live beside the page that reads them.
+CELERY_IMPORTS = ["facility.console_figures"]
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

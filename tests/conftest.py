@@ -72,7 +72,7 @@ SLOW_MODULES = frozenset({
     "test_schema_fuzz", "test_rehearsal", "test_drain_workers", "test_embedded_default", "test_worker",
     "test_concurrency", "test_agent_process", "test_agent_end_to_end", "test_ctl_remote", "test_dependencies_down",
     "test_bounded_inputs", "test_deploy_units", "test_docs_examples", "test_readme_examples", "test_lock_order",
-    "test_netbox_sync",
+    "test_netbox_sync", "test_demo_once", "test_prometheus_source", "test_ctl_whereabouts",
 })
 
 

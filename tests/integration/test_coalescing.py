@@ -94,6 +94,7 @@ def conditions_worker_command() -> list[str]:
     return [conftest.LLMGW, *words[1:]]
 
 
+@pytest.mark.slow
 def test_condition_evaluation_runs_while_the_default_queue_holds_a_backlog(celery_on_redis, tmp_path):
     import os
 

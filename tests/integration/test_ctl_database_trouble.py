@@ -57,6 +57,7 @@ def test_a_sqlite_database_that_is_not_there_is_named_and_not_made(tmp_path):
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_an_empty_postgresql_database_asks_for_migrate():
     import psycopg
 

@@ -140,6 +140,7 @@ def test_every_domain_says_what_shedding_does_or_would_do(pinned, client, make_u
     assert facility_context({})["domains_by_name"]["rack:r1"]["actions"] == ["refuses new replicas"]
 
 
+@pytest.mark.slow
 def test_the_facility_socket_sends_only_what_changed(pinned, make_user):
     from agents.consumers import FacilityConsumer
     from facility.services import budget_set

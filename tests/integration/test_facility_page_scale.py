@@ -10,7 +10,6 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.cache import cache
 
 from facility import console_figures
 from tests.integration.test_console import gpu_readings, heartbeat
@@ -93,6 +92,44 @@ def test_the_n1_report_is_worked_out_once_until_a_budget_changes_or_it_grows_old
     assert f'data-since="{int(now[0])}"' in page
 
 
+def test_on_workers_a_load_shows_the_figures_kept_and_the_worker_works_out_the_next(site, login, monkeypatch):
+    """A page load never plans on workers: it shows the figures kept, with their age, and asks the worker,
+    which keeps new ones and tells the open pages. Only figures no worker has kept for long are its own."""
+    from facility.services import budget_set
+
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(console_figures, "clock", lambda: now[0])
+    calls = n1_worked_out(monkeypatch)
+    client = login()
+    client.get("/facility/")  # nothing kept yet: worked out by the page
+    assert len(calls) == 1
+
+    monkeypatch.setattr(console_figures, "_on_workers", lambda: True)
+    asked = []
+    monkeypatch.setattr(console_figures.refresh_task, "apply_async", lambda **kw: asked.append(kw))
+    told = []
+    monkeypatch.setattr("agents.events.placement_changed", lambda: told.append(1))
+    now[0] += 5
+    budget_set(domain="rack:r2", cap_watts=15000)  # a new version
+    page = client.get("/facility/").content.decode()
+    # The kept report, and the worker asked (on Redis one task pending at a time: llmgw.coalesce).
+    assert len(calls) == 1 and asked
+    assert f'data-since="{int(now[0]) - 5}"' in page
+
+    console_figures.refresh_task()  # the worker's round: the same report, the open pages not told
+    assert len(calls) == 2 and told == []
+    assert f'data-since="{int(now[0])}"' in client.get("/facility/").content.decode()
+    assert len(calls) == 2
+    # A report that differs from the one kept: the open pages are told.
+    console_figures.keep("feed-loss", {"text": "0 violations", "feeds": []}, at=now[0], version="older")
+    console_figures.refresh_task()
+    assert len(calls) == 3 and told == [1]
+
+    now[0] += console_figures.stale_seconds() + 1  # no worker answered for that long: the page's own
+    client.get("/facility/")
+    assert len(calls) == 4
+
+
 def test_the_shedding_card_shows_twenty_moves_a_page_on_the_utc_clock(site, login):
     at = datetime(2026, 12, 7, 17, 5, tzinfo=UTC)
     moves = [
@@ -101,8 +138,7 @@ def test_the_shedding_card_shows_twenty_moves_a_page_on_the_utc_clock(site, logi
         for i in range(45)
     ]
     # What shedding would do, kept as the page keeps it (45 moves, worked out at 17:05 UTC).
-    version = console_figures.facility_version()
-    cache.set(f"{console_figures.CACHE_PREFIX}shed:{version}", (moves, console_figures.clock()), 60)
+    console_figures.keep("shed", moves, at=console_figures.clock(), version=console_figures.facility_version())
     client = login()
     page = client.get("/facility/").content.decode()
     card = page[page.index('id="shed-moves"'):]

@@ -369,6 +369,7 @@ _documents = st.fixed_dictionaries(
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(doc=_documents)
+@pytest.mark.slow
 def test_random_model_documents_never_give_a_5xx_nor_leave_another_model_unplaced(doc):
     from django.db.models import F
     from rest_framework.test import APIClient

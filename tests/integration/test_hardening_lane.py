@@ -440,6 +440,7 @@ def poisoned_bodies(draw) -> bytes:
     return json.dumps(hb).encode("utf-8", "surrogatepass")
 
 
+@pytest.mark.slow
 def test_random_heartbeats_never_give_a_5xx_nor_cost_another_node_its_readings():
     bad_token, _ = joined("bad01")
     good_token, good = joined("good01")

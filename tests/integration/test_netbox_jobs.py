@@ -191,6 +191,7 @@ def test_remote_ctl_prints_the_jobs_progress_then_its_diff(
 
 
 @pytest.mark.worker
+@pytest.mark.slow
 def test_on_workers_the_import_is_a_task_and_the_request_reads_no_netbox(
         celery_on_redis, admin_client, settings, tmp_path, joined):  # noqa: F811
     with FakeNetbox(two_sites()) as nb:

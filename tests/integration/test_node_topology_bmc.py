@@ -154,6 +154,7 @@ def wait_for(check, seconds: float, what: str):
     raise AssertionError(f"not in {seconds} s: {what}")
 
 
+@pytest.mark.slow
 def test_a_real_agent_reads_its_bmc_through_the_redfish_emulator(live_server, tmp_path):
     token = node_token_create(node_name="gpu01")
     (tmp_path / "token").write_text(token + "\n")

@@ -117,6 +117,7 @@ def _count_nodes() -> int:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_with_every_connection_of_the_pool_held_a_heartbeat_still_reaches_the_database():
     from django.db import connection
 
@@ -177,6 +178,7 @@ MERGE_BOMB = "a: &a {" + ", ".join(f"k{i}: 1" for i in range(9)) + "}\n" + "".jo
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_served_process_answers_heartbeats_while_an_operators_bombs_hold_its_pool(tmp_path, make_user):
     """A real `llmgw serve` with a pool of one connection: operators' costly documents hold it for seconds,
     and a heartbeat that needs the database (a token not cached) is still answered by it, not 503."""

@@ -27,6 +27,7 @@ def test_a_prometheus_trickling_its_head_is_down_once_the_polls_deadline_passes(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_the_periodic_evaluation_marks_a_prometheus_trickling_its_headers_down():
     """The evaluation's own client (none given) keeps the whole deadline too (the poll's 5 s)."""
     from facility.evaluation import conditions_evaluate

@@ -150,6 +150,7 @@ def redis_layer(settings):
     channel_layers.backends.clear()
 
 
+@pytest.mark.slow
 def test_a_killed_process_s_members_lapse_and_live_sockets_stay(cookie, redis_layer):
     from channels.layers import get_channel_layer
 

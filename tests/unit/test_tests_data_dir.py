@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -22,6 +24,7 @@ def test_this_run_has_a_data_directory_of_its_own():
             print(f"data dir: {path}")
 
 
+@pytest.mark.slow
 def test_a_run_given_the_demo_data_directory_works_elsewhere(tmp_path):
     demo = tmp_path / "var"
     demo.mkdir()
