@@ -38,9 +38,10 @@ lint: $(TEST_STAMP)
 test: $(TEST_STAMP)
 	bash scripts/test.sh
 
-# The loop a developer runs every few minutes: everything but the servers, workers, browsers and fuzzing.
+# The loop a developer runs every few minutes: everything but the servers, workers, browsers and fuzzing,
+# and a third of the property tests' examples (tests/examples.py).
 test-quick: $(TEST_STAMP)
-	bash scripts/test.sh -m "not slow" -q
+	LLMGW_TEST_QUICK=1 bash scripts/test.sh -m "not slow" -q
 
 # The docs site (docs/, reference pages written from the code) into build/docs.
 docs: $(TEST_STAMP)

@@ -12,3 +12,6 @@ os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix="llmgw-tests-data-")
 os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw.settings"
 
 from llmgw.settings import *  # noqa: E402, F403
+
+# Passwords hashed at a thousand iterations (tests/hashers.py), checked by any PBKDF2 hasher.
+PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher", "django.contrib.auth.hashers.PBKDF2PasswordHasher"]

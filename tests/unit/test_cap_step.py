@@ -21,11 +21,12 @@ from placement.decisions.capping import (
     pressed_domains,
 )
 from placement.decisions.domain_state import DomainState
+from tests.examples import examples
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 ON = CappingConfig(enabled=True, floor_fraction=0.7, step_fraction=0.1, restore_after=600)
 WARM = {"rack:r1": Pressure("rack r1 warm", True)}
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_warm_hot_or_nearly_full_domains_press_their_nodes():

@@ -22,10 +22,11 @@ from placement.decisions.drain import (
     is_taken_over,
     spans,
 )
+from tests.examples import examples
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 STATES = ("pending", "placed", "starting", "ready", "stopping", "failed")
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def up(replica_id: int, replaces: int, *, seconds: float = 60, replaces_state: str = "ready", nodes_ready: bool = True):

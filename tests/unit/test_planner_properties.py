@@ -30,10 +30,11 @@ from placement.planner import (
 )
 from placement.selector import parse_selector
 from placement.topology import NVLINK, UNKNOWN_LINK, GpuTopology, is_nvlink, topology_of, worst_link
+from tests.examples import examples
 from tests.fakes.gpu_machines import MACHINES, reported_topology
 
 MODELS = ("m1", "m2", "m3")
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # The fixture machines' wirings (an NVSwitch board, NVLink pairs over two sockets, a 4-GPU PCIe box).
 MACHINE_TOPOLOGIES = tuple(topology_of(reported_topology(name)) for name in MACHINES)
 

@@ -24,11 +24,12 @@ from placement.decisions.shedding import (
     shed_order,
     shed_steps,
 )
+from tests.examples import examples
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 ON = SheddingConfig(ShedRule(enabled=True, shed_after=600, interval=300))
 DROP = SheddingConfig(ShedRule(enabled=True, shed_after=600, interval=300, drop_batch=True))
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HOT = Trouble("rack:r1", "rack r1 is hot (set by hand: CRAC down)", NOW, None)
 
 
