@@ -366,7 +366,7 @@ class Placing:
 
     __slots__ = (
         "request", "model", "profile", "existing", "facility", "exclude", "counts", "use", "_filters", "_scorers",
-        "_checks", "_node", "_held", "_verdict", "_draw", "_step",
+        "_checks", "_keys", "_node", "_held", "_verdict", "_draw", "_step",
     )
 
     def __init__(
@@ -390,6 +390,7 @@ class Placing:
         self._filters = tuple(REGISTRY.filters)
         self._scorers = tuple(REGISTRY.scorers)
         self._checks: tuple | None = None  # the filters as rejection calls them, made when first asked
+        self._keys: tuple | None = None  # the scorers as key calls them, likewise
         self._node: NodeView | None = None
 
     def _at(self, node: NodeView) -> None:
@@ -462,10 +463,12 @@ class Placing:
     def key(self, node: NodeView) -> tuple:
         """The node's ranking key: each registered scorer's key in order, then the name (smaller first). A
         scorer not built in is asked through the registry (0 where it fails: neutral)."""
-        return (
-            *(item.key(node, self) if item.builtin else REGISTRY.score(item, node, self) for item in self._scorers),
-            node.name,
-        )
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = tuple(
+                item.key if item.builtin else functools.partial(REGISTRY.score, item) for item in self._scorers
+            )
+        return (*[key(node, self) for key in keys], node.name)
 
     def why(self, node: NodeView) -> str:
         """The ordering keys that decided for the node, in words: the built-in scorers' in order, then each
@@ -933,12 +936,13 @@ def plan_replica(
     best: tuple[tuple, NodeView] | None = None
     for node in nodes:
         reason = placing.rejection(node)
-        key = placing.key(node)
         if reason is not None:
             rejections[node.name] = reason
-            if has_cards_for(node, profile):
-                ranked.append((key, node.name, reason))
-        elif best is None or key < best[0]:
+            if has_cards_for(node, profile):  # ranked only where its cards were free (ahead_rejections)
+                ranked.append((placing.key(node), node.name, reason))
+            continue
+        key = placing.key(node)
+        if best is None or key < best[0]:
             best = (key, node)
     if best is None:
         ordered = dict(sorted(rejections.items()))
