@@ -28,6 +28,9 @@ MAX_USERNAME = 150  # Django's User.username
 MAX_LISTED = 10_000
 # A password is hashed whole on every login: one longer than this is refused, not hashed.
 MAX_PASSWORD = 1000
+# The shortest password, as AUTH_PASSWORD_VALIDATORS' MinimumLengthValidator takes it (llmgw/settings.py): stated in
+# the API's schema too, so that a client knows before it sends.
+MIN_PASSWORD = 8
 
 
 def default_lifetime() -> timedelta | None:

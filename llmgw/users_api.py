@@ -19,6 +19,7 @@ from llmgw.permissions import ROLES, IsAdmin, can_administer
 from llmgw.users import (
     MAX_PASSWORD,
     MAX_USERNAME,
+    MIN_PASSWORD,
     is_admin_account,
     token_create,
     token_list,
@@ -72,14 +73,20 @@ class TokenRowSerializer(serializers.Serializer):
     expired = serializers.BooleanField()
 
 
+# In the words Django's validator uses, as ctl says it.
+TOO_SHORT = {"min_length": f"This password is too short. It must contain at least {MIN_PASSWORD} characters."}
+
+
 class UserCreateSerializer(StrictSerializer):
     username = UsernameField(max_length=MAX_USERNAME, help_text="a new user; letters, digits and @ . + - _")
     role = serializers.ChoiceField(choices=ROLES, help_text="viewer reads; operator also changes")
-    password = TextField(max_length=MAX_PASSWORD, help_text="what they log in to the console with; at least 8 characters")
+    password = TextField(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD, error_messages=TOO_SHORT,
+                         help_text="what they log in to the console with; at least 8 characters")
 
 
 class PasswordSerializer(StrictSerializer):
-    password = TextField(max_length=MAX_PASSWORD, help_text="the new password; at least 8 characters")
+    password = TextField(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD, error_messages=TOO_SHORT,
+                         help_text="the new password; at least 8 characters")
 
 
 class UserRowSerializer(serializers.Serializer):
