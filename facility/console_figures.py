@@ -3,8 +3,8 @@ worked out when their inputs change (or once the readings in them are FIGURES_SE
 load.
 
 Each reads or plans on the whole site (shedding tries each candidate's replacement on the placement index;
-N−1 judges every feed's loss; a feed's load is every node behind it), so at a thousand nodes they cost
-seconds, more than the rest of the page. They are kept in Django's cache (locmem embedded, Redis where
+N−1 judges every feed's loss; a feed's load is every node behind it), so on a large site they cost more
+than the rest of the page. They are kept in Django's cache (locmem embedded, Redis where
 REDIS_URL is set, shared by every web process) with the facility's version they were worked out at: one
 query of counts, newest ids and times of what they are worked out from (budgets, feeds, settings, holds,
 conditions, overrides, nodes and their domains, models, replicas and shards). Readings (measured draw,
@@ -15,9 +15,9 @@ Who works them out:
 
 - On workers (Redis), the worker (:func:`refresh`, one task pending at a time, llmgw.coalesce). A page that
   finds its figures behind the version or old shows the ones kept, with their age, and asks for the task;
-  the task tells the open pages when it has stored new ones, and goes again while the version moved under
-  it. A page load at a thousand nodes joining then costs a version query, never a plan: in the web process
-  a plan would take the CPU its heartbeats need. Only figures older than STALE_SECONDS (no worker has kept
+  the task tells the open pages when N−1 or shedding's moves changed, and goes again while the version
+  moved under it. A page load then costs a version query, never a plan: in the web process a plan would
+  take the CPU its heartbeats need. Only figures older than STALE_SECONDS (no worker has kept
   them) or none at all are worked out by the page itself.
 - Embedded (no Redis: no worker), the page, on a new version: figures from before a change are never shown.
 """

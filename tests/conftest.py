@@ -85,7 +85,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
 def _flush_by_delete() -> None:
     """A transactional test's flush (after each) as DELETEs, not TRUNCATE: PostgreSQL's TRUNCATE makes each
-    table's files anew, a quarter of a second for the suite's few rows; its foreign keys are checked at
+    table's files anew, costly for the few rows a test leaves; its foreign keys are checked at
     commit (Django makes them deferred); placement_gpubooking goes before placement_shard, whose trigger
     refuses a shard deleted while a booking names it."""
     from django.db.backends.postgresql.operations import DatabaseOperations
